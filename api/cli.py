@@ -1,0 +1,77 @@
+"""The ``livestep`` command: one entry point, a subcommand per role.
+
+    livestep demo                 the README's main job on the embedded store
+    livestep serve [--role ...]   collector + api + scheduler (one process on chDB)
+    livestep worker run|bench     the serving worker
+    livestep simulate|analyze     the fleet simulator and on-demand analytics jobs
+
+Each package registers its own subcommands (``register(subparsers)``) and is imported only when
+its subcommand runs, so ``livestep serve`` never imports torch. Typed errors are caught here, once,
+and printed as one line with exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# subcommand -> module that owns it (module.register(sub) adds the parser, sets func=...)
+COMMANDS: dict[str, str] = {
+    "demo": "api.demo",
+    "serve": "api.serve",
+    "worker": "worker.cli",
+    "simulate": "analytics.cli",
+    "analyze": "analytics.cli",
+}
+
+
+class UsageError(Exception):
+    """A command-line or configuration error: printed as one line, exit status 2."""
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="livestep", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    registered: set[str] = set()
+    for name, module in COMMANDS.items():
+        if module in registered or (only is not None and name != only):
+            continue
+        try:
+            mod = importlib.import_module(module)
+        except ImportError as e:
+            if only is not None:
+                raise
+            sub.add_parser(name, help=f"(unavailable: {e})")
+            continue
+        mod.register(sub)
+        registered.add(module)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    first = argv[0] if argv and not argv[0].startswith("-") else None
+    if first is not None and first not in COMMANDS:
+        print(f"livestep: unknown command {first!r}; valid commands: {', '.join(COMMANDS)}", file=sys.stderr)
+        return 2
+    parser = build_parser(only=first)
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 0
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:  # domain errors: one clear line
+        if type(e).__name__.endswith("Error") and type(e).__module__.split(".")[0] in COMMANDS_PACKAGES:
+            print(f"livestep {first}: {e}", file=sys.stderr)
+            return 2
+        raise
+
+
+COMMANDS_PACKAGES = {"api", "worker", "collector", "analytics", "kernels"}
+
+if __name__ == "__main__":
+    sys.exit(main())
