@@ -1,0 +1,118 @@
+"""Shared dependencies of the api's query, switch, alert, canary and report routes (no router here).
+
+``StoreDep`` reads ``app.state.store``; ``SwitchSettingsDep`` the cached switch settings (override
+``get_switch_settings`` in ``app.dependency_overrides`` in tests); ``AdminDep`` requires the admin
+bearer token; ``TimeRange``/``Page`` validate the common query parameters with clear 4xx messages.
+"""
+
+from __future__ import annotations
+
+import hmac
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Annotated
+
+from fastapi import Depends, Header, HTTPException, Query, Request
+
+from api.switch_settings import SwitchSettings, get_switch_settings, is_loopback
+
+MAX_RANGE = timedelta(days=400)
+
+
+def get_store(request: Request):
+    store = getattr(request.app.state, "store", None)
+    if store is None:
+        raise HTTPException(503, detail="the store is not open yet (app.state.store is unset)")
+    return store
+
+
+StoreDep = Annotated[object, Depends(get_store)]
+SwitchSettingsDep = Annotated[SwitchSettings, Depends(get_switch_settings)]
+
+
+def _bearer(authorization: str | None) -> str | None:
+    if not authorization:
+        return None
+    scheme, _, token = authorization.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
+def require_admin(
+    settings: SwitchSettingsDep,
+    authorization: Annotated[str | None, Header(description="Bearer <admin token>")] = None,
+) -> str:
+    token = _bearer(authorization)
+    if token is None:
+        raise HTTPException(401, detail="switch and canary writes need 'Authorization: Bearer <admin token>'",
+                            headers={"WWW-Authenticate": "Bearer"})
+    if not hmac.compare_digest(token.encode(), (settings.admin_token or "").encode()):
+        raise HTTPException(403, detail="the bearer token is not the admin token (LIVESTEP_ADMIN_TOKEN)")
+    return token
+
+
+AdminDep = Annotated[str, Depends(require_admin)]
+
+
+def require_reader(
+    settings: SwitchSettingsDep,
+    authorization: Annotated[str | None, Header(description="Bearer token (optional on loopback)")] = None,
+) -> None:
+    """Workers' switch polls: open on loopback, else an ingest or admin token."""
+    if is_loopback(settings.host):
+        return
+    token = _bearer(authorization)
+    valid = [t.strip() for t in settings.ingest_tokens.split(",") if t.strip()] + [settings.admin_token or ""]
+    if token is None or not any(t and hmac.compare_digest(token.encode(), t.encode()) for t in valid):
+        raise HTTPException(401, detail="switch polls outside loopback need 'Authorization: Bearer <ingest token>'",
+                            headers={"WWW-Authenticate": "Bearer"})
+
+
+ReaderDep = Annotated[None, Depends(require_reader)]
+
+
+def _utc(v: datetime | None) -> datetime | None:
+    if v is None:
+        return None
+    return v.replace(tzinfo=UTC) if v.tzinfo is None else v.astimezone(UTC)
+
+
+@dataclass
+class TimeRange:
+    start: datetime
+    end: datetime
+
+
+def time_range(
+    start: Annotated[datetime | None, Query(description="ISO 8601, inclusive; default end - 28 days")] = None,
+    end: Annotated[datetime | None, Query(description="ISO 8601, exclusive; default now")] = None,
+) -> TimeRange:
+    end_ = _utc(end) or datetime.now(UTC) + timedelta(minutes=5)
+    start_ = _utc(start) or end_ - timedelta(days=28)
+    if start_ >= end_:
+        raise HTTPException(422, detail=f"start ({start_.isoformat()}) must be before end ({end_.isoformat()})")
+    if end_ - start_ > MAX_RANGE:
+        raise HTTPException(422, detail=f"time range is longer than the maximum of {MAX_RANGE.days} days")
+    if start_.year < 2000 or end_.year > 2200:
+        raise HTTPException(422, detail="start and end must lie between the years 2000 and 2200")
+    return TimeRange(start_, end_)
+
+
+TimeRangeDep = Annotated[TimeRange, Depends(time_range)]
+
+
+@dataclass
+class Page:
+    limit: int
+    offset: int
+
+
+def page(
+    limit: Annotated[int, Query(ge=1, le=1000, description="rows per page (1-1000)")] = 100,
+    offset: Annotated[int, Query(ge=0, le=1_000_000, description="rows to skip")] = 0,
+) -> Page:
+    return Page(limit, offset)
+
+
+PageDep = Annotated[Page, Depends(page)]
+
+Label = Annotated[str | None, Query(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:\-/+]+$")]

@@ -1,0 +1,126 @@
+"""Switch control plane (contract 3): workers poll ``GET /v1/switches``; admins change switches.
+
+    GET  /v1/switches?worker_id=w3&release=v7&gpu_kind=h200   -> {"switches": {...}, "version": n} + ETag
+    PUT  /v1/switches/{name}   {"value": false, "scope": "release=v7", "who": "...", "why": "..."}  (admin)
+    GET  /v1/switches/rules    the active rules;   GET /v1/switches/history   the audit trail
+
+An ``If-None-Match`` equal to the current ETag answers 304 (an unchanged poll costs nothing).
+Turning a switch off that is already off in that scope is answered 200 with ``changed: false``
+and recorded as a no-op.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import datetime
+from typing import Annotated, Any
+
+import orjson
+from fastapi import APIRouter, Header, HTTPException, Query, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from api.routes._common import AdminDep, Label, PageDep, ReaderDep, StoreDep, SwitchSettingsDep
+from api.switchboard import SwitchError, check_name, get_switchboard
+from collector.records import SWITCH_NAMES
+
+router = APIRouter(prefix="/v1/switches", tags=["switches"])
+
+
+class SwitchesOut(BaseModel):
+    switches: dict[str, bool]
+    version: int
+    poll_interval_s: float
+
+
+class SwitchWrite(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    value: bool = Field(description="true = on, false = off")
+    scope: str = Field(default="", max_length=400, description="'release=v7,gpu_kind=h200'; '' = whole fleet")
+    who: str = Field(min_length=1, max_length=200, description="who made the change")
+    why: str = Field(min_length=1, max_length=2000, description="why (incident, ticket, finding)")
+
+
+def _etag(body: bytes) -> str:
+    return '"' + hashlib.sha256(body).hexdigest()[:24] + '"'
+
+
+def _matches(if_none_match: str | None, etag: str) -> bool:
+    if not if_none_match:
+        return False
+    tags = [t.strip().removeprefix("W/") for t in if_none_match.split(",")]
+    return "*" in tags or etag in tags
+
+
+@router.get("", response_model=SwitchesOut, responses={304: {"description": "unchanged since that ETag"}})
+def get_switches(
+    store: StoreDep,
+    settings: SwitchSettingsDep,
+    _auth: ReaderDep,
+    worker_id: Label = None,
+    release: Label = None,
+    gpu_kind: Label = None,
+    if_none_match: Annotated[str | None, Header(max_length=1000)] = None,
+) -> Response:
+    board = get_switchboard(store, settings.switch_cache_s)
+    switches, version = board.resolve(worker_id, release, gpu_kind)
+    body = orjson.dumps({"switches": switches, "version": version, "poll_interval_s": settings.switch_poll_s})
+    etag = _etag(body)
+    headers = {"ETag": etag, "Cache-Control": "no-cache"}
+    if _matches(if_none_match, etag):
+        return Response(status_code=304, headers=headers)
+    return Response(body, media_type="application/json", headers=headers)
+
+
+@router.get("/rules")
+def list_rules(store: StoreDep) -> dict[str, Any]:
+    board = get_switchboard(store)
+    rules, version = board.snapshot()
+    return {
+        "version": version,
+        "names": list(SWITCH_NAMES),
+        "rules": [
+            {"name": r.name, "scope": r.scope, "cohort": r.cohort, "value": r.value,
+             "buckets": [r.bucket_lo, r.bucket_hi], "version": r.version, "who": r.actor, "why": r.reason,
+             "updated_at": r.updated_at.isoformat()}
+            for r in board.rules()
+        ],
+        "count": len(rules),
+    }
+
+
+@router.get("/history")
+def history(
+    store: StoreDep,
+    page: PageDep,
+    name: Annotated[str | None, Query(max_length=64)] = None,
+    source: Annotated[str | None, Query(pattern="^(api|alert|canary)$")] = None,
+    changed: bool | None = None,
+    start: datetime | None = None,
+    end: datetime | None = None,
+) -> dict[str, Any]:
+    if name is not None:
+        try:
+            check_name(name)
+        except SwitchError as e:
+            raise HTTPException(404, detail=str(e)) from e
+    if start and end and start >= end:
+        raise HTTPException(422, detail="start must be before end")
+    rows = get_switchboard(store).history(name=name, source=source, changed=changed, start=start, end=end,
+                                          limit=page.limit, offset=page.offset)
+    return {"decisions": rows, "limit": page.limit, "offset": page.offset}
+
+
+@router.put("/{name}")
+def put_switch(name: str, body: SwitchWrite, store: StoreDep, settings: SwitchSettingsDep,
+               _admin: AdminDep) -> dict[str, Any]:
+    try:
+        check_name(name)
+    except SwitchError as e:
+        raise HTTPException(404, detail=str(e)) from e
+    board = get_switchboard(store, settings.switch_cache_s)
+    try:
+        d = board.set(name, body.value, body.scope, actor=body.who, reason=body.why, source="api")
+    except SwitchError as e:
+        raise HTTPException(422, detail=str(e)) from e
+    return d.to_dict()

@@ -1,0 +1,326 @@
+"""Switch state: rules per scope and cohort, how a worker's switches resolve, and the audit trail.
+
+    board = get_switchboard(store)
+    board.resolve(worker_id="w3", release="v7", gpu_kind="h200")   # {"ring_cache": True, ...}
+    board.set("fused_allreduce", False, scope="release=v7", actor="alice", reason="leak")  # -> Decision
+
+A rule sets one switch for a scope (canonical 'key=value,...' over gpu_kind/release/worker_id,
+'' = the whole fleet), optionally only for a cohort of workers (a canary: stable bucket
+``bucket(worker_id)`` in [lo, hi)). The most specific matching rule wins (more scope keys, then a
+cohort rule over a plain one, then the newer). Setting a switch to the state it already has in
+that scope changes nothing and is recorded as a no-op decision. Every decision goes to
+``switch_audit``. One lock per store serialises writes in this process (chDB is one process).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+
+from collector.records import SWITCH_NAMES
+
+# What a worker gets for a switch no rule names: every optimization on, the fault switch off.
+DEFAULTS: dict[str, bool] = {n: n != "buffer_per_shape" for n in SWITCH_NAMES}
+SCOPE_KEYS: tuple[str, ...] = ("gpu_kind", "release", "worker_id")
+BUCKETS = 100
+
+
+class SwitchError(ValueError):
+    """An unknown switch, a malformed scope or cohort; the message lists what is valid."""
+
+
+def check_name(name: str) -> str:
+    if name not in SWITCH_NAMES:
+        raise SwitchError(f"unknown switch {name!r}; valid switches: {', '.join(SWITCH_NAMES)}")
+    return name
+
+
+def parse_scope(scope: str | dict[str, str] | None) -> dict[str, str]:
+    """'release=v7,gpu_kind=h200' or a dict -> a dict of scope keys (validated)."""
+    if scope is None:
+        return {}
+    if isinstance(scope, dict):
+        items = list(scope.items())
+    else:
+        items = []
+        for part in (p.strip() for p in scope.split(",")):
+            if not part:
+                continue
+            k, sep, v = part.partition("=")
+            if not sep:
+                raise SwitchError(f"scope part {part!r} is not key=value; valid keys: {', '.join(SCOPE_KEYS)}")
+            items.append((k.strip(), v.strip()))
+    out: dict[str, str] = {}
+    for k, v in items:
+        if k not in SCOPE_KEYS:
+            raise SwitchError(f"unknown scope key {k!r}; valid keys: {', '.join(SCOPE_KEYS)}")
+        v = str(v)
+        if not v or len(v) > 128 or any(c in v for c in ",="):
+            raise SwitchError(f"scope value for {k!r} must be 1-128 characters without ',' or '='")
+        if k in out and out[k] != v:
+            raise SwitchError(f"scope key {k!r} given twice with different values")
+        out[k] = v
+    return out
+
+
+def canonical_scope(scope: str | dict[str, str] | None) -> str:
+    d = parse_scope(scope)
+    return ",".join(f"{k}={d[k]}" for k in sorted(d))
+
+
+def bucket(worker_id: str) -> int:
+    """A worker's stable cohort bucket in [0, 100): the same on every server and every poll."""
+    return int.from_bytes(hashlib.sha256(worker_id.encode()).digest()[:8], "big") % BUCKETS
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    scope: str
+    cohort: str
+    value: bool
+    active: bool
+    bucket_lo: int
+    bucket_hi: int
+    version: int
+    actor: str
+    reason: str
+    updated_at: datetime
+
+    @property
+    def scope_dict(self) -> dict[str, str]:
+        return parse_scope(self.scope)
+
+    def matches(self, labels: dict[str, str]) -> bool:
+        if any(labels.get(k) != v for k, v in self.scope_dict.items()):
+            return False
+        if self.cohort:
+            wid = labels.get("worker_id")
+            return wid is not None and self.bucket_lo <= bucket(wid) < self.bucket_hi
+        return True
+
+    def rank(self) -> tuple[int, int, int]:
+        return (len(self.scope_dict), 1 if self.cohort else 0, self.version)
+
+
+@dataclass
+class Decision:
+    """What a write did: changed=False is a recorded no-op."""
+
+    name: str
+    scope: str
+    cohort: str
+    old_value: bool | None
+    new_value: bool | None
+    changed: bool
+    version: int
+    action: str
+    source: str
+    actor: str
+    reason: str
+    ref: str = ""
+    evidence: dict[str, Any] = field(default_factory=dict)
+    ts: datetime = field(default_factory=lambda: datetime.now(UTC))
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["ts"] = self.ts.isoformat()
+        return d
+
+
+_RULE_COLS = ["name", "scope", "cohort", "value", "active", "bucket_lo", "bucket_hi", "version", "actor",
+              "reason", "updated_at"]
+_AUDIT_COLS = ["ts", "source", "action", "name", "scope", "cohort", "old_value", "new_value", "changed",
+               "version", "actor", "reason", "ref", "evidence"]
+
+
+class Switchboard:
+    """Rules of one store, cached for ``cache_s`` seconds (writes in this process invalidate)."""
+
+    def __init__(self, store, cache_s: float = 0.5):
+        self.store = store
+        self.cache_s = cache_s
+        self.lock = threading.RLock()
+        self._cached: tuple[float, list[Rule], int] | None = None
+
+    # -- reads -----------------------------------------------------------------------------------
+    def _load(self) -> tuple[list[Rule], int]:
+        rows = self.store.query_rows(f"SELECT {', '.join(_RULE_COLS)} FROM switch_rules FINAL")
+        rules = [Rule(*r) for r in rows]
+        version = max((r.version for r in rules), default=0)
+        return [r for r in rules if r.active and r.name in SWITCH_NAMES], version
+
+    def snapshot(self) -> tuple[list[Rule], int]:
+        """Active rules and the board's version (bumped by every change)."""
+        c = self._cached
+        now = time.monotonic()
+        if c is not None and now - c[0] <= self.cache_s:
+            return c[1], c[2]
+        rules, version = self._load()
+        self._cached = (now, rules, version)
+        return rules, version
+
+    def invalidate(self) -> None:
+        self._cached = None
+
+    def resolve(self, worker_id: str | None = None, release: str | None = None,
+                gpu_kind: str | None = None) -> tuple[dict[str, bool], int]:
+        """The switches one worker must run with, and the board version."""
+        labels = {k: v for k, v in (("worker_id", worker_id), ("release", release), ("gpu_kind", gpu_kind)) if v}
+        rules, version = self.snapshot()
+        best: dict[str, Rule] = {}
+        for r in rules:
+            if r.matches(labels) and (r.name not in best or r.rank() > best[r.name].rank()):
+                best[r.name] = r
+        return {n: best[n].value if n in best else DEFAULTS[n] for n in SWITCH_NAMES}, version
+
+    def effective(self, name: str, scope: str | dict[str, str] | None) -> bool:
+        """The value a switch has for every (non-canary) worker of ``scope``."""
+        want = parse_scope(scope)
+        rules, _ = self.snapshot()
+        best: Rule | None = None
+        for r in rules:
+            if r.name != name or r.cohort:
+                continue
+            if all(want.get(k) == v for k, v in r.scope_dict.items()) and (best is None or r.rank() > best.rank()):
+                best = r
+        return best.value if best is not None else DEFAULTS[name]
+
+    def rules(self) -> list[Rule]:
+        return sorted(self.snapshot()[0], key=lambda r: (r.name, r.scope, r.cohort))
+
+    # -- writes ----------------------------------------------------------------------------------
+    def _next_version(self) -> int:
+        rows = self.store.query_rows("SELECT max(version) FROM switch_rules")
+        return int(rows[0][0] or 0) + 1
+
+    def _write_rule(self, name: str, scope: str, cohort: str, value: bool, active: bool, lo: int, hi: int,
+                    actor: str, reason: str) -> int:
+        version = self._next_version()
+        self.store.client().insert(
+            "switch_rules",
+            [[name, scope, cohort, value, active, lo, hi, version, actor, reason, datetime.now(UTC)]],
+            column_names=_RULE_COLS,
+        )
+        self.invalidate()
+        return version
+
+    def record(self, d: Decision) -> Decision:
+        """Append a decision to the audit table (applied or not)."""
+        self.store.client().insert(
+            "switch_audit",
+            [[d.ts, d.source, d.action, d.name, d.scope, d.cohort, d.old_value, d.new_value, d.changed,
+              d.version, d.actor, d.reason, d.ref, orjson.dumps(d.evidence, default=str).decode()]],
+            column_names=_AUDIT_COLS,
+        )
+        return d
+
+    def set(self, name: str, value: bool, scope: str | dict[str, str] | None = None, *, actor: str, reason: str,
+            source: str = "api", ref: str = "", evidence: dict[str, Any] | None = None) -> Decision:
+        """Turn a switch on or off for a scope; a no-op (recorded) when it already is."""
+        check_name(name)
+        scope_s = canonical_scope(scope)
+        with self.lock:
+            self.invalidate()
+            old = self.effective(name, scope_s)
+            ev = dict(evidence or {})
+            if old == value:
+                _, version = self.snapshot()
+                return self.record(Decision(name, scope_s, "", old, value, False, version, "noop", source, actor,
+                                            reason, ref, {**ev, "noop": f"already {'on' if old else 'off'}"}))
+            version = self._write_rule(name, scope_s, "", value, True, 0, BUCKETS, actor, reason)
+            if not value:  # a switch turned off ends the canaries that re-enable it inside this scope
+                ev["cohort_rules_withdrawn"] = self._withdraw_cohorts(name, scope_s, actor, reason)
+                version = self.snapshot()[1]
+            return self.record(Decision(name, scope_s, "", old, value, True, version, "set", source, actor,
+                                        reason, ref, ev))
+
+    def _withdraw_cohorts(self, name: str, scope_s: str, actor: str, reason: str) -> list[str]:
+        want = parse_scope(scope_s)
+        gone = []
+        for r in self.snapshot()[0]:
+            if r.name == name and r.cohort and all(r.scope_dict.get(k) == v for k, v in want.items()):
+                self._write_rule(r.name, r.scope, r.cohort, r.value, False, r.bucket_lo, r.bucket_hi, actor, reason)
+                gone.append(r.cohort)
+        return gone
+
+    def set_cohort(self, name: str, value: bool, scope: str, cohort: str, lo: int, hi: int, *, actor: str,
+                   reason: str, source: str, action: str, evidence: dict[str, Any] | None = None) -> Decision:
+        check_name(name)
+        if not (0 <= lo < hi <= BUCKETS):
+            raise SwitchError(f"cohort buckets [{lo}, {hi}) must satisfy 0 <= lo < hi <= {BUCKETS}")
+        scope_s = canonical_scope(scope)
+        with self.lock:
+            old = self.effective(name, scope_s)
+            version = self._write_rule(name, scope_s, cohort, value, True, lo, hi, actor, reason)
+            return self.record(Decision(name, scope_s, cohort, old, value, True, version, action, source, actor,
+                                        reason, cohort, dict(evidence or {})))
+
+    def clear_cohort(self, name: str, scope: str, cohort: str, *, actor: str, reason: str, source: str,
+                     action: str, evidence: dict[str, Any] | None = None) -> Decision:
+        scope_s = canonical_scope(scope)
+        with self.lock:
+            self.invalidate()
+            live = [r for r in self.snapshot()[0] if (r.name, r.scope, r.cohort) == (name, scope_s, cohort)]
+            version = self.snapshot()[1]
+            if live:
+                r = live[0]
+                version = self._write_rule(name, scope_s, cohort, r.value, False, r.bucket_lo, r.bucket_hi,
+                                           actor, reason)
+            return self.record(Decision(name, scope_s, cohort, live[0].value if live else None,
+                                        self.effective(name, scope_s), bool(live), version, action, source,
+                                        actor, reason, cohort, dict(evidence or {})))
+
+    # -- history ---------------------------------------------------------------------------------
+    def history(self, *, name: str | None = None, source: str | None = None, changed: bool | None = None,
+                start: datetime | None = None, end: datetime | None = None, limit: int = 100,
+                offset: int = 0) -> list[dict[str, Any]]:
+        where, params = ["1"], {}
+        if name:
+            where.append("name = {name:String}")
+            params["name"] = name
+        if source:
+            where.append("source = {source:String}")
+            params["source"] = source
+        if changed is not None:
+            where.append("changed = {changed:Bool}")
+            params["changed"] = changed
+        if start:
+            where.append("ts >= {start:DateTime64(3, 'UTC')}")
+            params["start"] = start
+        if end:
+            where.append("ts < {end:DateTime64(3, 'UTC')}")
+            params["end"] = end
+        params.update(limit=limit, offset=offset)
+        df = self.store.query_df(
+            f"SELECT {', '.join(_AUDIT_COLS)} FROM switch_audit WHERE {' AND '.join(where)} "
+            "ORDER BY ts DESC, version DESC LIMIT {limit:UInt32} OFFSET {offset:UInt32}",
+            params,
+        )
+        out = []
+        for row in df.iter_rows(named=True):
+            row["ts"] = row["ts"].isoformat()
+            row["evidence"] = orjson.loads(row["evidence"] or "{}")
+            out.append(row)
+        return out
+
+
+_boards: dict[int, Switchboard] = {}
+_boards_lock = threading.Lock()
+
+
+def get_switchboard(store, cache_s: float | None = None) -> Switchboard:
+    """The process's switchboard for ``store`` (one per store object)."""
+    with _boards_lock:
+        b = _boards.get(id(store))
+        if b is None or b.store is not store:
+            b = _boards[id(store)] = Switchboard(store, 0.5 if cache_s is None else cache_s)
+        elif cache_s is not None:
+            b.cache_s = cache_s
+        return b

@@ -1,0 +1,75 @@
+"""Switch control plane: contract 3 shape, ETag/304, scoped rules, admin writes, audit, no-ops."""
+
+from __future__ import annotations
+
+from collector.records import SWITCH_NAMES
+
+
+def test_poll_returns_every_switch_with_etag_and_304(client):
+    r = client.get("/v1/switches", params={"worker_id": "w1", "release": "v7", "gpu_kind": "h200"})
+    assert r.status_code == 200
+    body = r.json()
+    assert set(body["switches"]) == set(SWITCH_NAMES)
+    assert body["switches"]["ring_cache"] is True and body["switches"]["buffer_per_shape"] is False
+    assert isinstance(body["version"], int)
+    etag = r.headers["etag"]
+    r2 = client.get("/v1/switches", params={"worker_id": "w1", "release": "v7", "gpu_kind": "h200"},
+                    headers={"If-None-Match": etag})
+    assert r2.status_code == 304 and r2.headers["etag"] == etag and r2.content == b""
+
+
+def test_change_invalidates_etag_and_is_scoped(client, admin):
+    q = {"worker_id": "w1", "release": "v7", "gpu_kind": "h200"}
+    etag = client.get("/v1/switches", params=q).headers["etag"]
+    r = client.put("/v1/switches/fused_allreduce", headers=admin,
+                   json={"value": False, "scope": "release=v7", "who": "alice", "why": "leak"})
+    assert r.status_code == 200 and r.json()["changed"] is True
+    r = client.get("/v1/switches", params=q, headers={"If-None-Match": etag})
+    assert r.status_code == 200 and r.json()["switches"]["fused_allreduce"] is False
+    other = client.get("/v1/switches", params={**q, "release": "v6"}).json()
+    assert other["switches"]["fused_allreduce"] is True
+
+
+def test_turning_off_an_off_switch_is_a_recorded_noop(client, admin):
+    w = {"value": False, "scope": "release=v7", "who": "alice", "why": "leak"}
+    first = client.put("/v1/switches/fused_allreduce", headers=admin, json=w).json()
+    v = client.get("/v1/switches", params={"release": "v7"}).json()["version"]
+    second = client.put("/v1/switches/fused_allreduce", headers=admin, json={**w, "who": "bob"}).json()
+    assert first["changed"] is True and second["changed"] is False and second["action"] == "noop"
+    assert client.get("/v1/switches", params={"release": "v7"}).json()["version"] == v
+    hist = client.get("/v1/switches/history", params={"name": "fused_allreduce"}).json()["decisions"]
+    assert [(d["actor"], d["changed"], d["old_value"], d["new_value"]) for d in hist] == [
+        ("bob", False, False, False), ("alice", True, True, False)]
+    assert all(d["reason"] == "leak" and d["source"] == "api" for d in hist)
+
+
+def test_fleet_off_then_release_on_most_specific_wins(client, admin):
+    client.put("/v1/switches/compile", headers=admin, json={"value": False, "who": "a", "why": "b"})
+    client.put("/v1/switches/compile", headers=admin,
+               json={"value": True, "scope": "release=v8", "who": "a", "why": "fixed in v8"})
+    assert client.get("/v1/switches", params={"release": "v7"}).json()["switches"]["compile"] is False
+    assert client.get("/v1/switches", params={"release": "v8"}).json()["switches"]["compile"] is True
+    rules = client.get("/v1/switches/rules").json()["rules"]
+    assert {(r["name"], r["scope"], r["value"]) for r in rules} == {("compile", "", False),
+                                                                     ("compile", "release=v8", True)}
+
+
+def test_writes_need_admin_token_and_who_why(client, admin):
+    w = {"value": False, "who": "a", "why": "b"}
+    assert client.put("/v1/switches/compile", json=w).status_code == 401
+    assert client.put("/v1/switches/compile", json=w, headers={"Authorization": "Bearer nope"}).status_code == 403
+    r = client.put("/v1/switches/compile", json={"value": False, "who": "a"}, headers=admin)
+    assert r.status_code == 422
+    r = client.put("/v1/switches/compile", json={**w, "who": ""}, headers=admin)
+    assert r.status_code == 422
+    assert client.get("/v1/switches/history").json()["decisions"] == []
+
+
+def test_unknown_switch_and_bad_scope_list_valid_values(client, admin):
+    w = {"value": False, "who": "a", "why": "b"}
+    r = client.put("/v1/switches/warp_drive", json=w, headers=admin)
+    assert r.status_code == 404 and "ring_cache" in r.json()["detail"]
+    r = client.put("/v1/switches/compile", json={**w, "scope": "planet=mars"}, headers=admin)
+    assert r.status_code == 422 and "release" in r.json()["detail"]
+    r = client.get("/v1/switches/history", params={"name": "warp_drive"})
+    assert r.status_code == 404
