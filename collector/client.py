@@ -1,0 +1,440 @@
+"""The shipping client the worker uses: ``put()`` a record, a background thread ships it.
+
+    client = TelemetryClient("http://127.0.0.1:8000", token="...")   # or make_client(url_or_None)
+    client.put("step", {"worker_id": "w1", ..., "ts": datetime.now(UTC)})   # never blocks, never raises
+    ...
+    client.close(timeout_s=5.0)                                      # ship what is left, stop
+
+``put`` appends to a bounded in-memory buffer; when the buffer is full the record is dropped and
+counted in ``dropped`` (a telemetry failure never stops a step). A daemon thread batches rows per
+record kind by size (``batch_rows``) and age (``flush_interval_s``), encodes each batch as one Arrow
+IPC stream body (``records.to_arrow``, one kind per body) and POSTs it to ``/v1/telemetry`` over a
+keep-alive connection. Each batch gets an ``Idempotency-Key`` before its first attempt; connection
+errors, 5xx and 429 (``Retry-After`` honoured) are retried under that same key with exponential
+backoff and full jitter, until ``give_up_after_s`` or ``max_attempts``; a 4xx other than 429 is never
+retried. Given-up and refused batches count in ``failed_batches`` and their rows in ``dropped``.
+
+Imports only pyarrow, httpx, orjson and ``collector.records`` (no server code): the GPU machine has
+no fastapi/chdb. ``NullClient`` has the same interface and ships nothing ("no collector").
+"""
+
+from __future__ import annotations
+
+import email.utils
+import logging
+import math
+import random
+import threading
+import time
+import uuid
+from collections import deque
+from datetime import UTC, datetime
+from typing import Any, Self
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+import pyarrow as pa
+
+from collector import records
+
+log = logging.getLogger("livestep.client")
+
+ARROW_CONTENT_TYPE = "application/vnd.apache.arrow.stream"
+INGEST_PATH = "/v1/telemetry"
+_KINDS = frozenset(records.RECORD_KINDS)
+
+
+class ClientConfigError(ValueError):
+    """A TelemetryClient argument out of its valid range."""
+
+
+def ingest_url(url: str) -> str:
+    """``http://host:port`` (or ``.../v1/telemetry``) -> the full ingest endpoint."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ClientConfigError(f"collector URL {url!r} is not valid; valid: http(s)://host[:port][/prefix]")
+    path = parts.path.rstrip("/")
+    if not path.endswith(INGEST_PATH):
+        path += INGEST_PATH
+    return urlunsplit((parts.scheme, parts.netloc, path, "", ""))
+
+
+def encode_arrow(kind: str, rows: list[dict[str, Any]]) -> bytes:
+    """Rows of one kind -> an Arrow IPC stream body (schema metadata names the kind)."""
+    table = records.to_arrow(kind, rows)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def retry_after_s(value: str | None) -> float | None:
+    """A ``Retry-After`` header (seconds or an HTTP date) -> seconds to wait, or None."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        s = float(value)
+        return s if math.isfinite(s) and s >= 0 else None
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - datetime.now(UTC)).total_seconds())
+
+
+class TelemetryClient:
+    """Batches records in a background thread and ships them to the collector (see module doc).
+
+    Counters (rows unless named otherwise): ``sent`` acked by the collector; ``dropped`` never
+    stored (buffer full, unknown kind, unencodable row, batch refused with a 4xx or given up after
+    retries, still buffered at ``close``); ``failed_batches`` batches refused or given up;
+    ``retries`` attempts after the first.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        batch_rows: int = 1000,
+        flush_interval_s: float = 0.5,
+        max_queue: int = 100_000,
+        *,
+        timeout_s: float = 10.0,
+        give_up_after_s: float = 60.0,
+        max_attempts: int = 20,
+        backoff_base_s: float = 0.1,
+        backoff_max_s: float = 5.0,
+        max_retry_after_s: float = 30.0,
+    ):
+        checks = {
+            "batch_rows": batch_rows >= 1,
+            "flush_interval_s": flush_interval_s > 0,
+            "max_queue": max_queue >= 1,
+            "timeout_s": timeout_s > 0,
+            "give_up_after_s": give_up_after_s >= 0,
+            "max_attempts": max_attempts >= 1,
+            "backoff_base_s": backoff_base_s > 0,
+            "backoff_max_s": backoff_max_s >= backoff_base_s,
+            "max_retry_after_s": max_retry_after_s >= 0,
+        }
+        bad = [name for name, ok in checks.items() if not ok]
+        if bad:
+            raise ClientConfigError(
+                f"invalid {', '.join(bad)}: batch_rows, max_queue, max_attempts >= 1; flush_interval_s, "
+                f"timeout_s, backoff_base_s > 0; backoff_max_s >= backoff_base_s; others >= 0"
+            )
+        self.url = ingest_url(url)
+        self.batch_rows = batch_rows
+        self.flush_interval_s = flush_interval_s
+        self.max_queue = max_queue
+        self.timeout_s = timeout_s
+        self.give_up_after_s = give_up_after_s
+        self.max_attempts = max_attempts
+        self.backoff_base_s = backoff_base_s
+        self.backoff_max_s = backoff_max_s
+        self.max_retry_after_s = max_retry_after_s
+
+        headers = {"Content-Type": ARROW_CONTENT_TYPE, "User-Agent": "livestep-client/1"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        self._http = httpx.Client(headers=headers, timeout=timeout_s)
+
+        self._lock = threading.Lock()  # guards the buffer, the counters and the flush waiters
+        self._queue: deque[tuple[str, dict[str, Any]]] = deque()
+        self._buffered = 0  # rows put and not yet acked/dropped (queued + batched + in flight)
+        self._flush_waiters: list[threading.Event] = []
+        self._wake = threading.Event()  # the sender has work (a full batch, a flush, close)
+        self._interrupt = threading.Event()  # close() cuts a backoff sleep short
+        self._closing = False
+        self._stopped = False
+        self._deadline = math.inf  # monotonic time by which close() must be done
+        self._logged: set[str] = set()
+
+        self._sent = 0
+        self._dropped = 0
+        self._failed_batches = 0
+        self._retries = 0
+
+        self._thread = threading.Thread(target=self._run, name="livestep-telemetry", daemon=True)
+        self._thread.start()
+
+    # -- the worker's side: never blocks, never raises -----------------------------------------
+    def put(self, kind: str, row: dict[str, Any]) -> None:
+        """Queue one record of ``kind`` (a ``records.RECORD_KINDS`` name); drop and count if full."""
+        try:
+            with self._lock:
+                if self._closing or kind not in _KINDS or self._buffered >= self.max_queue:
+                    self._dropped += 1
+                    return
+                self._queue.append((kind, row))
+                self._buffered += 1
+                n = len(self._queue)
+            if n % self.batch_rows == 0:
+                self._wake.set()
+        except Exception:  # noqa: BLE001 - put() must never raise into the step loop
+            return
+
+    @property
+    def sent(self) -> int:
+        return self._sent
+
+    @property
+    def dropped(self) -> int:
+        return self._dropped
+
+    @property
+    def failed_batches(self) -> int:
+        return self._failed_batches
+
+    @property
+    def retries(self) -> int:
+        return self._retries
+
+    @property
+    def buffered(self) -> int:
+        """Rows put and not yet acked or dropped."""
+        return self._buffered
+
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            return {
+                "sent": self._sent,
+                "dropped": self._dropped,
+                "failed_batches": self._failed_batches,
+                "retries": self._retries,
+                "buffered": self._buffered,
+            }
+
+    # -- shutdown -------------------------------------------------------------------------------
+    def flush(self, timeout_s: float = 5.0) -> bool:
+        """Ship everything put so far now; True when all of it was acked within ``timeout_s``.
+
+        Never raises. False when the time ran out or when some of it was refused or given up.
+        """
+        try:
+            done = threading.Event()
+            with self._lock:
+                if self._stopped:
+                    return self._buffered == 0
+                failed_before = self._failed_batches
+                self._flush_waiters.append(done)
+            self._wake.set()
+            ok = done.wait(max(0.0, timeout_s))
+            with self._lock:
+                return ok and self._failed_batches == failed_before
+        except Exception:  # noqa: BLE001
+            return False
+
+    def close(self, timeout_s: float = 5.0) -> bool:
+        """Ship what is buffered (retrying until ``timeout_s`` at most), stop the thread.
+
+        Rows still buffered when the time runs out are counted in ``dropped``. Later ``put``s are
+        dropped and counted. Returns True when everything put was acked. Idempotent; never raises.
+        """
+        try:
+            with self._lock:
+                already = self._closing
+                self._closing = True
+                self._deadline = min(self._deadline, time.monotonic() + max(0.0, timeout_s))
+            if not already:
+                ok = self.flush(timeout_s)
+            else:
+                ok = False
+            with self._lock:
+                self._stopped = True
+            self._interrupt.set()
+            self._wake.set()
+            self._thread.join(max(0.0, self._deadline - time.monotonic()) + 0.5)
+            with self._lock:
+                if not self._thread.is_alive() and self._buffered:
+                    self._dropped += self._buffered
+                    self._buffered = 0
+                    self._queue.clear()
+                ok = ok and self._buffered == 0
+            if not self._thread.is_alive():
+                self._http.close()
+            return ok
+        except Exception:  # noqa: BLE001
+            return False
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- the sender thread -------------------------------------------------------------------------
+    def _run(self) -> None:
+        pending: dict[str, list[dict[str, Any]]] = {k: [] for k in records.RECORD_KINDS}
+        first_at: dict[str, float] = {}
+        while True:
+            now = time.monotonic()
+            waits = [first_at[k] + self.flush_interval_s - now for k in first_at]
+            self._wake.wait(max(0.0, min(waits, default=self.flush_interval_s)))
+            self._wake.clear()
+            with self._lock:
+                taken, self._queue = self._queue, deque()
+                waiters, self._flush_waiters = self._flush_waiters, []
+                stopping = self._stopped
+            now = time.monotonic()
+            for kind, row in taken:
+                pending[kind].append(row)
+                first_at.setdefault(kind, now)
+            force = bool(waiters) or stopping or self._closing
+            for kind in records.RECORD_KINDS:
+                rows = pending[kind]
+                while len(rows) >= self.batch_rows:
+                    self._ship(kind, rows[: self.batch_rows])
+                    rows = pending[kind] = rows[self.batch_rows :]
+                    first_at[kind] = now
+                if rows and (force or now - first_at[kind] >= self.flush_interval_s):
+                    self._ship(kind, rows)
+                    pending[kind] = []
+                if not pending[kind]:
+                    first_at.pop(kind, None)
+            for w in waiters:
+                w.set()
+            if stopping:
+                return
+
+    def _ship(self, kind: str, rows: list[dict[str, Any]]) -> None:
+        """Send one batch until acked, refused or given up; settle the counters. Never raises."""
+        n = len(rows)
+        try:
+            body, n_ok = self._encode(kind, rows)
+            if body is None or self._post(kind, body, n_ok):
+                self._settle(sent=n_ok, dropped=n - n_ok)
+            else:
+                self._settle(sent=0, dropped=n, failed=1)
+        except Exception as e:  # noqa: BLE001 - the sender thread must survive anything
+            self._log_once(
+                f"internal:{type(e).__name__}", "telemetry batch of %d %s rows lost: %r", n, kind, e
+            )
+            self._settle(sent=0, dropped=n, failed=1)
+
+    def _settle(self, sent: int, dropped: int, failed: int = 0) -> None:
+        with self._lock:
+            self._sent += sent
+            self._dropped += dropped
+            self._failed_batches += failed
+            self._buffered -= sent + dropped
+
+    def _encode(self, kind: str, rows: list[dict[str, Any]]) -> tuple[bytes | None, int]:
+        """The batch's Arrow body and its row count; rows that cannot be encoded are left out."""
+        try:
+            return encode_arrow(kind, rows), len(rows)
+        except Exception:  # noqa: BLE001 - find the bad rows, keep the good ones
+            good = []
+            for r in rows:
+                try:
+                    records.to_arrow(kind, [r])
+                    good.append(r)
+                except Exception as e:  # noqa: BLE001
+                    self._log_once(
+                        f"encode:{kind}", "dropping %s row(s) that do not fit the Arrow schema: %r", kind, e
+                    )
+            return (encode_arrow(kind, good), len(good)) if good else (None, 0)
+
+    def _post(self, kind: str, body: bytes, n: int) -> bool:
+        """POST one body under one idempotency key, retrying; True once acked."""
+        key = uuid.uuid4().hex  # fixed before the first attempt: every retry carries it
+        started = time.monotonic()
+        attempt = 0
+        while True:
+            attempt += 1
+            end = min(started + self.give_up_after_s, self._deadline)
+            retry_after = None
+            try:
+                timeout = max(0.05, min(self.timeout_s, self._deadline - time.monotonic()))
+                r = self._http.post(self.url, content=body, headers={"Idempotency-Key": key}, timeout=timeout)
+            except httpx.HTTPError as e:
+                reason = f"{type(e).__name__}: {e}"
+            else:
+                if 200 <= r.status_code < 300:
+                    return True
+                if r.status_code == 429 or r.status_code >= 500:
+                    reason = f"HTTP {r.status_code}"
+                    retry_after = retry_after_s(r.headers.get("Retry-After"))
+                    if retry_after is not None:
+                        retry_after = min(retry_after, self.max_retry_after_s)
+                else:
+                    self._log_once(
+                        f"status:{r.status_code}",
+                        "collector refused a %s batch of %d rows with HTTP %d (not retried): %s",
+                        kind,
+                        n,
+                        r.status_code,
+                        r.text[:500],
+                    )
+                    return False
+            delay = random.uniform(0.0, min(self.backoff_max_s, self.backoff_base_s * 2 ** (attempt - 1)))
+            if retry_after is not None:
+                delay = max(delay, retry_after)
+            if attempt >= self.max_attempts or time.monotonic() + delay > end:
+                self._log_once(
+                    "give_up",
+                    "giving up on a %s batch of %d rows after %d attempts (%s); later give-ups are counted "
+                    "in failed_batches, not logged",
+                    kind,
+                    n,
+                    attempt,
+                    reason,
+                )
+                return False
+            with self._lock:
+                self._retries += 1
+            self._sleep(delay)
+
+    def _sleep(self, delay: float) -> None:
+        """Back off for ``delay`` s, or less when close() sets a deadline that comes sooner."""
+        wake_at = time.monotonic() + delay
+        while True:
+            left = min(wake_at, self._deadline) - time.monotonic()
+            if left <= 0:
+                return
+            if self._interrupt.wait(left):
+                self._interrupt.clear()
+
+    def _log_once(self, key: str, msg: str, *args: object) -> None:
+        if key not in self._logged:
+            self._logged.add(key)
+            log.warning(msg, *args)
+
+
+class NullClient:
+    """The same interface as ``TelemetryClient``; ships nothing (no collector configured)."""
+
+    url = None
+    sent = 0
+    dropped = 0
+    failed_batches = 0
+    retries = 0
+    buffered = 0
+
+    def put(self, kind: str, row: dict[str, Any]) -> None:
+        pass
+
+    def stats(self) -> dict[str, int]:
+        return {"sent": 0, "dropped": 0, "failed_batches": 0, "retries": 0, "buffered": 0}
+
+    def flush(self, timeout_s: float = 5.0) -> bool:
+        return True
+
+    def close(self, timeout_s: float = 5.0) -> bool:
+        return True
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
+def make_client(url: str | None, token: str | None = None, **kwargs: Any) -> TelemetryClient | NullClient:
+    """A ``TelemetryClient`` for ``url``, or a ``NullClient`` when no collector URL is given."""
+    return TelemetryClient(url, token=token, **kwargs) if url else NullClient()
