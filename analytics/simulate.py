@@ -1,0 +1,491 @@
+"""Fleet simulator: weeks of realistic telemetry for many workers, with the paper's incidents injected.
+
+    from analytics.simulate import simulate_fleet
+    sim = simulate_fleet(store, weeks=3, incidents=["august", "fix"], seed=1)      # bulk, into a Store
+    sim = simulate_fleet(TelemetryClient(url), weeks=1, workers=4)                # the real collector path
+    sim.releases  # [SimRelease('v1.0', baseline ...), SimRelease('v1.1', 'august', ...), ...]
+
+Workers of three GPU kinds run sessions back to back (lognormal lengths, a first-forward prompt
+length drawn per session), one step row per 4-frame chunk. A release rolls out over
+``rollout_days`` (each worker upgrades at its own moment; a deploy restarts the worker process).
+Noise comes in the layers a fleet has: per GPU kind and day, per worker, per session, per step.
+
+Incidents, each a new release (``incidents=["august", ("sync", 10), "benign"]``, optional day):
+- ``august``: the fused all-reduce kernel keeps a buffer per distinct first-forward token count, on
+  workers that run ``fused_allreduce``: reserved memory and ``buffers_registered`` grow with each new
+  prompt length until the process runs out of memory (an ``oom`` event, a restart); fps drops as the
+  allocator fragments.
+- ``sync``: one host-device sync per step (the ``.item()`` bug): step time +65%.
+- ``benign``: a release with no real change.
+- ``fix``: fuse only the steady-state shape (ends the leak) and drop the sync.
+
+Every row is marked ``simulated=True``. Deterministic for a seed (and the same window): re-running
+into the same store lands once (each block carries a dedup token).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+import numpy as np
+import pyarrow as pa
+
+from collector import records
+
+STEP_BUDGET_MS = 1000.0 / 24 * 4  # 166.7 ms per 4-frame chunk
+RESET_EVERY = 42
+LATE_MS = 200.0  # the playout buffer absorbs jitter up to here (reset steps are absorbed too)
+NEW_TOKENS = 757
+GIB = 2**30
+LEAK_BYTES_PER_TOKEN = 1 << 20  # the leaked fused buffer: ~1 MiB per first-forward token
+INCIDENTS: tuple[str, ...] = ("august", "sync", "benign", "fix")
+_BASE_SWITCHES = ("ring_cache", "rope_at_write", "fp8_cache", "delta_rotation", "triton_kernels", "decoder_own_gpu")
+
+
+class SimulationError(Exception):
+    """Bad simulator options; the message lists valid values."""
+
+
+@dataclass(frozen=True)
+class GpuKind:
+    name: str
+    tp_size: int
+    n_gpus: int
+    memory_bytes: int  # per GPU
+    reserved_bytes: int  # a healthy worker's steady reserved memory
+    period_ms: float  # steady step period with every optimization on (reset steps excluded)
+    power_w: float  # per GPU while stepping
+
+
+GPU_KINDS: dict[str, GpuKind] = {
+    "h100": GpuKind("h100", 3, 4, 80 * GIB, 62 * GIB, 156.5, 620.0),
+    "h200": GpuKind("h200", 3, 4, 141 * GIB, 100 * GIB, 153.0, 640.0),
+    "b200": GpuKind("b200", 2, 3, 192 * GIB, 150 * GIB, 150.0, 880.0),
+}
+
+
+@dataclass(frozen=True)
+class SimRelease:
+    name: str
+    kind: str  # baseline | august | sync | benign | fix
+    start: datetime
+    rollout_days: float
+    leak: bool = False
+    sync: bool = False
+
+
+@dataclass(frozen=True)
+class SimWorker:
+    worker_id: str
+    gpu_kind: str
+    switches: frozenset[str]
+    speed: float  # per-worker factor on step time (hardware spread)
+
+
+@dataclass
+class SimResult:
+    start: datetime
+    end: datetime
+    seed: int
+    releases: list[SimRelease]
+    workers: list[SimWorker]
+    sessions: int = 0
+    steps: int = 0
+    ooms: int = 0
+    rows: dict[str, int] = field(default_factory=dict)
+
+    def release(self, kind: str) -> SimRelease:
+        """The first release of an incident kind ('august', 'sync', 'benign', 'fix', 'baseline')."""
+        for r in self.releases:
+            if r.kind == kind:
+                return r
+        raise SimulationError(f"no {kind!r} release; releases: {[(r.name, r.kind) for r in self.releases]}")
+
+
+# ---------------------------------------------------------------------------------------------
+# sinks: where the Arrow blocks go
+
+
+class DirectSink:
+    """Bulk path: Arrow blocks straight into ``Store.insert_arrow`` (one dedup token per block)."""
+
+    def __init__(self, store):
+        self.store = store
+
+    def write(self, kind: str, table: pa.Table, token: str) -> None:
+        self.store.insert_arrow(records.TABLES[kind], table, dedup_token=token)
+
+    def close(self) -> None:
+        pass
+
+
+class ClientSink:
+    """The real collector path: every row through ``collector.client.TelemetryClient.put``."""
+
+    def __init__(self, client, flush_timeout_s: float = 60.0):
+        self.client = client
+        self.flush_timeout_s = flush_timeout_s
+
+    def write(self, kind: str, table: pa.Table, token: str) -> None:
+        for row in table.to_pylist():
+            self.client.put(kind, row)
+
+    def close(self) -> None:
+        if not self.client.flush(timeout_s=self.flush_timeout_s):
+            raise SimulationError(
+                f"collector did not take every row within {self.flush_timeout_s} s "
+                f"(dropped={self.client.dropped}, failed_batches={self.client.failed_batches})"
+            )
+
+
+def as_sink(target):
+    """A Store, a TelemetryClient or a sink -> a sink."""
+    if hasattr(target, "write") and hasattr(target, "close"):
+        return target
+    if hasattr(target, "insert_arrow"):
+        return DirectSink(target)
+    if hasattr(target, "put"):
+        return ClientSink(target)
+    raise SimulationError("target must be a Store (insert_arrow), a TelemetryClient (put) or a sink (write)")
+
+
+# ---------------------------------------------------------------------------------------------
+# the plan: releases, workers, sessions
+
+
+def plan_releases(
+    start: datetime, days: float, incidents: Sequence[str | tuple[str, float]], rollout_days: float
+) -> list[SimRelease]:
+    out = [SimRelease("v1.0", "baseline", start - timedelta(days=30), 0.0)]
+    parsed = []
+    for i, inc in enumerate(incidents):
+        name, day = (inc, None) if isinstance(inc, str) else inc
+        if name not in INCIDENTS:
+            raise SimulationError(f"unknown incident {name!r}; valid incidents: {', '.join(INCIDENTS)}")
+        if day is None:
+            day = round(days * (i + 1) / (len(incidents) + 1), 2)
+        if not 0 <= day < days:
+            raise SimulationError(f"incident {name!r} day {day} is outside the simulated 0..{days} days")
+        parsed.append((day, name))
+    for n, (day, name) in enumerate(sorted(parsed), start=1):
+        prev = out[-1]
+        leak = prev.leak if name in ("sync", "benign") else name == "august"
+        sync = prev.sync if name in ("august", "benign") else name == "sync"
+        out.append(SimRelease(f"v1.{n}", name, start + timedelta(days=day), rollout_days, leak, sync))
+    return out
+
+
+def plan_workers(n: int, rng: np.random.Generator) -> list[SimWorker]:
+    kinds = list(GPU_KINDS)
+    out = []
+    for i in range(n):
+        on = set(_BASE_SWITCHES)
+        if rng.random() < 0.75 or i == 0:  # fused all-reduce where the TP group allows it (most workers)
+            on.add("fused_allreduce")
+        if rng.random() < 0.9:
+            on.add("cuda_graphs")
+        if rng.random() < 0.5:
+            on.add("compile")
+        out.append(SimWorker(f"w{i:04d}", kinds[i % len(kinds)], frozenset(on), float(np.exp(rng.normal(0, 0.005)))))
+    return out
+
+
+@dataclass
+class _Process:
+    release: SimRelease
+    reserved: float
+    shapes: set[int] = field(default_factory=set)
+    leaked: int = 0
+    leak_bytes: float = 0.0
+
+
+class _Plans:
+    """Column buffers for planned sessions (one entry per session)."""
+
+    cols = ("worker", "release", "start_ms", "n_steps", "period_ms", "reserved", "buffers", "tokens", "sync")
+
+    def __init__(self):
+        for c in self.cols:
+            setattr(self, c, [])
+        self.session_ids: list[str] = []
+
+    def __len__(self):
+        return len(self.session_ids)
+
+
+def simulate_fleet(
+    target,
+    *,
+    weeks: float = 3,
+    incidents: Sequence[str | tuple[str, float]] = (),
+    seed: int = 0,
+    workers: int = 8,
+    sessions_per_day: float = 24,
+    session_median_s: float = 30.0,
+    rollout_days: float = 2.0,
+    end: datetime | None = None,
+    block_steps: int = 1_000_000,
+    progress: bool | None = None,
+) -> SimResult:
+    """Simulate ``weeks`` of fleet telemetry ending at ``end`` (default: this hour) into ``target``.
+
+    ``target``: a Store (bulk Arrow blocks), a TelemetryClient (the collector path) or a sink.
+    Incident days count from the simulation start. Returns what was simulated (releases, workers, counts).
+    """
+    if workers < 1 or sessions_per_day <= 0 or session_median_s <= 0 or weeks <= 0:
+        raise SimulationError("workers >= 1, sessions_per_day > 0, session_median_s > 0 and weeks > 0 are required")
+    end = (end or datetime.now(UTC).replace(minute=0, second=0, microsecond=0)).astimezone(UTC)
+    days = weeks * 7
+    start = end - timedelta(days=days)
+    rng = np.random.default_rng([seed, 0])
+    releases = plan_releases(start, days, incidents, rollout_days)
+    fleet = plan_workers(workers, rng)
+    result = SimResult(start, end, seed, releases, fleet)
+    sink = as_sink(target)
+    n_days = int(np.ceil(days)) + 1
+    day_noise = {k: np.exp(rng.normal(0, 0.003, n_days)) for k in GPU_KINDS}
+    # each worker upgrades to each release at its own moment in the rollout
+    upgrade_at = [
+        [r.start + timedelta(days=r.rollout_days * float(u)) for r, u in zip(releases, rng.random(len(releases)))]
+        for _ in fleet
+    ]
+    mean_gap_s = 86400.0 / sessions_per_day
+    start_ms = int(start.timestamp() * 1000)
+    end_ms = int(end.timestamp() * 1000)
+    expected = int(workers * days * sessions_per_day * session_median_s * 1.4 / (STEP_BUDGET_MS / 1000))
+    bar = _progress(progress, expected)
+    run_key = f"{seed}-{start_ms}-" + _options_key(weeks, incidents, workers, sessions_per_day, session_median_s,
+                                                    rollout_days)
+    writer = _BlockWriter(sink, result, fleet, releases, run_key, bar, block_steps)
+    oom_rows: list[dict] = []
+    for wi, w in enumerate(fleet):
+        wrng = np.random.default_rng([seed, 1, wi])
+        kind = GPU_KINDS[w.gpu_kind]
+        t_ms = start_ms + int(wrng.exponential(mean_gap_s) * 1000)
+        proc: _Process | None = None
+        seq = 0
+        while True:
+            t = datetime.fromtimestamp(t_ms / 1000, UTC)
+            ri = max(i for i, u in enumerate(upgrade_at[wi]) if u <= t) if t >= upgrade_at[wi][0] else 0
+            rel = releases[ri]
+            if proc is None or proc.release is not rel:  # a deploy restarts the worker process
+                proc = _Process(rel, kind.reserved_bytes * float(np.exp(wrng.normal(0, 0.01))))
+            if wrng.random() < 0.02:  # gone within a second (connection dropped)
+                duration_s = float(wrng.uniform(0.2, 1.5))
+            else:
+                duration_s = float(np.clip(wrng.lognormal(np.log(session_median_s), 0.8), 1.0, 7200.0))
+            n_steps = max(1, int(duration_s * 1000 / STEP_BUDGET_MS))
+            tokens = NEW_TOKENS + int(np.clip(wrng.lognormal(np.log(120), 0.7), 4, 2048))
+            if t_ms + duration_s * 1000 * 1.2 >= end_ms:
+                break
+            seq += 1
+            sid = f"s{seed}-{w.worker_id}-{seq:06d}"
+            leaking = rel.leak and "fused_allreduce" in w.switches
+            if leaking and tokens not in proc.shapes:
+                add = tokens * LEAK_BYTES_PER_TOKEN
+                if proc.reserved + proc.leak_bytes + add > kind.memory_bytes:
+                    oom_rows.append(_oom_row(w, rel, sid, t_ms, proc, add, kind, tokens))
+                    proc = None  # the process dies; the supervisor restarts it
+                    t_ms += int(wrng.uniform(30, 90) * 1000)
+                    continue
+                proc.leaked += 1
+                proc.leak_bytes += add
+            proc.shapes.add(tokens)
+            base_buffers = 1 if "fused_allreduce" in w.switches else 0
+            period = (
+                kind.period_ms
+                * w.speed
+                * day_noise[w.gpu_kind][int((t_ms - start_ms) // 86_400_000)]
+                * float(np.exp(wrng.normal(0, 0.012)))  # session-to-session spread
+                * (1.0 if "fused_allreduce" in w.switches else 1.01)
+                * (1.0 if "cuda_graphs" in w.switches else 1.005)
+                * (1.65 if rel.sync else 1.0)
+                * (1.0 + 0.002 * proc.leaked)  # fragmentation as leaked buffers pile up
+            )
+            reserved = proc.reserved * float(np.exp(wrng.normal(0, 0.004))) + proc.leak_bytes
+            writer.add_session(sid, wi, ri, t_ms, n_steps, period, reserved, base_buffers + proc.leaked, tokens)
+            gap_s = wrng.exponential(mean_gap_s) * 0.5 + 5.0
+            t_ms += int((duration_s + gap_s) * 1000)
+    writer.flush()
+    if oom_rows:
+        sink.write("event", records.to_arrow("event", oom_rows), f"sim-{run_key}-oom")
+        result.rows["event"] = len(oom_rows)
+    result.ooms = len(oom_rows)
+    sink.close()
+    if bar is not None:
+        bar.close()
+    return result
+
+
+def _options_key(*options) -> str:
+    import hashlib
+
+    return hashlib.sha256(repr(options).encode()).hexdigest()[:12]
+
+
+def _oom_row(w: SimWorker, rel: SimRelease, sid: str, t_ms: int, proc: _Process, add: float, kind: GpuKind, tokens):
+    detail = {
+        "mem_reserved_bytes": int(proc.reserved + proc.leak_bytes),
+        "requested_bytes": int(add),
+        "capacity_bytes": kind.memory_bytes,
+        "buffers_registered": proc.leaked + 1,
+        "first_forward_tokens": tokens,
+    }
+    return dict(worker_id=w.worker_id, session_id=sid, release=rel.name, gpu_kind=w.gpu_kind,
+                ts=datetime.fromtimestamp(t_ms / 1000, UTC), simulated=True, kind="oom", detail=json.dumps(detail))
+
+
+def _progress(progress: bool | None, total: int):
+    if progress is None:
+        progress = sys.stderr.isatty()
+    if not progress:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="step", unit_scale=True, desc="simulate", mininterval=1.0)
+
+
+class _BlockWriter:
+    """Accumulates planned sessions and writes their steps and session rows in large Arrow blocks."""
+
+    def __init__(self, sink, result, fleet, releases, run_key: str, bar, block_steps: int):
+        self.sink, self.result, self.fleet, self.releases = sink, result, fleet, releases
+        self.run_key, self.seed, self.bar = run_key, result.seed, bar
+        self.block = 0
+        self.block_steps = block_steps
+        self.plans = _Plans()
+        self.pending = 0
+        self.worker_names = pa.array([w.worker_id for w in fleet])
+        self.release_names = pa.array([r.name for r in releases])
+        # Arrow dictionaries must hold distinct values: per-worker indices into them
+        kinds = sorted({w.gpu_kind for w in fleet})
+        self.kind_names, self.kind_of = pa.array(kinds), np.array([kinds.index(w.gpu_kind) for w in fleet], np.int32)
+        states = sorted({records.encode_switches(w.switches) for w in fleet})
+        self.switch_strs = pa.array(states)
+        self.switch_of = np.array([states.index(records.encode_switches(w.switches)) for w in fleet], np.int32)
+        self.power = np.array([GPU_KINDS[w.gpu_kind].power_w * GPU_KINDS[w.gpu_kind].n_gpus for w in fleet])
+        self.tp = np.array([GPU_KINDS[w.gpu_kind].tp_size for w in fleet])
+        self.fused = np.array(["fused_allreduce" in w.switches for w in fleet])
+
+    def add_session(self, sid, wi, ri, t_ms, n_steps, period, reserved, buffers, tokens):
+        p = self.plans
+        p.session_ids.append(sid)
+        for c, v in zip(p.cols, (wi, ri, t_ms, n_steps, period, reserved, buffers, tokens, self.releases[ri].sync)):
+            getattr(p, c).append(v)
+        self.pending += n_steps
+        if self.pending >= self.block_steps:
+            self.flush()
+
+    def flush(self) -> None:
+        p = self.plans
+        if not len(p):
+            return
+        rng = np.random.default_rng([self.seed, 2, self.block])
+        token = f"sim-{self.run_key}-{self.block}"
+        steps_t, sessions_t = self._build(p, rng)
+        self.sink.write("step", steps_t, token + "-step")
+        self.sink.write("session", sessions_t, token + "-session")
+        self.result.sessions += len(p)
+        self.result.steps += steps_t.num_rows
+        for k, n in (("step", steps_t.num_rows), ("session", sessions_t.num_rows)):
+            self.result.rows[k] = self.result.rows.get(k, 0) + n
+        if self.bar is not None:
+            self.bar.update(steps_t.num_rows)
+        self.block += 1
+        self.plans = _Plans()
+        self.pending = 0
+
+    def _build(self, p: _Plans, rng: np.random.Generator) -> tuple[pa.Table, pa.Table]:
+        n = np.asarray(p.n_steps, dtype=np.int64)
+        ns = len(n)
+        total = int(n.sum())
+        offsets = np.concatenate([[0], np.cumsum(n)[:-1]])
+        si = np.repeat(np.arange(ns), n)  # session index of each step
+        step = np.arange(total) - offsets[si]
+        worker = np.asarray(p.worker, dtype=np.int32)[si]
+        mean = np.asarray(p.period_ms)[si]
+        reset = (step > 0) & (step % RESET_EVERY == 0)
+        spike = rng.random(total) < 0.01
+        period = mean * np.exp(rng.normal(0, 0.03, total)) * np.where(spike, 1.3, 1.0)
+        period = np.where(reset, mean * 1.65, period)
+        cs = np.cumsum(period)
+        ts_ms = np.asarray(p.start_ms, dtype=np.int64)[si] + (cs - (cs[offsets] - period[offsets])[si]).astype(np.int64)
+        sync = np.asarray(p.sync)[si]
+        diffusion = period - 1.6 + rng.normal(0, 0.3, total)
+        upkeep = 6.2 * np.exp(rng.normal(0, 0.05, total)) + np.where(reset, 97.0, 0.0)
+        fused = self.fused[worker]
+        allreduce = np.where(fused, 36.9, 50.0) * np.exp(rng.normal(0, 0.04, total))
+        late = (period > LATE_MS) & ~reset
+        power = self.power[worker] * np.exp(rng.normal(0, 0.03, total)) * np.where(sync, 0.7, 1.0)
+        energy = power * period  # W * ms = mJ
+        reserved = np.asarray(p.reserved, dtype=np.int64)[si]
+        buffers = np.asarray(p.buffers, dtype=np.int64)[si]
+        rel = np.asarray(p.release, dtype=np.int32)
+        common = self._common(si, worker, rel[si], ts_ms, p.session_ids)
+        steps = pa.table(
+            {
+                **common,
+                "step": pa.array(step, pa.int64()),
+                "diffusion_ms": np.maximum(diffusion, 0.0),
+                "step_period_ms": period,
+                "decode_ms": 114.0 * np.exp(rng.normal(0, 0.02, total)),
+                "cache_upkeep_ms": upkeep,
+                "attention_ms": 9.5 * np.exp(rng.normal(0, 0.03, total)),
+                "allreduce_ms": allreduce,
+                "late": late,
+                "playout_depth": np.where(late, 0, 3).astype(np.int64),
+                "reset_step": reset,
+                "energy_mj": energy,
+                "mem_allocated_bytes": (reserved * 0.92).astype(np.int64),
+                "mem_reserved_bytes": reserved,
+                "buffers_registered": buffers,
+                "switches": pa.DictionaryArray.from_arrays(pa.array(self.switch_of[worker]), self.switch_strs),
+            }
+        )
+        # sessions: a start row and an end row each
+        streamed_s = np.bincount(si, weights=period, minlength=ns) / 1000.0
+        late_n = np.bincount(si, weights=late, minlength=ns).astype(np.int64)
+        stall = np.bincount(si, weights=np.where(late, period - STEP_BUDGET_MS, 0.0), minlength=ns)
+        w = np.asarray(p.worker, dtype=np.int32)
+        start_ms = np.asarray(p.start_ms, dtype=np.int64)
+        end_ms = start_ms + (streamed_s * 1000).astype(np.int64)
+        idx = np.concatenate([np.arange(ns), np.arange(ns)])
+        is_end = np.concatenate([np.zeros(ns, bool), np.ones(ns, bool)])
+        frames = np.where(is_end, 4 * n[idx], 0)
+        sessions = pa.table(
+            {
+                **self._common(idx, w[idx], rel[idx], np.where(is_end, end_ms[idx], start_ms[idx]), p.session_ids),
+                "phase": pa.DictionaryArray.from_arrays(pa.array(is_end.astype(np.int32)), pa.array(["start", "end"])),
+                "first_forward_tokens": np.asarray(p.tokens, dtype=np.int64)[idx],
+                "streamed_s": np.where(is_end, streamed_s[idx], 0.0),
+                "frames": frames,
+                "avg_fps": pa.array(frames / np.maximum(streamed_s[idx], 1e-9), mask=~is_end),
+                "late_chunks": np.where(is_end, late_n[idx], 0),
+                "stall_ms": np.where(is_end, stall[idx], 0.0),
+                "tp_size": self.tp[w[idx]].astype(np.int64),
+                "shape": pa.array(["prod57b"] * len(idx)),
+                "switches": pa.DictionaryArray.from_arrays(pa.array(self.switch_of[w[idx]]), self.switch_strs),
+            }
+        )
+        return steps, sessions
+
+    def _common(self, si, worker, rel, ts_ms, session_ids) -> dict:
+        return {
+            "worker_id": pa.DictionaryArray.from_arrays(pa.array(worker, pa.int32()), self.worker_names),
+            "session_id": pa.DictionaryArray.from_arrays(pa.array(si, pa.int32()), pa.array(session_ids)),
+            "release": pa.DictionaryArray.from_arrays(pa.array(rel, pa.int32()), self.release_names),
+            "gpu_kind": pa.DictionaryArray.from_arrays(pa.array(self.kind_of[worker]), self.kind_names),
+            "ts": pa.array(ts_ms, pa.timestamp("ms", tz="UTC")),
+            "simulated": pa.array(np.ones(len(ts_ms), bool)),
+        }
+
+
+def summarize(result: SimResult) -> Iterable[str]:
+    yield (f"simulated {result.sessions} sessions, {result.steps} steps, {result.ooms} OOMs on "
+           f"{len(result.workers)} workers from {result.start:%Y-%m-%d %H:%M} to {result.end:%Y-%m-%d %H:%M} UTC")
+    for r in result.releases[1:]:
+        yield f"  release {r.name} ({r.kind}) rolled out from {r.start:%Y-%m-%d %H:%M} over {r.rollout_days:g} days"
