@@ -1,0 +1,196 @@
+"""FP8 GEMM + all-reduce: the GEMM and the tile-reduction protocol (ranks emulated as separate buffers
+in one process; TRITON_INTERPRET=1 on CPU, compiled on the GPU), and the bounded buffer registry."""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+import pytest
+import torch
+
+CUDA = torch.cuda.is_available()
+if not CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import triton
+
+import kernels.gemm_allreduce as ga
+
+if not CUDA and not isinstance(ga._fp8_gemm_kernel, triton.runtime.interpreter.InterpretedFunction):
+    ga = importlib.reload(ga)  # imported earlier in this process without the interpreter
+
+DEV = "cuda" if CUDA else "cpu"
+# the interpreter's fp8/bf16 rounding differs from the GPU's: compare loosely there, tightly on the GPU
+REL = 2.0**-8 if CUDA else 2.0**-6
+SMALL = ga.TileConfig(16, 16, 32, group_m=2, num_warps=4, num_stages=1) if not CUDA else None
+
+
+def _operands(m, n, k, rowwise=False, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    a = (torch.randn(m, k, generator=g) * 2).to(ga.FP8).to(DEV)
+    w = (torch.randn(n, k, generator=g) * 2).to(ga.FP8).to(DEV)  # nn.Linear layout [N, K]
+    if rowwise:
+        sa = (torch.rand(m, generator=g) + 0.5).to(DEV)
+        sb = (torch.rand(n, generator=g) + 0.5).to(DEV) / 8
+    else:
+        sa = torch.tensor(0.75, device=DEV)
+        sb = torch.tensor(0.125, device=DEV)
+    return a, w, sa, sb
+
+
+def _exact(a, w, sa, sb) -> torch.Tensor:
+    """fp64 truth of (a @ w.T) * scales."""
+    sa = sa.double().reshape(-1, 1) if sa.numel() > 1 else sa.double()
+    sb = sb.double().reshape(1, -1) if sb.numel() > 1 else sb.double()
+    return (a.double() @ w.double().t()) * sa * sb
+
+
+def _assert_close_to(out, truth, partials_abs=None):
+    """Within the bf16 roundings of the path: each partial rounded once (relative to its own size,
+    `partials_abs` = sum of |partial|), the sum once, and the fp8 product's own rounding."""
+    partials_abs = truth.abs() if partials_abs is None else partials_abs
+    bound = REL * (truth.abs() + partials_abs) + 1e-2
+    err = (out.double() - truth).abs()
+    assert (err <= bound).all(), f"max err {err.max().item():.4g}, worst excess {(err - bound).max().item():.4g}"
+
+
+@pytest.mark.parametrize("m,n,k,rowwise", [(37, 48, 64, False), (29, 40, 80, True)])
+def test_fp8_gemm_matches_reference(m, n, k, rowwise):
+    a, w, sa, sb = _operands(m, n, k, rowwise)
+    out = ga.fp8_gemm(a, w, sa, sb, config=SMALL)  # [N, K] weight: transposed view inside
+    assert out.dtype == torch.bfloat16 and out.shape == (m, n)
+    _assert_close_to(out, _exact(a, w, sa, sb))
+    ref = ga.gemm_allreduce_ref(a, w.t(), sa, sb)  # [K, N] view: same result
+    _assert_close_to(ref, _exact(a, w, sa, sb))
+    assert torch.equal(ga.gemm_allreduce(a, w.t(), sa, sb, group=None), ga.fp8_gemm(a, w.t(), sa, sb))
+
+
+def test_operand_errors_list_what_is_valid():
+    a, w, sa, sb = _operands(8, 16, 32)
+    with pytest.raises(ga.GemmAllReduceError, match=r"\[K, N\] or \[N, K\] with K=32"):
+        ga.fp8_gemm(a, w[:, :16], sa, sb)
+    with pytest.raises(ga.GemmAllReduceError, match="float8_e4m3fn"):
+        ga.fp8_gemm(a.float(), w, sa, sb)
+    with pytest.raises(ga.GemmAllReduceError, match="1 or M=8"):
+        ga.fp8_gemm(a, w, torch.ones(3, device=DEV), sb)
+
+
+def _emulated_call(wss, ops, config=None):
+    """One all-reduce call across emulated ranks: every rank pushes, then every rank reduces."""
+    cfg = None
+    for ws, (a, w, sa, sb) in zip(wss, ops):
+        cfg = ga.push_partials(ws, a, w, sa, sb, config=config)
+    return [ga.reduce_tiles(ws, cfg) for ws in wss], cfg
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_tile_reduction_across_emulated_ranks(world):
+    m, n, k = 37, 48, 64
+    wss = ga.emulated_workspaces(world, m, n, device=DEV)
+    for call in range(3):  # parity 1, 0, 1: both slot sets, and a set reused after the other
+        ops = [_operands(m, n, k, rowwise=(r == 1), seed=100 * call + r) for r in range(world)]
+        truth = sum(_exact(*op) for op in ops)
+        total_abs = sum(_exact(*op).abs() for op in ops)
+        epoch = int(wss[0].epoch[0])
+        parity = epoch % 2
+        # poison the other parity's slots: a reduction must read only this call's set
+        for ws in wss:
+            ws.slots[1 - parity].fill_(float("nan"))
+        outs, cfg = _emulated_call(wss, ops, SMALL)
+        n_tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+        for r, (ws, out) in enumerate(zip(wss, outs)):
+            _assert_close_to(out, truth, total_abs)
+            # every source rank raised every tile's flag on this rank, with this call's epoch
+            assert (ws.flags[parity, :, :n_tiles] == epoch).all()
+            # and its partial landed in slot [parity, src] of this rank
+            for src in range(world):
+                _assert_close_to(ws.slots[parity, src], _exact(*ops[src]))
+            assert int(ws.epoch[0]) == epoch + 1
+        assert all(torch.equal(outs[0], o) for o in outs[1:])  # every rank holds the same sum
+
+
+def test_workspace_shape_mismatch_is_refused():
+    (ws,) = ga.emulated_workspaces(1, 16, 16, device=DEV)
+    a, w, sa, sb = _operands(8, 16, 32)
+    with pytest.raises(ga.GemmAllReduceError, match=r"\(M, N\)=\(16, 16\)"):
+        ga.push_partials(ws, a, w, sa, sb, config=SMALL)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Registry
+
+
+def test_first_forward_shapes_never_enter_the_registry():
+    reg = ga.BufferRegistry(steady_m=757)
+    for prompt in (300, 512, 1024, 2048):  # first forwards: prompt length varies per session
+        assert reg.lookup(prompt, 64) is None
+    assert len(reg) == 0
+    ws = reg.lookup(757, 64)
+    assert ws is not None and reg.lookup(757, 64) is ws
+    for prompt in range(256, 2048, 97):
+        assert reg.lookup(prompt, 64) is None
+    assert len(reg) == 1
+
+
+def test_buffer_per_shape_grows_per_prompt_length():
+    reg = ga.BufferRegistry(steady_m=757, buffer_per_shape=True)
+    reg.lookup(757, 64)
+    sizes = []
+    for prompt in (300, 301, 512, 300, 2048):
+        assert reg.lookup(prompt, 64) is not None
+        sizes.append(len(reg))
+    assert sizes == [2, 3, 4, 4, 5]  # one buffer per distinct M, never released: the leak
+    assert reg.nbytes > 0
+
+
+def test_registry_is_bounded_and_says_what_it_admits():
+    reg = ga.BufferRegistry(steady_m=757, capacity=2)
+    reg.lookup(757, 64)
+    reg.lookup(757, 128)
+    with pytest.raises(ga.GemmAllReduceError, match="steady_m=757"):
+        reg.lookup(757, 256)
+    assert len(reg) == 2
+
+
+# ----------------------------------------------------------------------------------------------------
+# GPU: the compiled kernels at the rank shapes, and the reduction under CUDA graphs
+
+RANK_SHAPES = [(757, 3 * 2560, 7680), (757, 7680, 2560), (757, 10240, 7680), (757, 7680, 10240)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k", RANK_SHAPES)
+def test_gpu_world1_matches_reference_at_rank_shapes(m, n, k):
+    a, w, sa, sb = _operands(m, n, k, seed=k)
+    out = ga.gemm_allreduce(a, w.t(), sa, sb, group=None)
+    ref = ga.gemm_allreduce_ref(a, w.t(), sa, sb)
+    err = (out.float() - ref.float()).abs()
+    assert (err <= 2 * 2.0**-8 * ref.float().abs() + 0.05).all(), err.max()
+
+
+@pytest.mark.gpu
+def test_gpu_emulated_ranks_chain_under_cuda_graphs():
+    m, n, k, world = 757, 7680, 2560, 3
+    wss = ga.emulated_workspaces(world, m, n, device="cuda", min_tile=64)
+    ops = [_operands(m, n, k, seed=r) for r in range(world)]
+    static_a = [op[0].clone() for op in ops]
+    eager, _ = _emulated_call(wss, ops)
+    truth = sum(_exact(*op) for op in ops)
+    total_abs = sum(_exact(*op).abs() for op in ops)
+    for out in eager:
+        _assert_close_to(out, truth, total_abs)
+    graph = torch.cuda.CUDAGraph()
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph):
+        outs, _ = _emulated_call(wss, [(a, *op[1:]) for a, op in zip(static_a, ops)])
+    for call in range(3):  # the epoch lives in device memory: each replay is a new call
+        new = [_operands(m, n, k, seed=50 + 10 * call + r) for r in range(world)]
+        for dst, op in zip(static_a, new):
+            dst.copy_(op[0])
+        graph.replay()
+        truth = sum(_exact(a, *op[1:]) for a, op in zip(static_a, ops))
+        total_abs = sum(_exact(a, *op[1:]).abs() for a, op in zip(static_a, ops))
+        torch.cuda.synchronize()
+        for out in outs:
+            _assert_close_to(out, truth, total_abs)
