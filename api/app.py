@@ -1,0 +1,130 @@
+"""The server app: ``create_app(settings=None) -> FastAPI`` (collector + api routes + scheduler).
+
+    app = create_app()                 # settings from LIVESTEP_* (see api/settings.py)
+    uvicorn.run(app, host=..., port=...)   # what ``livestep serve`` does (one worker: chDB)
+
+The lifespan opens the store and migrates it once, opens the spool and starts its block writer
+(role collector), starts the analytics scheduler (role scheduler, if ``analytics.jobs`` imports),
+and shuts them down in reverse order. Every module of ``api/routes/`` that defines ``router`` is
+included (role api; ``health`` always), plus ``collector.routes.router`` (role collector).
+The store is ``app.state.store``, the settings ``app.state.settings``, the spool ``app.state.spool``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import pkgutil
+import threading
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+import api.routes
+from api.settings import Settings, get_settings
+from collector.store import Store, open_store
+
+log = logging.getLogger("livestep.api")
+
+
+_CORE_ROUTES = ("health", "sessions")  # included first: on a path clash, the core route answers
+
+
+def _route_modules() -> list[str]:
+    found = sorted(m.name for m in pkgutil.iter_modules(api.routes.__path__) if not m.name.startswith("_"))
+    return [m for m in _CORE_ROUTES if m in found] + [m for m in found if m not in _CORE_ROUTES]
+
+
+def _validation_detail(exc: RequestValidationError) -> str:
+    parts = []
+    for err in exc.errors()[:5]:
+        loc = err.get("loc", ())
+        where = f"{loc[0]} parameter '{'.'.join(map(str, loc[1:]))}'" if len(loc) > 1 else ".".join(map(str, loc))
+        shown = repr(err.get("input"))
+        parts.append(f"{where}: {err.get('msg')} (got {shown if len(shown) <= 60 else shown[:57] + '...'})")
+    return "; ".join(parts) or "invalid request"
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+    store_lock = threading.Lock()
+
+    def get_store() -> Store:
+        """The store; (re)opened on demand when it was unreachable at start (a server DSN)."""
+        with store_lock:
+            if app.state.store is None:
+                s = open_store(settings.clickhouse_dsn)
+                s.migrate()
+                app.state.store, app.state.store_error = s, None
+            return app.state.store
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        app.state.store, app.state.store_error = None, None
+        try:
+            get_store()
+        except Exception as e:
+            if settings.clickhouse_dsn.startswith("chdb:"):
+                raise  # the embedded store cannot be "down": a real error
+            app.state.store_error = f"{type(e).__name__}: {e}"[:300]
+            log.warning("store unreachable at start, collector keeps spooling: %s", app.state.store_error)
+        spool = writer = scheduler = None
+        if "collector" in settings.roles:
+            from collector.spool import Spool
+            from collector.writer import BlockWriter
+
+            spool = Spool(settings.spool_dir, settings.spool_max_bytes, settings.spool_segment_bytes,
+                          settings.idempotency_keys)
+            writer = BlockWriter(spool, get_store, settings.flush_rows, settings.flush_interval_s,
+                                 settings.retry_max_s, settings.fault_store_down_file)
+            writer.start()
+        app.state.spool, app.state.writer = spool, writer
+        if "scheduler" in settings.roles and app.state.store is not None:
+            try:
+                from analytics.jobs import start_scheduler
+            except ImportError as e:
+                log.info("analytics scheduler not started (analytics.jobs unavailable: %s)", e)
+            else:
+                scheduler = start_scheduler(app.state.store)
+        app.state.scheduler = scheduler
+        try:
+            yield
+        finally:
+            if scheduler is not None:
+                scheduler.shutdown(wait=False)
+            if writer is not None:
+                writer.stop()
+            if spool is not None:
+                spool.close()
+
+    app = FastAPI(
+        title="livestep",
+        version="0.1.0",
+        summary="Telemetry in (collector) and out (api) of the livestep serving fleet.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.store = app.state.store_error = app.state.spool = app.state.writer = None
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid_request(request: Request, exc: RequestValidationError):
+        return JSONResponse({"detail": _validation_detail(exc)}, status_code=422)
+
+    if "collector" in settings.roles:
+        from collector.routes import router as collector_router
+
+        app.include_router(collector_router)
+    for name in _route_modules():
+        if name != "health" and "api" not in settings.roles:
+            continue
+        try:
+            mod = importlib.import_module(f"api.routes.{name}")
+        except Exception:  # one broken route module must not take the collector down with it
+            log.exception("route module api.routes.%s failed to import; its routes are not served", name)
+            continue
+        router = getattr(mod, "router", None)
+        if router is not None:
+            app.include_router(router)
+    return app

@@ -1,0 +1,43 @@
+"""``livestep serve``: the server in one process, one uvicorn worker (chDB: one process per directory).
+
+    livestep serve                                   # 127.0.0.1:8000, role all, embedded chDB in ./var
+    livestep serve --host 0.0.0.0 --port 8000 --role collector --dsn https://u:p@ch:8443/livestep
+
+Options override the ``LIVESTEP_*`` environment (see api/settings.py); a non-loopback bind needs
+the tokens and secret its role requires, else the command stops with one line saying which.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from api.settings import ROLES, load_settings
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("serve", help="run the collector + api + scheduler server (one process)",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--host", help="bind address (default LIVESTEP_HOST or 127.0.0.1)")
+    p.add_argument("--port", type=int, help="bind port (default LIVESTEP_PORT or 8000)")
+    p.add_argument("--role", choices=ROLES, help="which parts this process runs (default LIVESTEP_ROLE or all)")
+    p.add_argument("--dsn", help="store DSN (default LIVESTEP_CLICKHOUSE_DSN or chdb://<repo>/var/chdb)")
+    p.add_argument("--spool-dir", help="spool directory (default LIVESTEP_SPOOL_DIR or <repo>/var/spool)")
+    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from api.app import create_app
+
+    settings = load_settings(host=args.host, port=args.port, role=args.role, clickhouse_dsn=args.dsn,
+                             spool_dir=args.spool_dir)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    app = create_app(settings)
+    print(f"livestep serve: http://{settings.host}:{settings.port} role={settings.role} "
+          f"store={settings.clickhouse_dsn.split('@')[-1]} spool={settings.spool_dir}", flush=True)
+    uvicorn.run(app, host=settings.host, port=settings.port, workers=1, log_level=args.log_level,
+                access_log=args.log_level == "debug")
+    return 0

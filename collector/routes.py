@@ -1,0 +1,385 @@
+"""The ingest route: ``POST /v1/telemetry`` (JSON ``TelemetryBatch`` or one-kind Arrow IPC stream).
+
+    app.include_router(collector.routes.router)   # needs app.state.spool and app.state.settings
+
+A 200 means every row of the batch is in the durable spool (fsync'd); the block writer inserts it
+into ClickHouse later. Every bad input gets a 4xx whose ``detail`` says what was wrong and what is
+valid, and nothing of that batch is stored: 400 unreadable body, 401 token, 413 size, 415 content
+type, 422 values or schema; 429 + Retry-After while the spool is over its bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+from fastapi import APIRouter, HTTPException, Request
+from fastapi.concurrency import run_in_threadpool
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+from collector import records
+from collector.spool import SpoolError, SpoolFullError
+
+ARROW_STREAM = "application/vnd.apache.arrow.stream"
+JSON = "application/json"
+CONTENT_TYPES = (ARROW_STREAM, JSON)
+_EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+_BATCH = TypeAdapter(records.TelemetryBatch)
+_THREADPOOL_BYTES = 1 << 20  # parse bigger bodies off the event loop
+
+
+class BadBatchError(Exception):
+    """A batch that cannot be stored; ``status`` is the 4xx to answer, the message says what is valid."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+# ---------------------------------------------------------------------------------------------
+# Column checks: what the records allow and what the store's column types can hold.
+
+_LABEL = ("label", 1, 128)
+_MS = ("float", 0.0)
+_FLOAT = ("float", None)
+_U63 = ("int", 0, 2**63 - 1)
+_U32 = ("int", 0, 2**32 - 1)
+_COMMON_CHECKS: dict[str, tuple] = {
+    "worker_id": _LABEL, "session_id": _LABEL, "release": _LABEL, "gpu_kind": _LABEL, "ts": ("ts",),
+}
+CHECKS: dict[str, dict[str, tuple]] = {
+    "step": {
+        **_COMMON_CHECKS, "step": _U32, "diffusion_ms": _MS, "step_period_ms": _MS, "decode_ms": _MS,
+        "cache_upkeep_ms": _MS, "attention_ms": _MS, "allreduce_ms": _MS, "playout_depth": ("int", 0, 65535),
+        "energy_mj": _MS, "mem_allocated_bytes": _U63, "mem_reserved_bytes": _U63, "buffers_registered": _U32,
+        "switches": ("switches",),
+    },
+    "gpu_sample": {
+        **_COMMON_CHECKS, "gpu_index": ("int", 0, 1023), "power_w": _MS, "energy_mj": _MS, "sm_clock_mhz": _U32,
+        "mem_used_bytes": _U63, "temp_c": _FLOAT, "throttle_reasons": _U63,
+    },
+    "session": {
+        **_COMMON_CHECKS, "phase": ("enum", ("start", "end")), "first_forward_tokens": ("int", 1, 2**31 - 1),
+        "streamed_s": _MS, "frames": _U63, "avg_fps": _MS, "late_chunks": _U63, "stall_ms": _MS,
+        "tp_size": ("int", 1, 1024), "shape": _LABEL, "switches": ("switches",),
+    },
+    "event": {**_COMMON_CHECKS, "kind": ("enum", records.EVENT_KINDS), "detail": ("json_object", 65536)},
+}
+
+
+def _first(mask: pa.ChunkedArray | pa.Array) -> int | None:
+    """Index of the first true value of a boolean mask (nulls count as false), else None."""
+    mask = pc.fill_null(mask, False)
+    if not pc.any(mask).as_py():
+        return None
+    return pc.index(mask, True).as_py()
+
+
+def _bad(kind: str, col: str, row: int, value: Any, valid: str) -> BadBatchError:
+    shown = repr(value)
+    shown = shown if len(shown) <= 80 else shown[:77] + "..."
+    return BadBatchError(422, f"{kind} row {row} column '{col}' = {shown} is not valid: {valid}")
+
+
+def check_table(kind: str, table: pa.Table) -> None:
+    """Every value of ``table`` (already of ``records.ARROW_SCHEMAS[kind]``) within bounds, else 422."""
+    schema = records.ARROW_SCHEMAS[kind]
+    for f in schema:
+        col = table.column(f.name)
+        if not f.nullable and col.null_count:
+            row = _first(pc.is_null(col))
+            raise _bad(kind, f.name, row, None, "this column is required (no nulls)")
+    now_ms = int((datetime.now(UTC) + records.MAX_FUTURE_SKEW).timestamp() * 1000)
+    for name, check in CHECKS[kind].items():
+        col = table.column(name)
+        what = check[0]
+        if what == "float":
+            row = _first(pc.invert(pc.is_finite(col)))
+            if row is not None:
+                raise _bad(kind, name, row, col[row].as_py(), "a finite number (NaN and infinity are not valid)")
+            if check[1] is not None:
+                row = _first(pc.less(col, check[1]))
+                if row is not None:
+                    raise _bad(kind, name, row, col[row].as_py(), f"a number >= {check[1]:g} (a duration or amount)")
+        elif what == "int":
+            lo, hi = check[1], check[2]
+            row = _first(pc.or_(pc.less(col, lo), pc.greater(col, hi)))
+            if row is not None:
+                raise _bad(kind, name, row, col[row].as_py(), f"an integer in [{lo}, {hi}]")
+        elif what == "label":
+            n = pc.utf8_length(col)
+            row = _first(pc.or_(pc.less(n, check[1]), pc.greater(n, check[2])))
+            if row is not None:
+                raise _bad(kind, name, row, col[row].as_py(), f"a string of {check[1]} to {check[2]} characters")
+        elif what == "ts":
+            ms = pc.cast(col, pa.int64())
+            lo = 946684800000  # 2000-01-01
+            row = _first(pc.or_(pc.less(ms, lo), pc.greater(ms, now_ms)))
+            if row is not None:
+                raise _bad(kind, name, row, str(col[row].as_py()),
+                           f"a UTC time after 2000-01-01 and at most {records.MAX_FUTURE_SKEW} in the future")
+        elif what == "enum":
+            for v in pc.unique(col).to_pylist():
+                if v is not None and v not in check[1]:
+                    row = _first(pc.equal(col, v))
+                    raise _bad(kind, name, row, v, f"one of {', '.join(check[1])}")
+        elif what == "switches":
+            for v in pc.unique(col).to_pylist():
+                if v is None:
+                    continue
+                unknown = sorted(records.decode_switches(v) - set(records.SWITCH_NAMES))
+                if unknown or len(v) > 512:
+                    row = _first(pc.equal(col, v))
+                    raise _bad(kind, name, row, v,
+                               f"comma-separated switch names, unknown {unknown}; valid switches: "
+                               f"{', '.join(records.SWITCH_NAMES)}")
+        elif what == "json_object":
+            for row, v in enumerate(col.to_pylist()):
+                try:
+                    ok = len(v) <= check[1] and isinstance(orjson.loads(v), dict)
+                except orjson.JSONDecodeError:
+                    ok = False
+                if not ok:
+                    raise _bad(kind, name, row, v, f"a JSON object as text, at most {check[1]} bytes")
+
+
+# ---------------------------------------------------------------------------------------------
+# Bodies -> {kind: arrow table of the canonical schema}
+
+def _schema_text(schema: pa.Schema) -> str:
+    return ", ".join(f"{f.name}: {f.type}" for f in schema)
+
+
+def parse_arrow(body: bytes) -> dict[str, pa.Table]:
+    if len(body) < 8 or body[-8:] != _EOS:
+        raise BadBatchError(400, "truncated Arrow IPC stream: it must end with the end-of-stream marker "
+                                 "(close the stream writer); send one record kind per body")
+    try:
+        br = pa.BufferReader(body)
+        reader = pa.ipc.open_stream(br)
+        schema = reader.schema
+        table = reader.read_all()
+        consumed = br.tell()
+    except (pa.ArrowInvalid, pa.ArrowException, OSError, ValueError) as e:
+        raise BadBatchError(400, f"not a readable Arrow IPC stream ({e}); expected one record batch stream "
+                                 f"of one record kind, Content-Type {ARROW_STREAM}") from e
+    if consumed != len(body):
+        raise BadBatchError(400, f"{len(body) - consumed} bytes follow the Arrow stream's end-of-stream marker; "
+                                 "send exactly one stream per body")
+    meta = schema.metadata or {}
+    kind = meta.get(b"livestep.kind", b"").decode(errors="replace")
+    if kind not in records.ARROW_SCHEMAS:
+        raise BadBatchError(422, f"Arrow schema metadata livestep.kind = {kind!r} is not valid; valid kinds: "
+                                 f"{', '.join(records.RECORD_KINDS)} (use collector.records.ARROW_SCHEMAS)")
+    version = meta.get(b"livestep.schema_version", str(records.SCHEMA_VERSION).encode()).decode(errors="replace")
+    if version != str(records.SCHEMA_VERSION):
+        raise BadBatchError(422, f"livestep.schema_version {version!r} is not supported; valid: "
+                                 f"{records.SCHEMA_VERSION}")
+    want = records.ARROW_SCHEMAS[kind]
+    missing = [n for n in want.names if n not in schema.names]
+    extra = [n for n in schema.names if n not in want.names]
+    if missing or extra or len(set(schema.names)) != len(schema.names):
+        raise BadBatchError(422, f"{kind} columns do not match: missing {missing}, unexpected {extra}; "
+                                 f"valid columns: {_schema_text(want)}")
+    wrong = [f"{f.name} is {schema.field(f.name).type}, expected {f.type}"
+             for f in want if schema.field(f.name).type != f.type]
+    if wrong:
+        raise BadBatchError(422, f"{kind} column types do not match: {'; '.join(wrong)}; "
+                                 f"valid columns: {_schema_text(want)}")
+    table = table.select(want.names)
+    table = pa.Table.from_arrays([c for c in table.columns], schema=want)
+    check_table(kind, table)
+    return {kind: table} if table.num_rows else {}
+
+
+def _loc(loc: tuple) -> str:
+    out = ""
+    for p in loc:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out or "body"
+
+
+_KIND_OF_LIST = {"steps": "step", "gpu_samples": "gpu_sample", "sessions": "session", "events": "event"}
+
+
+def _validation_message(e: ValidationError) -> tuple[int, str]:
+    errs = e.errors(include_url=False)
+    if any(err["type"] == "json_invalid" for err in errs):
+        msg = next(err["msg"] for err in errs if err["type"] == "json_invalid")
+        return 400, f"body is not valid JSON ({msg}); expected a TelemetryBatch object (see /openapi.json)"
+    parts = []
+    for err in errs[:5]:
+        loc = err["loc"]
+        text = f"{_loc(loc)}: {err['msg']}"
+        if err["type"] not in ("missing", "extra_forbidden"):
+            shown = repr(err.get("input"))
+            text += f" (got {shown if len(shown) <= 60 else shown[:57] + '...'})"
+        kind = _KIND_OF_LIST.get(loc[0]) if loc else None
+        if err["type"] in ("missing", "extra_forbidden") and kind and len(loc) >= 3:
+            text += f"; valid {kind} fields: {', '.join(records.MODELS[kind].model_fields)}"
+        elif err["type"] == "extra_forbidden" and len(loc) == 1:
+            text += f"; valid top-level fields: {', '.join(records.TelemetryBatch.model_fields)}"
+        parts.append(text)
+    more = f" (and {len(errs) - 5} more)" if len(errs) > 5 else ""
+    return 422, f"{len(errs)} invalid value(s): " + "; ".join(parts) + more
+
+
+def parse_json(body: bytes) -> dict[str, pa.Table]:
+    try:
+        batch = _BATCH.validate_json(body)
+    except ValidationError as e:
+        status, msg = _validation_message(e)
+        raise BadBatchError(status, msg) from e
+    out = {}
+    for kind, models in batch.by_kind().items():
+        if not models:
+            continue
+        rows = [m.model_dump() for m in models]
+        for r in rows:  # the store keeps milliseconds
+            r["ts"] = r["ts"].replace(microsecond=r["ts"].microsecond // 1000 * 1000)
+        table = records.to_arrow(kind, rows)
+        check_table(kind, table)  # the store's column bounds on top of the model's
+        out[kind] = table
+    return out
+
+
+def parse_body(content_type: str, body: bytes) -> dict[str, pa.Table]:
+    try:
+        return parse_arrow(body) if content_type == ARROW_STREAM else parse_json(body)
+    except BadBatchError:
+        raise
+    except Exception as e:  # anything unexpected while reading input is the input's fault: never a 5xx
+        raise BadBatchError(400, f"could not read the {content_type} body ({type(e).__name__}: {e}); "
+                                 f"valid bodies: a TelemetryBatch JSON object or an Arrow IPC stream of one "
+                                 f"record kind") from e
+
+
+# ---------------------------------------------------------------------------------------------
+# The route
+
+def _inline_refs(schema: dict) -> dict:
+    defs = schema.pop("$defs", {})
+
+    def walk(node):
+        if isinstance(node, dict):
+            if "$ref" in node:
+                return walk(dict(defs[node["$ref"].rsplit("/", 1)[-1]]))
+            return {k: walk(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [walk(v) for v in node]
+        return node
+
+    return walk(schema)
+
+
+class IngestAck(BaseModel):
+    batch_id: str
+    rows: dict[str, int]
+    duplicate: bool
+
+
+class ErrorBody(BaseModel):
+    detail: str
+
+
+router = APIRouter(tags=["collector"])
+
+_ERRORS = {
+    s: {"model": ErrorBody, "description": d}
+    for s, d in {400: "unreadable body or header", 401: "missing or wrong bearer token", 413: "body too large",
+                 415: "unknown content type", 422: "invalid values or schema",
+                 429: "spool full: retry after Retry-After seconds"}.items()
+}
+
+
+def _check_token(request: Request, tokens: list[str]) -> None:
+    if not tokens:
+        return
+    auth = request.headers.get("authorization", "")
+    scheme, _, token = auth.partition(" ")
+    if scheme.lower() != "bearer" or not token:
+        raise HTTPException(401, "missing bearer token: send 'Authorization: Bearer <ingest token>'",
+                            headers={"WWW-Authenticate": "Bearer"})
+    if not any(hmac.compare_digest(token.strip().encode(), t.encode()) for t in tokens):
+        raise HTTPException(401, "wrong bearer token: use one of the collector's ingest tokens "
+                                 "(LIVESTEP_INGEST_TOKENS)", headers={"WWW-Authenticate": "Bearer"})
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    cl = request.headers.get("content-length")
+    if cl is not None:
+        if not cl.strip().isdigit():
+            raise HTTPException(400, f"Content-Length {cl!r} is not valid: a byte count")
+        if int(cl) > limit:
+            raise HTTPException(413, f"body of {int(cl)} bytes is over the limit of {limit} bytes; "
+                                     "send smaller batches")
+    chunks, n = [], 0
+    async for chunk in request.stream():
+        n += len(chunk)
+        if n > limit:
+            raise HTTPException(413, f"body is over the limit of {limit} bytes; send smaller batches")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _batch_id(request: Request, body: bytes) -> str:
+    key = request.headers.get("idempotency-key")
+    if key is None:
+        return "sha256:" + hashlib.sha256(body).hexdigest()
+    key = key.strip()
+    if not 1 <= len(key) <= 200 or not key.isprintable() or not key.isascii():
+        raise HTTPException(400, "Idempotency-Key is not valid: 1 to 200 printable ASCII characters "
+                                 "(one per batch, the same on every retry)")
+    return key
+
+
+@router.post(
+    "/v1/telemetry",
+    response_model=IngestAck,
+    responses=_ERRORS,
+    summary="Ingest a batch of telemetry records (durable once acked)",
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {
+                JSON: {"schema": _inline_refs(records.TelemetryBatch.model_json_schema())},
+                ARROW_STREAM: {"schema": {"type": "string", "format": "binary"}},
+            },
+        }
+    },
+)
+async def ingest(request: Request) -> IngestAck:
+    settings = request.app.state.settings
+    _check_token(request, settings.ingest_tokens)
+    media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if media not in CONTENT_TYPES:
+        raise HTTPException(415, f"Content-Type {media or '(none)'!r} is not supported; valid: "
+                                 f"{', '.join(CONTENT_TYPES)}")
+    body = await _read_body(request, settings.max_body_bytes)
+    batch_id = _batch_id(request, body)
+    spool = request.app.state.spool
+    known = spool.known(batch_id)
+    if known is not None:  # a retry of a stored batch: no need to parse it again
+        return IngestAck(batch_id=batch_id, rows=known, duplicate=True)
+    try:
+        if len(body) > _THREADPOOL_BYTES:
+            tables = await run_in_threadpool(parse_body, media, body)
+        else:
+            tables = parse_body(media, body)
+    except BadBatchError as e:
+        raise HTTPException(e.status, str(e)) from e
+    if not tables:
+        return IngestAck(batch_id=batch_id, rows={}, duplicate=False)
+    try:
+        ack = await asyncio.wrap_future(spool.submit(batch_id, tables))
+    except SpoolFullError as e:
+        raise HTTPException(429, str(e), headers={"Retry-After": str(e.retry_after_s)}) from e
+    except SpoolError as e:
+        raise HTTPException(503, f"{e}; the batch was not stored, retry it", headers={"Retry-After": "1"}) from e
+    return IngestAck(batch_id=ack.batch_id, rows=ack.rows, duplicate=ack.duplicate)

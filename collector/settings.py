@@ -1,0 +1,110 @@
+"""Collector settings: the store DSN, ingest tokens, the spool and the block writer (env ``LIVESTEP_*``).
+
+    settings = CollectorSettings()                      # from the environment
+    settings = CollectorSettings(spool_dir=tmp_path)    # in tests
+
+``api.settings.Settings`` extends this class with the server's bind address and role, and refuses
+to start on a non-loopback bind without ingest tokens.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+REPO_DIR = Path(__file__).resolve().parent.parent
+MiB = 1024 * 1024
+
+# token lists read from the env as a comma-separated string (or a JSON list)
+TokenList = Annotated[list[str], NoDecode]
+
+
+def split_tokens(v):
+    """'a,b' or '["a","b"]' or a list -> a list of non-empty, stripped tokens."""
+    if isinstance(v, str):
+        v = v.strip()
+        if v.startswith("["):
+            import json
+
+            v = json.loads(v)
+        else:
+            v = v.split(",")
+    return [t.strip() for t in v if t and t.strip()]
+
+
+class CollectorSettings(BaseSettings):
+    """Everything the ingest path needs; each field is bounded and documented."""
+
+    model_config = SettingsConfigDict(env_prefix="LIVESTEP_", extra="ignore", validate_default=True)
+
+    clickhouse_dsn: str = Field(
+        default=f"chdb://{REPO_DIR / 'var' / 'chdb'}",
+        min_length=7,
+        max_length=2048,
+        description="store DSN: chdb:///abs/dir[?database=name] (embedded) or http(s)://user:pass@host:port/db",
+    )
+    ingest_tokens: TokenList = Field(
+        default_factory=list,
+        max_length=1024,
+        description="bearer tokens accepted by POST /v1/telemetry (comma-separated in the env); "
+        "empty = no auth, allowed only on a loopback bind",
+    )
+    spool_dir: Path = Field(
+        default=REPO_DIR / "var" / "spool",
+        description="directory of the durable spool (append-only fsync'd segments); one per collector process",
+    )
+    spool_max_bytes: int = Field(
+        default=1024 * MiB,
+        ge=MiB,
+        le=1024 * 1024 * MiB,
+        description="bytes of not-yet-stored batches the spool holds; beyond it ingest answers 429 + Retry-After",
+    )
+    spool_segment_bytes: int = Field(
+        default=64 * MiB,
+        ge=64 * 1024,
+        le=4096 * MiB,
+        description="a spool segment file is closed and a new one started past this size",
+    )
+    max_body_bytes: int = Field(
+        default=32 * MiB,
+        ge=1024,
+        le=1024 * MiB,
+        description="largest accepted request body; a bigger one gets 413",
+    )
+    flush_rows: int = Field(
+        default=50_000,
+        ge=1,
+        le=10_000_000,
+        description="the writer inserts a block once this many spooled rows are waiting (merged across requests)",
+    )
+    flush_interval_s: float = Field(
+        default=0.5,
+        gt=0,
+        le=60,
+        description="... or once the oldest waiting batch is this old",
+    )
+    retry_max_s: float = Field(
+        default=5.0,
+        gt=0,
+        le=300,
+        description="the writer's retry backoff (exponential, jittered) while the store is down never exceeds this",
+    )
+    idempotency_keys: int = Field(
+        default=1_000_000,
+        ge=1000,
+        le=100_000_000,
+        description="how many recent batch ids are remembered (a retried batch within them is acked as duplicate)",
+    )
+    fault_store_down_file: Path | None = Field(
+        default=None,
+        description="TEST/DRILL ONLY: while this file exists the writer treats the store as unavailable "
+        "(rows stay in the spool); None disables the hook",
+    )
+
+    @field_validator("ingest_tokens", mode="before")
+    @classmethod
+    def _split(cls, v):
+        return split_tokens(v)

@@ -1,0 +1,515 @@
+"""The durable spool: accepted batches land here (fsync'd) before the collector acks them.
+
+    spool = Spool(dir, max_bytes=1 << 30)
+    ack = spool.submit("batch-1", {"step": arrow_table}).result()   # durable once this returns
+    entries = spool.take(max_rows=50_000)          # the writer: oldest uncommitted batches, in order
+    spool.log_intent(entries[0].seq, entries[-1].seq); ...insert...; spool.mark_committed(entries[-1].seq)
+
+Layout of ``dir``: ``seg-<first seq>.log`` append-only segments of records
+``[magic u32 len u64 seq u32 crc32][payload]`` (payload = batch id + one Arrow IPC stream per kind),
+``writer.log`` (``intent a b`` before a block insert, ``commit b`` after it: a replay after a
+crash re-forms exactly the same block, so its deduplication token matches), ``keys.log`` (ids of
+batches whose segment was deleted, so a late retry is still recognised) and ``spool.id`` (this
+spool's identity, part of every deduplication token). Appends are group-committed: one write and
+one fsync for every batch queued meanwhile. A torn tail (crash mid-write) is truncated at start;
+it was never acked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import queue
+import struct
+import threading
+import time
+import uuid
+import zlib
+from collections import OrderedDict, deque
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+import pyarrow as pa
+
+from collector.records import RECORD_KINDS
+
+MAGIC = b"LSP1"
+HEADER = struct.Struct("<4sIQI")  # magic, payload length, seq, crc32(payload)
+_SEG_PREFIX, _SEG_SUFFIX = "seg-", ".log"
+
+
+class SpoolError(Exception):
+    """The spool cannot store a batch (disk error, closed spool)."""
+
+
+class SpoolFullError(SpoolError):
+    """The spool holds more than its bound of unstored bytes; retry after ``retry_after_s``."""
+
+    def __init__(self, depth: int, bound: int, retry_after_s: int):
+        super().__init__(
+            f"spool holds {depth} bytes of batches not yet stored (bound {bound}); retry after {retry_after_s} s"
+        )
+        self.retry_after_s = retry_after_s
+
+
+@dataclass(frozen=True)
+class Ack:
+    """What the collector answers once a batch is durable."""
+
+    batch_id: str
+    rows: dict[str, int]
+    duplicate: bool
+    seq: int
+
+
+@dataclass
+class Entry:
+    """One spooled batch: where its record lies and what it holds."""
+
+    seq: int
+    segment: Path
+    offset: int  # of the payload
+    length: int  # of the payload
+    batch_id: str
+    rows: dict[str, int]
+    appended_at: float = field(default_factory=time.monotonic)
+
+    @property
+    def nbytes(self) -> int:
+        return HEADER.size + self.length
+
+    @property
+    def nrows(self) -> int:
+        return sum(self.rows.values())
+
+
+@dataclass
+class _Pending:
+    batch_id: str
+    payload: bytes
+    rows: dict[str, int]
+    future: Future
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_durable(path: Path, data: bytes) -> None:
+    """Replace ``path`` atomically with ``data`` (tmp + fsync + rename + fsync dir)."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def encode_payload(batch_id: str, tables: dict[str, pa.Table]) -> tuple[bytes, dict[str, int]]:
+    """Batch id + one Arrow IPC stream per kind -> payload bytes, rows per kind."""
+    bid = batch_id.encode()
+    out = io.BytesIO()
+    out.write(struct.pack("<H", len(bid)))
+    out.write(bid)
+    kinds = [k for k in RECORD_KINDS if k in tables and tables[k].num_rows]
+    out.write(struct.pack("<B", len(kinds)))
+    rows = {}
+    for kind in kinds:
+        t = tables[kind]
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, t.schema) as w:
+            w.write_table(t)
+        ipc = sink.getvalue()
+        kb = kind.encode()
+        out.write(struct.pack("<B", len(kb)))
+        out.write(kb)
+        out.write(struct.pack("<II", t.num_rows, ipc.size))
+        out.write(ipc)
+        rows[kind] = t.num_rows
+    return out.getvalue(), rows
+
+
+def _decode_head(payload: bytes) -> tuple[str, dict[str, int], list[tuple[str, int, int]]]:
+    """Payload -> (batch id, rows per kind, [(kind, ipc offset, ipc length)])."""
+    (n,) = struct.unpack_from("<H", payload, 0)
+    pos = 2
+    batch_id = payload[pos : pos + n].decode()
+    pos += n
+    (nk,) = struct.unpack_from("<B", payload, pos)
+    pos += 1
+    rows, parts = {}, []
+    for _ in range(nk):
+        (kl,) = struct.unpack_from("<B", payload, pos)
+        pos += 1
+        kind = payload[pos : pos + kl].decode()
+        pos += kl
+        nrows, ln = struct.unpack_from("<II", payload, pos)
+        pos += 8
+        rows[kind] = nrows
+        parts.append((kind, pos, ln))
+        pos += ln
+    return batch_id, rows, parts
+
+
+def decode_payload(payload: bytes) -> tuple[str, dict[str, pa.Table]]:
+    batch_id, _, parts = _decode_head(payload)
+    buf = pa.py_buffer(payload)
+    tables = {kind: pa.ipc.open_stream(buf.slice(off, ln)).read_all() for kind, off, ln in parts}
+    return batch_id, tables
+
+
+class Spool:
+    """Append-only, fsync'd segments of accepted batches, read in order by the block writer."""
+
+    def __init__(self, directory: Path | str, max_bytes: int, segment_bytes: int = 64 << 20,
+                 keys_max: int = 1_000_000):
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.max_bytes = max_bytes
+        self.segment_bytes = segment_bytes
+        self.keys_max = keys_max
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._entries: deque[Entry] = deque()  # uncommitted, in seq order
+        self._keys: OrderedDict[str, dict[str, int]] = OrderedDict()
+        self._inflight: dict[str, Future] = {}
+        self._segments: dict[Path, list[tuple[int, str, dict[str, int]]]] = {}  # seg -> [(seq, id, rows)]
+        self._depth_bytes = 0  # uncommitted + queued bytes
+        self._queue: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
+        self._closed = False
+        self.uid = self._load_uid()
+        self.committed_seq, self.recovered_intent = self._read_writer_log()
+        self._load_keys_log()
+        self._next_seq = self._scan_segments()
+        self._compact_writer_log()
+        self._drop_committed_segments()
+        self._active_path, self._active = self._open_segment(self._next_seq)
+        self._appender = threading.Thread(target=self._append_loop, name="spool-append", daemon=True)
+        self._appender.start()
+
+    # -- startup ---------------------------------------------------------------------------------
+    def _load_uid(self) -> str:
+        p = self.dir / "spool.id"
+        if p.exists():
+            uid = p.read_text().strip()
+            if uid:
+                return uid
+        uid = uuid.uuid4().hex
+        _write_durable(p, uid.encode())
+        return uid
+
+    def _read_writer_log(self) -> tuple[int, tuple[int, int] | None]:
+        committed, intent = 0, None
+        p = self.dir / "writer.log"
+        if p.exists():
+            for line in p.read_text().splitlines():
+                parts = line.split()
+                try:
+                    if parts[0] == "commit" and len(parts) == 2:
+                        committed = max(committed, int(parts[1]))
+                    elif parts[0] == "intent" and len(parts) == 3:
+                        intent = (int(parts[1]), int(parts[2]))
+                except (ValueError, IndexError):
+                    continue  # a torn last line: the intent/commit it held never completed
+        if intent is not None and intent[1] <= committed:
+            intent = None
+        return committed, intent
+
+    def _compact_writer_log(self) -> None:
+        text = f"commit {self.committed_seq}\n"
+        if self.recovered_intent:
+            text += f"intent {self.recovered_intent[0]} {self.recovered_intent[1]}\n"
+        _write_durable(self.dir / "writer.log", text.encode())
+        self._wlog = open(self.dir / "writer.log", "ab")  # noqa: SIM115 (held open: appended per block)
+        self._wlog_lines = 2
+
+    def _load_keys_log(self) -> None:
+        p = self.dir / "keys.log"
+        if not p.exists():
+            return
+        for line in p.read_bytes().splitlines():
+            try:
+                bid, rows = line.split(b"\t", 1)
+                self._remember(bid.decode(), orjson.loads(rows))
+            except (ValueError, orjson.JSONDecodeError):
+                continue  # torn last line
+
+    def _segment_paths(self) -> list[Path]:
+        return sorted(self.dir.glob(f"{_SEG_PREFIX}*{_SEG_SUFFIX}"))
+
+    def _scan_segments(self) -> int:
+        """Index every record of every segment; truncate torn tails; return the next seq."""
+        last_seq = self.committed_seq
+        for seg in self._segment_paths():
+            recs = self._segments.setdefault(seg, [])
+            good_end = 0
+            with open(seg, "r+b") as f:
+                data = f.read()
+                pos = 0
+                while pos + HEADER.size <= len(data):
+                    magic, ln, seq, crc = HEADER.unpack_from(data, pos)
+                    start = pos + HEADER.size
+                    if magic != MAGIC or start + ln > len(data) or zlib.crc32(data[start : start + ln]) != crc:
+                        break
+                    payload = data[start : start + ln]
+                    batch_id, rows, _ = _decode_head(payload)
+                    recs.append((seq, batch_id, rows))
+                    self._remember(batch_id, rows)
+                    if seq > self.committed_seq:
+                        self._entries.append(Entry(seq, seg, start, ln, batch_id, rows))
+                        self._depth_bytes += HEADER.size + ln
+                    last_seq = max(last_seq, seq)
+                    pos = start + ln
+                    good_end = pos
+                if good_end < len(data):  # torn tail: never acked (the fsync did not complete)
+                    f.truncate(good_end)
+                    f.flush()
+                    os.fsync(f.fileno())
+        return last_seq + 1
+
+    def _open_segment(self, first_seq: int):
+        path = self.dir / f"{_SEG_PREFIX}{first_seq:020d}{_SEG_SUFFIX}"
+        f = open(path, "ab")  # noqa: SIM115 (the active segment, held open until rotated)
+        _fsync_dir(self.dir)
+        self._segments.setdefault(path, [])
+        return path, f
+
+    # -- idempotency -----------------------------------------------------------------------------
+    def _remember(self, batch_id: str, rows: dict[str, int]) -> None:
+        self._keys[batch_id] = rows
+        self._keys.move_to_end(batch_id)
+        while len(self._keys) > self.keys_max:
+            self._keys.popitem(last=False)
+
+    def known(self, batch_id: str) -> dict[str, int] | None:
+        with self._lock:
+            return self._keys.get(batch_id)
+
+    # -- append (request threads) ----------------------------------------------------------------
+    def submit(self, batch_id: str, tables: dict[str, pa.Table]) -> Future:
+        """Queue a batch; the future resolves to an ``Ack`` once it is fsync'd (or a duplicate is seen).
+
+        Raises ``SpoolFullError`` when the spool is over its bound.
+        """
+        with self._lock:
+            if self._closed:
+                raise SpoolError("spool is closed (server shutting down); retry")
+            if batch_id in self._keys or batch_id in self._inflight:
+                return self._dup_future(batch_id)
+        payload, rows = encode_payload(batch_id, tables)
+        fut: Future = Future()
+        with self._lock:
+            if batch_id in self._keys or batch_id in self._inflight:  # a twin request won the race
+                return self._dup_future(batch_id)
+            size = HEADER.size + len(payload)
+            if self._depth_bytes > 0 and self._depth_bytes + size > self.max_bytes:
+                raise SpoolFullError(self._depth_bytes, self.max_bytes, retry_after_s=1)
+            self._depth_bytes += size
+            self._inflight[batch_id] = fut
+        self._queue.put(_Pending(batch_id, payload, rows, fut))
+        return fut
+
+    def _dup_future(self, batch_id: str) -> Future:
+        """(under the lock) An ack marked duplicate: now if stored, else when the first copy lands."""
+        fut: Future = Future()
+        rows = self._keys.get(batch_id)
+        if rows is not None:
+            fut.set_result(Ack(batch_id, rows, True, -1))
+            return fut
+
+        def _chain(f: Future) -> None:
+            if f.exception() is not None:
+                fut.set_exception(f.exception())
+            else:
+                a = f.result()
+                fut.set_result(Ack(a.batch_id, a.rows, True, a.seq))
+
+        self._inflight[batch_id].add_done_callback(_chain)
+        return fut
+
+    def _append_loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            items = [item]
+            stop = False
+            while len(items) < 4096:
+                try:
+                    nxt = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    stop = True
+                    break
+                items.append(nxt)
+            self._write(items)
+            if stop:
+                return
+
+    def _write(self, items: list[_Pending]) -> None:
+        buf = bytearray()
+        new: list[Entry] = []
+        try:
+            base = self._active.tell()
+            seq = self._next_seq
+            for it in items:
+                buf += HEADER.pack(MAGIC, len(it.payload), seq, zlib.crc32(it.payload))
+                new.append(Entry(seq, self._active_path, base + len(buf), len(it.payload), it.batch_id, it.rows))
+                buf += it.payload
+                seq += 1
+            self._active.write(buf)
+            self._active.flush()
+            os.fsync(self._active.fileno())
+        except OSError as e:
+            try:  # drop a partial write so the segment stays well-formed
+                self._active.truncate(base)
+            except OSError:
+                pass
+            with self._lock:
+                for it in items:
+                    self._inflight.pop(it.batch_id, None)
+                    self._depth_bytes -= HEADER.size + len(it.payload)
+            for it in items:
+                it.future.set_exception(SpoolError(f"spool write failed: {e}"))
+            return
+        self._next_seq = seq
+        with self._cond:
+            recs = self._segments[self._active_path]
+            for it, e in zip(items, new, strict=True):
+                self._entries.append(e)
+                self._remember(it.batch_id, it.rows)
+                self._inflight.pop(it.batch_id, None)
+                recs.append((e.seq, it.batch_id, it.rows))
+            self._cond.notify_all()
+        for it, e in zip(items, new, strict=True):
+            it.future.set_result(Ack(it.batch_id, it.rows, False, e.seq))
+        if self._active.tell() >= self.segment_bytes:
+            self._active.close()
+            self._active_path, self._active = self._open_segment(self._next_seq)
+
+    # -- read and commit (the block writer) ------------------------------------------------------
+    def wait(self, timeout: float) -> None:
+        """Block until some batch is waiting (or ``timeout``)."""
+        with self._cond:
+            if not self._entries:
+                self._cond.wait(timeout)
+
+    def take(self, max_rows: int) -> list[Entry]:
+        """The oldest uncommitted batches, in order, up to ``max_rows`` rows (at least one batch)."""
+        out, n = [], 0
+        with self._lock:
+            for e in self._entries:
+                if out and n + e.nrows > max_rows:
+                    break
+                out.append(e)
+                n += e.nrows
+        return out
+
+    def entries_between(self, first: int, last: int) -> list[Entry]:
+        with self._lock:
+            return [e for e in self._entries if first <= e.seq <= last]
+
+    def read(self, entries: list[Entry]) -> dict[str, list[pa.Table]]:
+        """The Arrow tables of ``entries``, per kind, in spool order (crc-checked)."""
+        out: dict[str, list[pa.Table]] = {}
+        handles: dict[Path, object] = {}
+        with contextlib.ExitStack() as stack:
+            for e in entries:
+                f = handles.get(e.segment)
+                if f is None:
+                    f = handles[e.segment] = stack.enter_context(open(e.segment, "rb"))
+                f.seek(e.offset - HEADER.size)
+                head = f.read(HEADER.size)
+                payload = f.read(e.length)
+                magic, _, seq, crc = HEADER.unpack(head)
+                if magic != MAGIC or seq != e.seq or zlib.crc32(payload) != crc:
+                    raise SpoolError(f"spool record {e.seq} in {e.segment.name} is corrupt")
+                _, tables = decode_payload(payload)
+                for kind, t in tables.items():
+                    out.setdefault(kind, []).append(t)
+        return out
+
+    def _log(self, line: str) -> None:
+        self._wlog.write(line.encode())
+        self._wlog.flush()
+        os.fsync(self._wlog.fileno())
+        self._wlog_lines += 1
+
+    def log_intent(self, first: int, last: int) -> None:
+        """Record the block about to be inserted, before inserting it (replays re-form the same block)."""
+        self._log(f"intent {first} {last}\n")
+
+    def mark_committed(self, last: int) -> None:
+        """Every batch up to ``last`` is in the store: forget them, delete segments fully stored."""
+        self._log(f"commit {last}\n")
+        with self._lock:
+            self.committed_seq = last
+            self.recovered_intent = None
+            while self._entries and self._entries[0].seq <= last:
+                self._depth_bytes -= self._entries.popleft().nbytes
+        self._drop_committed_segments()
+        if self._wlog_lines > 10_000:
+            self._wlog.close()
+            self._compact_writer_log()
+
+    def _drop_committed_segments(self) -> None:
+        active = getattr(self, "_active_path", None)
+        done = [s for s, recs in self._segments.items()
+                if s != active and all(seq <= self.committed_seq for seq, _, _ in recs)]
+        if not done:
+            return
+        lines = b"".join(
+            bid.encode() + b"\t" + orjson.dumps(rows) + b"\n" for s in done for _, bid, rows in self._segments[s]
+        )
+        kp = self.dir / "keys.log"
+        if kp.exists() and kp.stat().st_size > 200 * self.keys_max:  # compact: keep the newest keys
+            with self._lock:
+                keep = list(self._keys.items())[-self.keys_max :]
+            _write_durable(kp, b"".join(k.encode() + b"\t" + orjson.dumps(r) + b"\n" for k, r in keep))
+        with open(kp, "ab") as f:
+            f.write(lines)
+            f.flush()
+            os.fsync(f.fileno())
+        for s in done:
+            s.unlink(missing_ok=True)
+            del self._segments[s]
+        _fsync_dir(self.dir)
+
+    # -- state -----------------------------------------------------------------------------------
+    def stats(self) -> dict:
+        with self._lock:
+            oldest = self._entries[0].appended_at if self._entries else None
+            return {
+                "batches": len(self._entries),
+                "rows": sum(e.nrows for e in self._entries),
+                "bytes": self._depth_bytes,
+                "max_bytes": self.max_bytes,
+                "oldest_age_s": round(time.monotonic() - oldest, 3) if oldest is not None else 0.0,
+                "last_seq": self._next_seq - 1,
+                "committed_seq": self.committed_seq,
+            }
+
+    @property
+    def depth(self) -> int:
+        with self._lock:
+            return len(self._entries)
+
+    def close(self) -> None:
+        """Finish queued appends, then close the files (uncommitted batches stay for the next start)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._queue.put(None)
+        self._appender.join()
+        self._active.close()
+        self._wlog.close()

@@ -1,0 +1,150 @@
+"""The block writer: spooled batches -> ClickHouse, merged across requests into large blocks.
+
+    writer = BlockWriter(spool, get_store, flush_rows=50_000, flush_interval_s=0.5)
+    writer.start(); ...; writer.stop()
+
+One background thread takes the oldest uncommitted batches from the spool (up to ``flush_rows``
+rows, or whatever is there once the oldest waited ``flush_interval_s``), logs the block's spool
+range (intent), inserts one Arrow table per kind with the deduplication token
+``<spool id>:<first seq>-<last seq>:<kind>``, then marks the range committed. A crash between
+insert and commit replays the same range with the same tokens, which ClickHouse deduplicates.
+While the store is down the writer retries with jittered exponential backoff; the spool keeps
+the rows (and answers 429 once full).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pyarrow as pa
+
+from collector.records import ARROW_SCHEMAS, TABLES
+from collector.spool import Entry, Spool
+from collector.store import Store
+
+log = logging.getLogger("livestep.collector.writer")
+
+
+class StoreUnavailableError(Exception):
+    """The store cannot take inserts now (down, unreachable, or held down by the fault hook)."""
+
+
+class BlockWriter:
+    """Moves spooled batches into the store in order, exactly once."""
+
+    def __init__(
+        self,
+        spool: Spool,
+        get_store: Callable[[], Store],
+        flush_rows: int = 50_000,
+        flush_interval_s: float = 0.5,
+        retry_max_s: float = 5.0,
+        fault_store_down_file: Path | None = None,
+    ):
+        self.spool = spool
+        self.get_store = get_store
+        self.flush_rows = flush_rows
+        self.flush_interval_s = flush_interval_s
+        self.retry_max_s = retry_max_s
+        self.fault_file = fault_store_down_file
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.blocks = 0
+        self.rows = 0
+        self.failures = 0
+        self.last_error: str | None = None
+        self.last_insert_at: float | None = None  # time.time()
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="spool-writer", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop after the block in flight (what is left stays in the spool for the next start)."""
+        self._stop.set()
+        with self.spool._cond:
+            self.spool._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def stats(self) -> dict:
+        return {
+            "alive": self.alive,
+            "blocks": self.blocks,
+            "rows": self.rows,
+            "failures": self.failures,
+            "last_error": self.last_error,
+            "last_insert_at": self.last_insert_at,
+        }
+
+    # -- the loop --------------------------------------------------------------------------------
+    def _run(self) -> None:
+        intent = self.spool.recovered_intent
+        while not self._stop.is_set():
+            if intent is not None:  # replay exactly the block that was in flight at the crash
+                entries = self.spool.entries_between(*intent)
+                intent = None
+                if not entries:
+                    continue
+            else:
+                entries = self._next_block()
+                if not entries:
+                    continue
+                self.spool.log_intent(entries[0].seq, entries[-1].seq)
+            if self._insert_with_retry(entries):
+                self.spool.mark_committed(entries[-1].seq)
+
+    def _next_block(self) -> list[Entry]:
+        """Wait until a block is due: ``flush_rows`` rows waiting, or the oldest is old enough."""
+        while not self._stop.is_set():
+            entries = self.spool.take(self.flush_rows)
+            if not entries:
+                self.spool.wait(self.flush_interval_s)
+                continue
+            rows = sum(e.nrows for e in entries)
+            age = time.monotonic() - entries[0].appended_at
+            if rows >= self.flush_rows or age >= self.flush_interval_s:
+                return entries
+            self._stop.wait(min(self.flush_interval_s - age, 0.05))
+        return []
+
+    def _insert_with_retry(self, entries: list[Entry]) -> bool:
+        attempt = 0
+        while not self._stop.is_set():
+            try:
+                self._insert(entries)
+                self.last_error = None
+                return True
+            except Exception as e:  # noqa: BLE001 (store down, network, chDB: keep the rows, retry)
+                self.failures += 1
+                self.last_error = f"{type(e).__name__}: {e}"[:500]
+                delay = min(self.retry_max_s, 0.05 * 2**attempt) * (0.5 + random.random() / 2)
+                if attempt == 0:
+                    log.warning("insert of spool %d-%d failed, retrying: %s",
+                                entries[0].seq, entries[-1].seq, self.last_error)
+                attempt += 1
+                self._stop.wait(delay)
+        return False
+
+    def _insert(self, entries: list[Entry]) -> None:
+        if self.fault_file is not None and self.fault_file.exists():
+            raise StoreUnavailableError(f"store held down by the fault hook file {self.fault_file}")
+        store = self.get_store()
+        first, last = entries[0].seq, entries[-1].seq
+        for kind, tables in self.spool.read(entries).items():
+            block = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+            block = block.cast(ARROW_SCHEMAS[kind]) if block.schema != ARROW_SCHEMAS[kind] else block
+            store.insert_arrow(TABLES[kind], block, dedup_token=f"{self.spool.uid}:{first}-{last}:{kind}")
+        self.blocks += 1
+        self.rows += sum(e.nrows for e in entries)
+        self.last_insert_at = time.time()
