@@ -1,0 +1,123 @@
+"""Dashboard rendering: plotly figures and the HTML page shell (used by api/routes/dashboard.py and
+analytics/report.py).
+
+    html = page("Fleet", [section("fps", chart(fig_fps_weeks(df)))])
+
+Charts are plotly figures turned into ``<div>`` + script (no plotly.js inside); the page links the
+plotly.js the plotly package ships, served by the app at /static/plotly.min.js (works offline).
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import plotly
+import plotly.graph_objects as go
+import polars as pl
+
+PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+PLOTLY_URL = "/static/plotly.min.js"
+NAV = (("Fleet", "/dashboard/"), ("Releases", "/dashboard/releases"), ("Memory", "/dashboard/memory"),
+       ("Findings", "/dashboard/findings"), ("Switches", "/dashboard/switches"), ("Reports", "/v1/reports"))
+
+_CSS = """
+body{font-family:system-ui,sans-serif;margin:0;color:#1d2330;background:#f6f7f9}
+header{background:#1d2330;color:#fff;padding:.6rem 1.2rem;display:flex;gap:1.2rem;align-items:center}
+header a{color:#cfe0ff;text-decoration:none} header b{margin-right:1rem}
+main{padding:1rem 1.2rem;max-width:1400px} section{background:#fff;border-radius:6px;padding:.8rem 1rem;margin:0 0 1rem;
+box-shadow:0 1px 2px #0002} h2{font-size:1.05rem;margin:.2rem 0 .6rem} table{border-collapse:collapse;font-size:.85rem}
+td,th{border-bottom:1px solid #e3e6ea;padding:.25rem .6rem;text-align:left} .muted{color:#6b7280}
+.on{color:#0a7a2f;font-weight:600} .off{color:#b42318;font-weight:600}
+"""
+
+
+def esc(v: Any) -> str:
+    return html.escape("" if v is None else str(v))
+
+
+def chart(fig: go.Figure, div_id: str, height: int = 360) -> str:
+    fig.update_layout(height=height, margin={"l": 50, "r": 20, "t": 40, "b": 40}, template="plotly_white")
+    return fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id,
+                       config={"displaylogo": False, "responsive": True})
+
+
+def section(title: str, body: str, note: str = "") -> str:
+    n = f'<p class="muted">{esc(note)}</p>' if note else ""
+    return f"<section><h2>{esc(title)}</h2>{n}{body}</section>"
+
+
+def table(rows: list[dict[str, Any]], columns: Iterable[str] | None = None, empty: str = "none") -> str:
+    if not rows:
+        return f'<p class="muted">{esc(empty)}</p>'
+    cols = list(columns or rows[0].keys())
+    head = "".join(f"<th>{esc(c)}</th>" for c in cols)
+    body = "".join("<tr>" + "".join(f"<td>{_cell(r.get(c))}</td>" for c in cols) + "</tr>" for r in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _cell(v: Any) -> str:
+    if isinstance(v, bool):
+        return f'<span class="{"on" if v else "off"}">{"on" if v else "off"}</span>'
+    if isinstance(v, float):
+        return esc(f"{v:.4g}")
+    if isinstance(v, str) and v.startswith("<a "):
+        return v
+    return esc(v)
+
+
+def page(title: str, sections: list[str], plotly_src: str = PLOTLY_URL, inline_js: str | None = None) -> str:
+    nav = "".join(f'<a href="{href}">{esc(name)}</a>' for name, href in NAV)
+    script = f"<script>{inline_js}</script>" if inline_js else f'<script src="{esc(plotly_src)}"></script>'
+    return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{esc(title)} · livestep</title>'
+            f'<link rel="icon" href="data:,">{script}<style>{_CSS}</style></head><body>'
+            f"<header><b>livestep</b>{nav}</header><main><h1>{esc(title)}</h1>{''.join(sections)}</main></body></html>")
+
+
+# -- figures ------------------------------------------------------------------------------------------
+
+def fig_fps_weeks(df: pl.DataFrame, y: str = "frac_le_24fps", title: str = "") -> go.Figure:
+    fig = go.Figure()
+    if df.height:
+        for (rel,), g in df.sort("week").group_by(["release"], maintain_order=True):
+            fig.add_trace(go.Bar(x=g["week"].to_list(), y=g[y].to_list(), name=str(rel)))
+    fig.update_layout(title=title or y, barmode="group", yaxis={"tickformat": ".1%"}, xaxis={"type": "category"})
+    return fig
+
+
+def fig_quantiles(qrows: list[dict[str, Any]], metric: str) -> go.Figure:
+    """A box per release drawn from precomputed quantiles (p5/p25/p50/p75/p95)."""
+    fig = go.Figure()
+    for r in qrows:
+        fig.add_trace(go.Box(name=str(r["release"]), q1=[r["p25"]], median=[r["p50"]], q3=[r["p75"]],
+                             lowerfence=[r["p5"]], upperfence=[r["p95"]], mean=[r["mean"]], x=[str(r["release"])]))
+    fig.update_layout(title=f"{metric} per session (p5-p95 whiskers)", showlegend=False)
+    return fig
+
+
+def fig_memory(df: pl.DataFrame) -> go.Figure:
+    fig = go.Figure()
+    if df.height:
+        for (rel,), g in df.group_by(["release"], maintain_order=True):
+            fig.add_trace(go.Scatter(
+                x=g["distinct_shapes"].to_list(), y=(g["mem_reserved_max"] / 2**30).to_list(), mode="markers",
+                name=str(rel), text=g["worker_id"].to_list(), marker={"size": 5, "opacity": 0.6}))
+    fig.update_layout(title="peak reserved memory vs distinct first-forward shapes seen by the worker",
+                      xaxis_title="distinct shapes so far", yaxis_title="GiB reserved")
+    return fig
+
+
+def fig_series(x: list, ys: dict[str, list], title: str, y_title: str = "") -> go.Figure:
+    fig = go.Figure()
+    for name, y in ys.items():
+        fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=name))
+    fig.update_layout(title=title, xaxis_title="step", yaxis_title=y_title)
+    return fig
+
+
+def fig_counts(labels: list[str], counts: list[int], title: str) -> go.Figure:
+    fig = go.Figure(go.Bar(x=labels, y=counts))
+    fig.update_layout(title=title, xaxis={"type": "category"})
+    return fig

@@ -1,0 +1,148 @@
+"""Dashboard pages (HTML, plotly) and the plotly.js they load, served locally (no network).
+
+    /dashboard/                 fleet overview: fps fractions per week and release, switch state
+    /dashboard/releases         release comparison: per-session distributions per release
+    /dashboard/sessions/{id}    one session: step time, upkeep, memory per step, events
+    /dashboard/memory           memory against distinct shapes (the August leak's signature)
+    /dashboard/findings         findings of every kind
+    /dashboard/switches         switch rules, canaries and the audit trail
+    /static/plotly.min.js       the plotly.js the plotly package ships
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import polars as pl
+from fastapi import APIRouter, HTTPException, Path, Query
+from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse
+
+from api import dashboard as d
+from api.routes import queries as qr
+from api.routes._common import Label, StoreDep, TimeRangeDep
+from api.switchboard import get_switchboard
+
+router = APIRouter(tags=["dashboard pages"])
+
+
+@router.get("/static/plotly.min.js", include_in_schema=False)
+def plotly_js() -> FileResponse:
+    return FileResponse(d.PLOTLY_JS, media_type="application/javascript",
+                        headers={"Cache-Control": "public, max-age=86400"})
+
+
+@router.get("/dashboard", include_in_schema=False)
+def dashboard_root() -> RedirectResponse:
+    return RedirectResponse("/dashboard/")
+
+
+@router.get("/dashboard/", response_class=HTMLResponse)
+def fleet_page(store: StoreDep, tr: TimeRangeDep, gpu_kind: Label = None) -> str:
+    weeks = qr.fps_table(store, tr.start, tr.end, ["week", "release"], gpu_kind=gpu_kind)
+    kinds = qr.fps_table(store, tr.start, tr.end, ["gpu_kind"])
+    switches, version = get_switchboard(store).resolve()
+    sw_rows = [{"switch": k, "fleet default": v} for k, v in switches.items()]
+    fig_kind = d.fig_counts(kinds["gpu_kind"].to_list() if kinds.height else [],
+                            kinds["mean_fps"].to_list() if kinds.height else [], "mean session fps per GPU kind")
+    return d.page("Fleet overview", [
+        d.section("Sessions at or below 24 fps, per week and release",
+                  d.chart(d.fig_fps_weeks(weeks, "frac_le_24fps", "fraction of sessions <= 24 fps"), "fps-weeks"),
+                  note=f"sessions that streamed >= 1 s, {tr.start:%Y-%m-%d} to {tr.end:%Y-%m-%d}"),
+        d.section("Sessions above 23.5 fps", d.chart(d.fig_fps_weeks(weeks, "frac_gt_23_5fps",
+                                                                    "fraction of sessions > 23.5 fps"), "fps-high")),
+        d.section("Per GPU kind", d.chart(fig_kind, "fps-kind", 300) + d.table(qr.rows(kinds))),
+        d.section(f"Fleet-wide switches (version {version})", d.table(sw_rows)),
+    ])
+
+
+@router.get("/dashboard/releases", response_class=HTMLResponse)
+def releases_page(store: StoreDep, tr: TimeRangeDep, gpu_kind: Label = None) -> str:
+    df = qr.sessions_in(store, tr.start, tr.end, gpu_kind=gpu_kind)
+    sections = []
+    for i, m in enumerate(qr.Metric):
+        qrows = qr.quantile_rows(df, m.value)
+        sections.append(d.section(m.value, d.chart(d.fig_quantiles(qrows, m.value), f"dist-{i}", 320)
+                                  + d.table(qrows, ["release", "sessions", "p5", "p50", "p95", "p99", "mean"])))
+    reg = qr.finding_rows(qr.findings_frame(store, kind="regression", start=tr.start, end=tr.end, limit=100))
+    sections.append(d.section("Regression findings", d.table(
+        reg, ["scope", "metric", "baseline", "value", "effect", "confidence", "severity", "attribution"])))
+    return d.page("Release comparison", sections)
+
+
+@router.get("/dashboard/sessions/{session_id}", response_class=HTMLResponse)
+def session_page(store: StoreDep, session_id: Annotated[str, Path(min_length=1, max_length=128)]) -> str:
+    steps = qr.session_steps(store, session_id)
+    events = qr.session_events(store, session_id)
+    if steps.height == 0 and events.height == 0:
+        raise HTTPException(404, detail=f"no session {session_id!r} in the store")
+    x = steps["step"].to_list() if steps.height else []
+
+    def col(c: str) -> list:
+        return steps[c].to_list() if steps.height else []
+
+    times = d.fig_series(x, {"step period": col("step_period_ms"), "diffusion": col("diffusion_ms"),
+                             "cache upkeep": col("cache_upkeep_ms")}, "step time", "ms")
+    mem = d.fig_series(x, {"reserved": [v / 2**30 for v in col("mem_reserved_bytes")],
+                           "allocated": [v / 2**30 for v in col("mem_allocated_bytes")]}, "memory", "GiB")
+    return d.page(f"Session {session_id}", [
+        d.section("Step time", d.chart(times, "session-times")),
+        d.section("Memory", d.chart(mem, "session-memory")),
+        d.section("Events", d.table(qr.rows(events), empty="no events")),
+    ])
+
+
+@router.get("/dashboard/memory", response_class=HTMLResponse)
+def memory_page(store: StoreDep, tr: TimeRangeDep, release: Label = None, gpu_kind: Label = None) -> str:
+    df = qr.memory_growth_frame(store, tr.start, tr.end, release=release, gpu_kind=gpu_kind)
+    fnd = qr.finding_rows(qr.findings_frame(store, kind="memory_growth", start=tr.start, end=tr.end, limit=100))
+    top = []
+    if df.height:
+        top = qr.rows(df.sort("mem_reserved_max", descending=True).head(20).with_columns(
+            pl.format('<a href="/dashboard/sessions/{}">{}</a>', "session_id", "session_id").alias("session_id")))
+    return d.page("Memory growth", [
+        d.section("Memory against distinct shapes", d.chart(d.fig_memory(df), "memory-shapes", 460),
+                  note="a leak per first-forward shape shows as memory rising with distinct shapes"),
+        d.section("Memory-growth findings", d.table(
+            fnd, ["scope", "metric", "baseline", "value", "effect", "confidence", "severity", "attribution"])),
+        d.section("Sessions with the most reserved memory", d.table(
+            top, ["session_id", "worker_id", "release", "distinct_shapes", "first_forward_tokens",
+                  "mem_reserved_max", "buffers_max"])),
+    ])
+
+
+@router.get("/dashboard/findings", response_class=HTMLResponse)
+def findings_page(store: StoreDep, tr: TimeRangeDep,
+                  kind: Annotated[str | None, Query(max_length=64)] = None) -> str:
+    df = qr.findings_frame(store, kind=kind, start=tr.start, end=tr.end, limit=500)
+    counts = df.group_by("kind", "severity").len().sort("kind") if df.height else pl.DataFrame()
+    labels = [f"{k}/{s}" for k, s in zip(counts["kind"], counts["severity"], strict=True)] if counts.height else []
+    fig = d.fig_counts(labels, counts["len"].to_list() if counts.height else [], "findings by kind and severity")
+    return d.page("Findings", [
+        d.section("Counts", d.chart(fig, "findings-counts", 300)),
+        d.section("Findings", d.table(qr.finding_rows(df), ["kind", "scope", "metric", "window_start", "baseline",
+                                                            "value", "effect", "confidence", "severity", "status",
+                                                            "attribution"])),
+    ])
+
+
+@router.get("/dashboard/switches", response_class=HTMLResponse)
+def switches_page(store: StoreDep) -> str:
+    board = get_switchboard(store)
+    rules = [{"switch": r.name, "scope": r.scope or "(fleet)", "cohort": r.cohort, "value": r.value,
+              "buckets": f"[{r.bucket_lo}, {r.bucket_hi})", "who": r.actor, "why": r.reason,
+              "when": r.updated_at.isoformat()} for r in board.rules()]
+    hist = board.history(limit=200)
+    canaries = qr.rows(store.query_df(
+        "SELECT id, name, scope, fraction, status, started_at, decided_at, actor, reason FROM canaries FINAL "
+        "ORDER BY started_at DESC LIMIT 100"))
+    decisions = pl.DataFrame(hist) if hist else pl.DataFrame()
+    per = decisions.group_by("action").len().sort("action") if decisions.height else pl.DataFrame()
+    fig = d.fig_counts(per["action"].to_list() if per.height else [], per["len"].to_list() if per.height else [],
+                       "decisions by action")
+    return d.page("Switches", [
+        d.section("Rules", d.table(rules, empty="no rules: every switch at its default")),
+        d.section("Canaries", d.table(canaries, empty="no canaries")),
+        d.section("Decisions", d.chart(fig, "switch-decisions", 280) + d.table(
+            hist, ["ts", "source", "action", "name", "scope", "cohort", "old_value", "new_value", "changed",
+                   "actor", "reason"], empty="no decisions yet")),
+    ])

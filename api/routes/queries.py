@@ -1,0 +1,320 @@
+"""Dashboard REST (``/v1/...``): fleet fps fractions, per-release distributions and comparison,
+session drill-down (steps, events, memory), memory growth against distinct shapes, findings.
+
+Every list takes ``start``/``end`` (ISO 8601, default the last 28 days, at most 400 days) and the
+list endpoints ``limit``/``offset``; bad values are 422 with the reason. Fleet figures come from the
+``session_stats`` view through ``analytics.queries`` (never raw steps); drill-down reads raw rows of
+one session.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+from enum import Enum
+from typing import Annotated, Any
+
+import orjson
+import polars as pl
+from fastapi import APIRouter, HTTPException, Path, Query
+
+from api.routes._common import Label, PageDep, StoreDep, TimeRangeDep
+
+router = APIRouter(prefix="/v1", tags=["dashboards"])
+
+SessionId = Annotated[str, Path(min_length=1, max_length=128)]
+
+
+class Metric(str, Enum):
+    fps = "fps"
+    step_period_ms = "step_period_ms"
+    diffusion_ms = "diffusion_ms"
+    upkeep_ms = "upkeep_ms"
+    energy_per_chunk_mj = "energy_per_chunk_mj"
+    late_rate = "late_rate"
+
+
+class GroupKey(str, Enum):
+    week = "week"
+    release = "release"
+    gpu_kind = "gpu_kind"
+
+
+QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95, 0.99)
+FPS_BUDGET = 24.0
+FPS_LOW = 23.5
+MIN_STREAMED_S = 1.0
+FRAMES_PER_STEP = 4
+FILTER_KEYS = ("release", "gpu_kind", "worker_id")
+
+# One finalized row per session that started in [start, end) (session_stats, never raw steps).
+_SESSIONS_SQL = """
+SELECT release, gpu_kind, worker_id, session_id,
+       min(first_ts) AS start_ts, max(last_ts) AS end_ts,
+       countMerge(steps) AS steps, countIfMerge(late_chunks) AS late_chunks,
+       sumMerge(period_ms_sum) AS period_ms_sum, avgMerge(diffusion_ms_avg) AS diffusion_ms,
+       avgMerge(upkeep_ms_avg) AS upkeep_ms, sumMerge(energy_mj_sum) AS energy_mj,
+       max(mem_reserved_max) AS mem_reserved_max, max(buffers_max) AS buffers_max,
+       anyLast(switches) AS switches
+FROM session_stats
+WHERE first_ts >= {start:DateTime64(3, 'UTC')} - INTERVAL 1 DAY AND first_ts < {end:DateTime64(3, 'UTC')} %s
+GROUP BY release, gpu_kind, worker_id, session_id
+HAVING start_ts >= {start:DateTime64(3, 'UTC')} AND start_ts < {end:DateTime64(3, 'UTC')}
+"""
+
+
+def session_frame(store, start: datetime, end: datetime, filters: dict[str, Any] | None = None) -> pl.DataFrame:
+    """One row per session: labels, counts and per-session metrics (fps, step period, late rate, ...)."""
+    params: dict[str, Any] = {"start": start, "end": end}
+    clause = ""
+    for i, (k, v) in enumerate(sorted((filters or {}).items())):
+        assert k in FILTER_KEYS, k
+        params[f"f{i}"] = [v] if isinstance(v, str) else list(v)
+        clause += f" AND {k} IN {{f{i}:Array(String)}}"
+    sql = (f"SELECT *, period_ms_sum / 1000 AS streamed_s, "
+           f"steps * {FRAMES_PER_STEP} / greatest(period_ms_sum / 1000, 1e-9) AS fps, "
+           "period_ms_sum / steps AS step_period_ms, late_chunks / steps AS late_rate, "
+           f"energy_mj / steps AS energy_per_chunk_mj FROM ({_SESSIONS_SQL % clause}) ORDER BY start_ts")
+    return store.query_df(sql, params).rename({"start_ts": "first_ts", "end_ts": "last_ts"})
+
+
+def releases_seen(store) -> list[str]:
+    return [r[0] for r in store.query_rows("SELECT DISTINCT release FROM session_stats ORDER BY release")]
+
+
+def rows(df: pl.DataFrame) -> list[dict[str, Any]]:
+    """A frame as JSON-ready rows (datetimes as ISO strings, NaN as null)."""
+    out = []
+    for r in df.iter_rows(named=True):
+        for k, v in r.items():
+            if isinstance(v, datetime):
+                r[k] = v.isoformat()
+            elif isinstance(v, float) and math.isnan(v):
+                r[k] = None
+        out.append(r)
+    return out
+
+
+def _filters(**kw: str | None) -> dict[str, str]:
+    return {k: v for k, v in kw.items() if v}
+
+
+def sessions_in(store, start: datetime, end: datetime, **filters: str | None) -> pl.DataFrame:
+    df = session_frame(store, start, end, _filters(**filters) or None)
+    return df.filter(pl.col("streamed_s") >= MIN_STREAMED_S) if df.height else df
+
+
+def fps_table(store, start: datetime, end: datetime, group_by: list[str], **filters: str | None) -> pl.DataFrame:
+    df = sessions_in(store, start, end, **filters)
+    if df.height == 0:
+        return pl.DataFrame()
+    df = df.with_columns(pl.col("first_ts").dt.truncate("1w").dt.date().cast(pl.String).alias("week"))
+    return df.group_by(group_by).agg(
+        pl.len().alias("sessions"),
+        (pl.col("fps") <= FPS_BUDGET).mean().alias("frac_le_24fps"),
+        (pl.col("fps") > FPS_LOW).mean().alias("frac_gt_23_5fps"),
+        pl.col("fps").mean().alias("mean_fps"),
+    ).sort(group_by)
+
+
+@router.get("/fleet/fps")
+def fleet_fps(
+    store: StoreDep, tr: TimeRangeDep, release: Label = None, gpu_kind: Label = None,
+    group_by: Annotated[list[GroupKey] | None, Query(description="any of week, release, gpu_kind")] = None,
+) -> dict[str, Any]:
+    """Fractions of sessions (streamed >= 1 s) at or below 24 fps and above 23.5 fps, grouped."""
+    keys = list(dict.fromkeys(g.value for g in group_by or list(GroupKey)))
+    df = fps_table(store, tr.start, tr.end, keys, release=release, gpu_kind=gpu_kind)
+    return {"start": tr.start.isoformat(), "end": tr.end.isoformat(), "group_by": keys, "rows": rows(df)}
+
+
+@router.get("/releases")
+def releases(store: StoreDep, tr: TimeRangeDep) -> dict[str, Any]:
+    df = store.query_df(
+        "SELECT release, min(first_ts) AS first_seen, max(last_ts) AS last_seen, uniqExact(session_id) AS sessions "
+        "FROM session_stats WHERE first_ts >= {start:DateTime64(3, 'UTC')} AND first_ts < {end:DateTime64(3, 'UTC')} "
+        "GROUP BY release ORDER BY first_seen", {"start": tr.start, "end": tr.end})
+    return {"releases": rows(df)}
+
+
+def quantile_rows(df: pl.DataFrame, metric: str, by: str = "release") -> list[dict[str, Any]]:
+    if df.height == 0:
+        return []
+    agg = df.drop_nulls(metric).group_by(by).agg(
+        pl.len().alias("sessions"), pl.col(metric).mean().alias("mean"),
+        *[pl.col(metric).quantile(p, "linear").alias(f"p{round(p * 100)}") for p in QUANTILES],
+    )
+    return rows(agg.sort(by))
+
+
+@router.get("/releases/distributions")
+def distributions(
+    store: StoreDep, tr: TimeRangeDep, metric: Metric = Metric.step_period_ms, release: Label = None,
+    gpu_kind: Label = None,
+) -> dict[str, Any]:
+    """Quantiles of a per-session metric (step time, upkeep, energy per chunk, late rate) per release."""
+    df = sessions_in(store, tr.start, tr.end, release=release, gpu_kind=gpu_kind)
+    return {"metric": metric.value, "quantiles": [f"p{round(p * 100)}" for p in QUANTILES],
+            "rows": quantile_rows(df, metric.value)}
+
+
+def findings_frame(store, *, kind: str | None = None, severity: str | None = None, status: str | None = None,
+                   scope_contains: str | None = None, attribution: str | None = None,
+                   start: datetime | None = None, end: datetime | None = None, limit: int = 100,
+                   offset: int = 0) -> pl.DataFrame:
+    where, params = ["1"], {"limit": limit, "offset": offset}
+    for col, val in (("kind", kind), ("severity", severity), ("status", status), ("attribution", attribution)):
+        if val:
+            where.append(f"{col} = {{{col}:String}}")
+            params[col] = val
+    if scope_contains:
+        where.append("position(scope, {scope:String}) > 0")
+        params["scope"] = scope_contains
+    if start:
+        where.append("window_end > {start:DateTime64(3, 'UTC')}")
+        params["start"] = start
+    if end:
+        where.append("window_start < {end:DateTime64(3, 'UTC')}")
+        params["end"] = end
+    return store.query_df(
+        "SELECT kind, scope, metric, window_start, window_end, baseline, value, effect, confidence, severity, "
+        "status, attribution, evidence, job, first_seen, updated_at FROM findings FINAL "
+        f"WHERE {' AND '.join(where)} ORDER BY window_start DESC, kind, scope, metric "
+        "LIMIT {limit:UInt32} OFFSET {offset:UInt32}",
+        params,
+    )
+
+
+def finding_rows(df: pl.DataFrame) -> list[dict[str, Any]]:
+    out = rows(df)
+    for r in out:
+        try:
+            r["evidence"] = orjson.loads(r["evidence"] or "{}")
+        except orjson.JSONDecodeError:
+            pass
+    return out
+
+
+@router.get("/releases/compare")
+def compare_releases(
+    store: StoreDep, tr: TimeRangeDep,
+    baseline: Annotated[str, Query(min_length=1, max_length=128)],
+    candidate: Annotated[str, Query(min_length=1, max_length=128)],
+    gpu_kind: Label = None,
+) -> dict[str, Any]:
+    """Per-metric quantiles of two releases side by side, the median's relative change, and the
+    regression findings about the candidate."""
+    known = set(releases_seen(store))
+    missing = [r for r in (baseline, candidate) if r not in known]
+    if missing:
+        raise HTTPException(404, detail=f"unknown release(s) {missing}; known releases: {', '.join(sorted(known)) or 'none'}")
+    df = sessions_in(store, tr.start, tr.end, gpu_kind=gpu_kind)
+    df = df.filter(pl.col("release").is_in([baseline, candidate])) if df.height else df
+    metrics = {}
+    for m in Metric:
+        qs = {r["release"]: r for r in quantile_rows(df, m.value)}
+        b, c = qs.get(baseline), qs.get(candidate)
+        change = (c["p50"] / b["p50"] - 1) if b and c and b["p50"] else None
+        metrics[m.value] = {"baseline": b, "candidate": c, "median_change": change}
+    fnd = findings_frame(store, kind="regression", scope_contains=f"release={candidate}", limit=200)
+    return {"baseline": baseline, "candidate": candidate, "metrics": metrics, "findings": finding_rows(fnd)}
+
+
+@router.get("/findings")
+def findings(
+    store: StoreDep, tr: TimeRangeDep, page: PageDep,
+    kind: Annotated[str | None, Query(pattern="^(fps_fraction|memory_growth|regression|changepoint|canary)$")] = None,
+    severity: Annotated[str | None, Query(pattern="^(info|warning|critical)$")] = None,
+    status: Annotated[str | None, Query(pattern="^(open|resolved|acknowledged)$")] = None,
+    scope: Annotated[str | None, Query(max_length=400, description="substring of the canonical scope")] = None,
+    attribution: Annotated[str | None, Query(max_length=64)] = None,
+) -> dict[str, Any]:
+    df = findings_frame(store, kind=kind, severity=severity, status=status, scope_contains=scope,
+                        attribution=attribution, start=tr.start, end=tr.end, limit=page.limit, offset=page.offset)
+    return {"findings": finding_rows(df), "limit": page.limit, "offset": page.offset}
+
+
+def memory_growth_frame(store, start: datetime, end: datetime, **filters: str | None) -> pl.DataFrame:
+    """Per session: peak reserved memory against the distinct first-forward shapes its worker has
+    seen so far since the worker's process (re)started within the window (the August leak's signature)."""
+    df = session_frame(store, start, end, _filters(**filters) or None)
+    if df.height == 0:
+        return df
+    shapes = store.query_df(
+        "SELECT session_id, any(first_forward_tokens) AS first_forward_tokens FROM sessions "
+        "WHERE ts >= {start:DateTime64(3, 'UTC')} - INTERVAL 1 DAY AND ts < {end:DateTime64(3, 'UTC')} "
+        "GROUP BY session_id", {"start": start, "end": end})
+    if shapes.height == 0:
+        return shapes
+    df = df.select("release", "gpu_kind", "worker_id", "session_id", "first_ts", "mem_reserved_max",
+                   "buffers_max", "switches").join(shapes, on="session_id").sort("worker_id", "first_ts")
+    return df.with_columns(
+        pl.col("first_forward_tokens").is_first_distinct().cast(pl.Int64).cum_sum().over("worker_id")
+        .alias("distinct_shapes")
+    )
+
+
+@router.get("/memory/growth")
+def memory_growth(
+    store: StoreDep, tr: TimeRangeDep, page: PageDep, release: Label = None, gpu_kind: Label = None,
+    worker_id: Label = None,
+) -> dict[str, Any]:
+    df = memory_growth_frame(store, tr.start, tr.end, release=release, gpu_kind=gpu_kind, worker_id=worker_id)
+    fnd = findings_frame(store, kind="memory_growth", start=tr.start, end=tr.end, limit=100)
+    return {"sessions": rows(df.slice(page.offset, page.limit)) if df.height else [], "total": df.height,
+            "findings": finding_rows(fnd), "limit": page.limit, "offset": page.offset}
+
+
+def session_steps(store, session_id: str, limit: int = 100_000, offset: int = 0) -> pl.DataFrame:
+    return store.query_df(
+        "SELECT step, ts, diffusion_ms, step_period_ms, decode_ms, cache_upkeep_ms, attention_ms, allreduce_ms, "
+        "late, playout_depth, reset_step, energy_mj, mem_allocated_bytes, mem_reserved_bytes, buffers_registered, "
+        "switches FROM steps WHERE session_id = {sid:String} ORDER BY step, ts "
+        "LIMIT {limit:UInt32} OFFSET {offset:UInt32}",
+        {"sid": session_id, "limit": limit, "offset": offset},
+    )
+
+
+def session_events(store, session_id: str, limit: int = 1000, offset: int = 0) -> pl.DataFrame:
+    return store.query_df(
+        "SELECT ts, kind, worker_id, release, gpu_kind, detail FROM events WHERE session_id = {sid:String} "
+        "ORDER BY ts LIMIT {limit:UInt32} OFFSET {offset:UInt32}",
+        {"sid": session_id, "limit": limit, "offset": offset},
+    )
+
+
+def _known_session(store, session_id: str) -> None:
+    n = store.query_rows(
+        "SELECT (SELECT count() FROM session_stats WHERE session_id = {sid:String}) + "
+        "(SELECT count() FROM events WHERE session_id = {sid:String})", {"sid": session_id})[0][0]
+    if not n:
+        raise HTTPException(404, detail=f"no session {session_id!r} in the store (list sessions at /v1/sessions)")
+
+
+@router.get("/sessions/{session_id}/steps")
+def steps_of_session(store: StoreDep, session_id: SessionId, page: PageDep) -> dict[str, Any]:
+    _known_session(store, session_id)
+    df = session_steps(store, session_id, page.limit, page.offset)
+    return {"session_id": session_id, "steps": rows(df), "limit": page.limit, "offset": page.offset}
+
+
+@router.get("/sessions/{session_id}/events")
+def events_of_session(store: StoreDep, session_id: SessionId, page: PageDep) -> dict[str, Any]:
+    _known_session(store, session_id)
+    df = session_events(store, session_id, page.limit, page.offset)
+    out = rows(df)
+    for r in out:
+        try:
+            r["detail"] = orjson.loads(r["detail"] or "{}")
+        except orjson.JSONDecodeError:
+            pass
+    return {"session_id": session_id, "events": out, "limit": page.limit, "offset": page.offset}
+
+
+@router.get("/sessions/{session_id}/memory")
+def memory_of_session(store: StoreDep, session_id: SessionId) -> dict[str, Any]:
+    _known_session(store, session_id)
+    df = store.query_df(
+        "SELECT step, ts, mem_allocated_bytes, mem_reserved_bytes, buffers_registered FROM steps "
+        "WHERE session_id = {sid:String} ORDER BY step, ts LIMIT 100000", {"sid": session_id})
+    return {"session_id": session_id, "series": rows(df)}
