@@ -1,0 +1,467 @@
+"""Ingest throughput: 100-row batches over HTTP into chDB with the durable ack, vs raw inserts.
+
+    python bench/ingest.py                         # ~70 s on 2 cores: Arrow, JSON, raw baseline
+    python bench/ingest.py --duration 10 --load python
+
+Starts ``livestep serve`` (embedded chDB, spool with fsync before the ack) as a subprocess on a
+fresh directory and an ephemeral loopback port, then loads it from separate processes: ``wrk``
+(Debian package; a Lua script posts a prebuilt 100-row body with a unique ``Idempotency-Key`` per
+request) or, with ``--load python`` or without wrk, N processes of httpx loops. A phase's figure is
+rows *stored* in ClickHouse (counted in the store once the server is stopped) over the time from
+the load's start until the writer had stored every acked row. The baseline, measured in the same
+run in a separate process on a separate chDB directory: ``Store.insert_arrow`` of the same 100-row
+batches in a loop (and, for reference, of 50,000-row blocks: what the server's writer does).
+Prints a table, then LAST the ratio ingest/raw (Arrow path over raw 100-row inserts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+TOKEN = "bench-token"
+BATCH_ROWS = 100
+
+WRK_LUA = r"""
+local f = assert(io.open(os.getenv("BENCH_BODY"), "rb"))
+local body = f:read("*a")
+f:close()
+local ctype = os.getenv("BENCH_CTYPE")
+local auth = "Bearer " .. os.getenv("BENCH_TOKEN")
+local run = os.getenv("BENCH_RUN")
+local n = 0
+local prefix = ""
+local counter = 1
+function setup(thread)
+  thread:set("tid", counter)
+  counter = counter + 1
+end
+function init(args)
+  prefix = run .. "-" .. tostring(tid) .. "-"
+end
+function request()
+  n = n + 1
+  return wrk.format("POST", nil, {
+    ["Host"] = wrk.headers["Host"],
+    ["Content-Type"] = ctype,
+    ["Authorization"] = auth,
+    ["Idempotency-Key"] = prefix .. n,
+  }, body)
+end
+"""
+
+
+# -- bodies ----------------------------------------------------------------------------------------
+def step_rows(n: int, session_id: str) -> list[dict]:
+    t0 = datetime.now(UTC) - timedelta(minutes=2)
+    return [
+        {
+            "worker_id": "bench-w1",
+            "session_id": session_id,
+            "release": "bench",
+            "gpu_kind": "H200",
+            "ts": t0 + timedelta(milliseconds=167 * i),
+            "simulated": True,
+            "step": i,
+            "diffusion_ms": 150.0 + (i % 13) * 0.7,
+            "step_period_ms": 166.7 + (i % 5) * 0.1,
+            "decode_ms": 114.0,
+            "cache_upkeep_ms": 6.2,
+            "attention_ms": 9.1,
+            "allreduce_ms": 2.5,
+            "late": i % 50 == 0,
+            "playout_depth": 3,
+            "reset_step": i % 42 == 0,
+            "energy_mj": 120_000.0 + i,
+            "mem_allocated_bytes": 60 << 30,
+            "mem_reserved_bytes": 64 << 30,
+            "buffers_registered": 2,
+            "switches": "delta_rotation,fp8_cache,ring_cache,rope_at_write",
+        }
+        for i in range(n)
+    ]
+
+
+def arrow_table(session_id: str):
+    from collector import records
+
+    return records.to_arrow("step", step_rows(BATCH_ROWS, session_id))
+
+
+def arrow_body(session_id: str) -> bytes:
+    from collector.client import encode_arrow
+
+    return encode_arrow("step", step_rows(BATCH_ROWS, session_id))
+
+
+def json_body(session_id: str) -> bytes:
+    import orjson
+
+    return orjson.dumps({"schema_version": 1, "steps": step_rows(BATCH_ROWS, session_id)})
+
+
+# -- the server --------------------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """A ``livestep serve`` subprocess on its own chDB and spool directories."""
+
+    def __init__(self, workdir: Path, port: int):
+        self.workdir, self.port = workdir, port
+        self.url = f"http://127.0.0.1:{port}"
+        self.chdb_dir = workdir / "chdb"
+        env = dict(
+            os.environ,
+            LIVESTEP_CLICKHOUSE_DSN=f"chdb://{self.chdb_dir}",
+            LIVESTEP_SPOOL_DIR=str(workdir / "spool"),
+            PYTHONPATH=str(REPO),
+        )
+        cmd = [sys.executable, "-m", "api.cli", "serve", "--host", "127.0.0.1", "--port", str(port)]
+        self.log = open(workdir / "server.log", "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+
+    def wait_ready(self, timeout_s: float = 60.0) -> None:
+        import httpx
+
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"livestep serve exited with {self.proc.returncode}: {self.tail()}")
+            try:
+                if httpx.get(self.url + "/v1/health", timeout=1.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"livestep serve not ready after {timeout_s} s: {self.tail()}")
+
+    def health(self) -> dict:
+        import httpx
+
+        return httpx.get(self.url + "/v1/health", timeout=5.0).json()
+
+    def stored_by_writer(self) -> int | None:
+        """Rows the server's block writer has inserted, from /v1/health (None if not reported)."""
+        return _find_writer_rows(self.health())
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+    def tail(self, n: int = 2000) -> str:
+        self.log.flush()
+        return (self.workdir / "server.log").read_bytes()[-n:].decode(errors="replace")
+
+
+def _find_writer_rows(obj) -> int | None:
+    if isinstance(obj, dict) and isinstance(obj.get("writer"), dict) and "rows" in obj["writer"]:
+        return int(obj["writer"]["rows"])
+    if isinstance(obj, dict):
+        if "rows" in obj and "blocks" in obj and isinstance(obj["rows"], int):
+            return obj["rows"]
+        for v in obj.values():
+            found = _find_writer_rows(v)
+            if found is not None:
+                return found
+    return None
+
+
+def wait_stored(server: Server, at_least: int, timeout_s: float) -> float | None:
+    """Poll until the writer has stored ``at_least`` rows; the monotonic time it did, or None."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        n = server.stored_by_writer()
+        if n is None:
+            return None
+        if n >= at_least:
+            return time.monotonic()
+        time.sleep(0.05)
+    return None
+
+
+# -- load ---------------------------------------------------------------------------------------------
+def run_wrk(url: str, body_file: Path, ctype: str, duration_s: float, connections: int, threads: int) -> dict:
+    lua = body_file.with_suffix(".lua")
+    lua.write_text(WRK_LUA)
+    env = dict(
+        os.environ,
+        BENCH_BODY=str(body_file),
+        BENCH_CTYPE=ctype,
+        BENCH_TOKEN=TOKEN,
+        BENCH_RUN=uuid.uuid4().hex,
+    )
+    cmd = [
+        "wrk",
+        "-t",
+        str(threads),
+        "-c",
+        str(connections),
+        "-d",
+        f"{int(duration_s)}s",
+        "-s",
+        str(lua),
+        "--latency",
+    ]
+    out = subprocess.run(
+        [*cmd, url + "/v1/telemetry"], env=env, capture_output=True, text=True, check=True
+    ).stdout
+    total = non2xx = 0
+    p99 = ""
+    for line in out.splitlines():
+        parts = line.split()
+        if "requests in" in line:
+            total = int(parts[0])
+        elif line.strip().startswith("Non-2xx or 3xx responses:"):
+            non2xx = int(parts[-1])
+        elif line.strip().startswith("99%"):
+            p99 = parts[1]
+    return {"requests": total, "ok": total - non2xx, "non2xx": non2xx, "p99": p99, "raw": out}
+
+
+def _py_loader(url: str, body: bytes, ctype: str, duration_s: float, conns: int, q) -> None:
+    import threading
+
+    import httpx
+
+    ok = bad = 0
+    lock = threading.Lock()
+    end = time.monotonic() + duration_s
+
+    def loop():
+        nonlocal ok, bad
+        with httpx.Client(timeout=30.0) as c:
+            prefix = uuid.uuid4().hex
+            i = 0
+            while time.monotonic() < end:
+                i += 1
+                h = {
+                    "Content-Type": ctype,
+                    "Authorization": f"Bearer {TOKEN}",
+                    "Idempotency-Key": f"{prefix}-{i}",
+                }
+                try:
+                    r = c.post(url + "/v1/telemetry", content=body, headers=h)
+                    good = r.status_code == 200
+                except httpx.HTTPError:
+                    good = False
+                with lock:
+                    ok, bad = ok + good, bad + (not good)
+
+    ts = [threading.Thread(target=loop) for _ in range(conns)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    q.put((ok, bad))
+
+
+def run_python_load(url: str, body: bytes, ctype: str, duration_s: float, procs: int, conns: int) -> dict:
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    ps = [ctx.Process(target=_py_loader, args=(url, body, ctype, duration_s, conns, q)) for _ in range(procs)]
+    for p in ps:
+        p.start()
+    res = [q.get(timeout=duration_s + 60) for _ in ps]
+    for p in ps:
+        p.join()
+    ok, bad = sum(r[0] for r in res), sum(r[1] for r in res)
+    return {"requests": ok + bad, "ok": ok, "non2xx": bad, "p99": "", "raw": ""}
+
+
+# -- raw baseline (own process, own chDB directory) -------------------------------------------------
+def raw_worker(chdb_dir: str, duration_s: float, block_rows: int) -> dict:
+    import pyarrow as pa
+
+    from collector.store import open_store
+
+    store = open_store(f"chdb://{chdb_dir}")
+    store.migrate()
+    one = arrow_table("raw")
+    table = pa.concat_tables([one] * (block_rows // BATCH_ROWS)) if block_rows > BATCH_ROWS else one
+    n = 0
+    start = time.perf_counter()
+    while time.perf_counter() - start < duration_s:
+        store.insert_arrow("steps", table, dedup_token=uuid.uuid4().hex)
+        n += table.num_rows
+    elapsed = time.perf_counter() - start
+    stored = store.query_rows("SELECT count() FROM steps")[0][0]
+    return {"rows": n, "stored": stored, "seconds": elapsed, "rows_per_s": stored / elapsed}
+
+
+def run_raw(workdir: Path, duration_s: float, block_rows: int) -> dict:
+    d = workdir / f"raw-{block_rows}"
+    cmd = [
+        sys.executable,
+        __file__,
+        "--raw-worker",
+        str(d),
+        "--duration",
+        str(duration_s),
+        "--block-rows",
+        str(block_rows),
+    ]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=REPO).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def count_stored(chdb_dir: Path) -> dict[str, int]:
+    """Rows per session in the server's store, read after the server has exited (one process per dir)."""
+    from collector.store import open_store
+
+    store = open_store(f"chdb://{chdb_dir}")
+    return dict(store.query_rows("SELECT session_id, count() FROM steps GROUP BY session_id"))
+
+
+def _count_worker(chdb_dir: str) -> None:
+    print(json.dumps(count_stored(Path(chdb_dir))))
+
+
+# -- main ---------------------------------------------------------------------------------------------
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--duration", type=float, default=20.0, help="seconds of Arrow load")
+    ap.add_argument("--json-duration", type=float, default=8.0, help="seconds of JSON load")
+    ap.add_argument("--raw-duration", type=float, default=6.0, help="seconds of each raw insert baseline")
+    ap.add_argument("--connections", type=int, default=32, help="concurrent connections (clients)")
+    ap.add_argument("--threads", type=int, default=1, help="wrk threads (or python load processes)")
+    ap.add_argument("--load", choices=["auto", "wrk", "python"], default="auto")
+    ap.add_argument("--drain-timeout", type=float, default=30.0)
+    ap.add_argument("--keep", action="store_true", help="keep the work directory (server log)")
+    ap.add_argument("--raw-worker", metavar="DIR", help=argparse.SUPPRESS)
+    ap.add_argument("--count-worker", metavar="DIR", help=argparse.SUPPRESS)
+    ap.add_argument("--block-rows", type=int, default=BATCH_ROWS, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+
+    if args.raw_worker:
+        print(json.dumps(raw_worker(args.raw_worker, args.duration, args.block_rows)))
+        return 0
+    if args.count_worker:
+        _count_worker(args.count_worker)
+        return 0
+
+    load = args.load
+    if load == "auto":
+        load = "wrk" if shutil.which("wrk") else "python"
+    if load == "wrk" and not shutil.which("wrk"):
+        print(
+            "bench: wrk not found (apt-get install -y wrk) and --load wrk asked; valid: --load python",
+            file=sys.stderr,
+        )
+        return 2
+
+    workdir = Path(tempfile.mkdtemp(prefix="livestep-bench-ingest-"))
+    results: list[tuple[str, dict]] = []
+    try:
+        server = Server(workdir, free_port())
+        server.wait_ready()
+        phases = [
+            ("arrow", "application/vnd.apache.arrow.stream", arrow_body, args.duration),
+            ("json", "application/json", json_body, args.json_duration),
+        ]
+        stored_before = server.stored_by_writer() or 0
+        for name, ctype, make_body, duration in phases:
+            if duration <= 0:
+                continue
+            session = f"bench-{name}"
+            body = make_body(session)
+            body_file = workdir / f"{name}.body"
+            body_file.write_bytes(body)
+            t0 = time.monotonic()
+            if load == "wrk":
+                res = run_wrk(server.url, body_file, ctype, duration, args.connections, args.threads)
+            else:
+                per = max(1, args.connections // max(1, args.threads))
+                res = run_python_load(server.url, body, ctype, duration, args.threads, per)
+            t_load = time.monotonic() - t0
+            acked = res["ok"] * BATCH_ROWS
+            t_stored = wait_stored(server, stored_before + acked, args.drain_timeout)
+            stored_before = server.stored_by_writer() or stored_before + acked
+            elapsed = (t_stored - t0) if t_stored is not None else None
+            results.append(
+                (
+                    name,
+                    {**res, "acked_rows": acked, "load_s": t_load, "stored_s": elapsed, "session": session},
+                )
+            )
+            if res["non2xx"]:
+                print(f"bench: {name}: {res['non2xx']} non-2xx responses", file=sys.stderr)
+        server.stop()
+        counts = json.loads(
+            subprocess.run(
+                [sys.executable, __file__, "--count-worker", str(server.chdb_dir)],
+                capture_output=True,
+                text=True,
+                check=True,
+                cwd=REPO,
+            )
+            .stdout.strip()
+            .splitlines()[-1]
+        )
+        raw100 = run_raw(workdir, args.raw_duration, BATCH_ROWS)
+        raw_big = run_raw(workdir, args.raw_duration, 50_000)
+    finally:
+        if "server" in locals() and server.proc.poll() is None:
+            server.stop()
+        if not args.keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+    print(
+        f"\ningest bench: {os.cpu_count()} CPUs, load={load}, connections={args.connections}, "
+        f"{BATCH_ROWS}-row batches, durable ack (spool fsync), embedded chDB"
+    )
+    print(
+        f"{'path':<28}{'req ok':>10}{'non2xx':>8}{'acked rows':>12}{'stored rows':>13}{'seconds':>9}"
+        f"{'rows/s stored':>15}{'p99':>9}"
+    )
+    rates: dict[str, float] = {}
+    for name, r in results:
+        stored = counts.get(r["session"], 0)
+        secs = r["stored_s"] or r["load_s"]
+        rates[name] = stored / secs
+        note = "" if r["stored_s"] else " (drain not observed)"
+        print(
+            f"{'HTTP ' + name + ' -> chDB':<28}{r['ok']:>10}{r['non2xx']:>8}{r['acked_rows']:>12}{stored:>13}"
+            f"{secs:>9.1f}{rates[name]:>15,.0f}{r['p99']:>9}{note}"
+        )
+    for label, r in (("raw insert_arrow 100-row", raw100), ("raw insert_arrow 50k-row", raw_big)):
+        print(
+            f"{label:<28}{'':>10}{'':>8}{r['rows']:>12}{r['stored']:>13}{r['seconds']:>9.1f}{r['rows_per_s']:>15,.0f}"
+        )
+    if "arrow" in rates:
+        print(f"ratio HTTP arrow / raw 50k-row blocks: {rates['arrow'] / raw_big['rows_per_s']:.2f}")
+        if "json" in rates:
+            print(f"ratio HTTP json / raw 100-row batches: {rates['json'] / raw100['rows_per_s']:.2f}")
+        print(
+            f"ratio ingest/raw (HTTP arrow / raw insert_arrow of the same 100-row batches): "
+            f"{rates['arrow'] / raw100['rows_per_s']:.2f}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
