@@ -1,0 +1,81 @@
+"""Helpers of the collector/server tests: record rows, Arrow bodies, settings, waiting for the writer."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pyarrow as pa
+
+from collector import records
+
+ARROW = "application/vnd.apache.arrow.stream"
+
+
+def chdb_dsn(chdb_dir: str) -> str:
+    """A fresh database in this process's chDB directory (the ``chdb_dir`` fixture)."""
+    return f"chdb://{chdb_dir}?database=t_{uuid.uuid4().hex[:12]}"
+
+
+def step_rows(n: int, session_id: str = "s1", start: int = 0, worker_id: str = "w1", release: str = "r1",
+              ts: datetime | None = None, **over) -> list[dict]:
+    """``n`` valid step rows; values exactly representable in Float32 so reads compare exactly."""
+    t0 = (ts or datetime.now(UTC) - timedelta(minutes=1)).replace(microsecond=0)
+    rows = []
+    for i in range(start, start + n):
+        r = dict(worker_id=worker_id, session_id=session_id, release=release, gpu_kind="cpu",
+                 ts=t0 + timedelta(milliseconds=166 * i), step=i, diffusion_ms=150.5 + i % 4,
+                 step_period_ms=166.5, decode_ms=None, cache_upkeep_ms=6.25, attention_ms=None, allreduce_ms=None,
+                 late=i % 5 == 0, playout_depth=2, reset_step=i % 42 == 41, energy_mj=None,
+                 mem_allocated_bytes=1000 + i, mem_reserved_bytes=4096, buffers_registered=1,
+                 switches="fp8_cache,ring_cache")
+        r.update(over)
+        rows.append(r)
+    return rows
+
+
+def event_row(kind: str = "reset", session_id: str = "s1", **over) -> dict:
+    r = dict(worker_id="w1", session_id=session_id, release="r1", gpu_kind="cpu",
+             ts=datetime.now(UTC) - timedelta(minutes=1), kind=kind, detail={"why": "test"})
+    r.update(over)
+    return r
+
+
+def arrow_body(kind: str, rows: list[dict], table: pa.Table | None = None) -> bytes:
+    table = table if table is not None else records.to_arrow(kind, rows)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as w:
+        w.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def json_rows(rows: list[dict]) -> list[dict]:
+    return [{k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in r.items()} for r in rows]
+
+
+def make_settings(dsn: str, tmp_path: Path, **over):
+    from api.settings import Settings
+
+    base = dict(clickhouse_dsn=dsn, spool_dir=tmp_path / "spool", flush_interval_s=0.05, retry_max_s=0.2,
+                role="collector", host="127.0.0.1")
+    base.update(over)
+    return Settings(**base)
+
+
+def wait_for(pred, timeout_s: float = 60.0, what: str = "condition"):
+    """Poll ``pred`` until it returns a truthy value (the writer is asynchronous); fail after timeout."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        v = pred()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def drained(app) -> bool:
+    """Every spooled batch is committed to the store."""
+    return app.state.spool.stats()["batches"] == 0
