@@ -1,0 +1,376 @@
+"""KV caches of the self-attention window: one interface, the launch behaviour and the ring.
+
+    cache = make_cache(shape, switches, device, dtype)
+    cache.begin_step(T, reset=...)          # once per step: advance / delta-rotate; returns reset done
+    q = apply_rope(q, cache.positions)       # the new tokens' positions (slot order or absolute)
+    win = cache.update(block, k_new, v_new)  # every pass: write the step's K/V, return the window
+    out = cache.ops.attention(q, win)        # attends to slots [0, win.n)
+    cache.end_step()                         # commit the step's slots
+
+``PlainCache`` (all switches off): raw keys in time order, positions by slot order, every read
+re-applies RoPE to the whole window and re-quantizes it to FP8 (when the shape's attention reads
+FP8), and the window advances by copying. ``RingCache``: RoPE (and FP8 with per-head scales
+calibrated once per session) applied once at write, advance by index, one delta rotation of the
+window at each position reset. Bookkeeping lives in ``CacheBook``, apart from the tensors (vLLM's
+KVCacheBlocks habit). Tensors follow contract 6: ``k: [heads, slots, head_dim]`` per block.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from worker.config import ModelShape, Switches
+from worker.fp8 import FP8, dequantize, head_scale, quantize
+from worker.rope import apply_rope, rotate_by
+
+# Calibration margin: rotation can grow a component by sqrt(2); later tokens get 25% headroom.
+CALIBRATION_MARGIN = math.sqrt(2.0) * 1.25
+
+
+@dataclass
+class CacheBook:
+    """Where the window stands: no tensors, host integers only."""
+
+    slots: int
+    head: int = 0  # next ring slot to write
+    n_valid: int = 0  # committed tokens in the window
+    next_pos: int = 0  # absolute position of the next token
+    step_tokens: int = 0  # tokens of the open step (0 = none open)
+    wraps: int = 0
+    resets: int = 0
+
+    @property
+    def kept(self) -> int:
+        """Committed tokens still in the window once the open step's tokens are in."""
+        return min(self.n_valid, self.slots - self.step_tokens)
+
+    @property
+    def window_after(self) -> int:
+        return min(self.n_valid + self.step_tokens, self.slots)
+
+    def open(self, tokens: int) -> None:
+        assert self.step_tokens == 0, "a step is already open"
+        assert 0 < tokens <= self.slots, (tokens, self.slots)
+        self.step_tokens = tokens
+
+    def commit(self) -> None:
+        t = self.step_tokens
+        assert t > 0, "no step open"
+        if self.head + t >= self.slots:
+            self.wraps += 1
+        self.head = (self.head + t) % self.slots
+        self.n_valid = min(self.n_valid + t, self.slots)
+        self.next_pos += t
+        self.step_tokens = 0
+
+    def reset_delta(self) -> int:
+        """Position shift of a reset: the oldest valid token goes back to position 0."""
+        return self.next_pos - self.n_valid
+
+
+@dataclass
+class Window:
+    """What attention reads: K/V over slots [0, n) (FP8 with per-head scales, or plain dtype)."""
+
+    k: torch.Tensor  # [heads, slots, head_dim]
+    v: torch.Tensor
+    k_scale: torch.Tensor | None  # [heads] when k/v are FP8
+    v_scale: torch.Tensor | None
+    n: int
+
+
+# ---------------------------------------------------------------------------------------------
+# The ops, torch first; Triton kernels (kernels/*) behind the triton_kernels switch on CUDA.
+
+
+def rope_write_torch(x, positions, slots, scale, cache, apply_rope_: bool = True, base: float = 10000.0):
+    """x: [H, T, D] -> RoPE at positions [T] -> FP8 (if cache is FP8) -> cache[:, slots] in place."""
+    y = apply_rope(x, positions, base) if apply_rope_ else x
+    if cache.dtype == FP8:  # index_copy_ has no float8 kernel on CPU: copy the bytes
+        cache.view(torch.uint8).index_copy_(1, slots, quantize(y, scale).view(torch.uint8))
+    else:
+        cache.index_copy_(1, slots, y.to(cache.dtype))
+
+
+def reread_torch(k, v, n, positions, fp8: bool, rope: bool):
+    """The plain path's read: RoPE over the whole window (slot order) and a fresh FP8 quantization."""
+    k = k[:, :n]
+    v = v[:, :n]
+    if rope:
+        k = apply_rope(k, positions)
+    if not fp8:
+        return k, v, None, None
+    ks, vs = head_scale(k), head_scale(v)
+    return quantize(k, ks), quantize(v, vs), ks, vs
+
+
+def attention_torch(q, win: Window) -> torch.Tensor:
+    """q: [H, Tq, D] over the window's slots [0, n): dequantize (if FP8) then SDPA."""
+    k, v = win.k[:, : win.n], win.v[:, : win.n]
+    if win.k_scale is not None:
+        k, v = dequantize(k, win.k_scale, q.dtype), dequantize(v, win.v_scale, q.dtype)
+    return F.scaled_dot_product_attention(q[None], k[None], v[None])[0]
+
+
+def delta_rotate_torch(cache, scale, delta: int) -> None:
+    """Every cached key re-rotated as if its position were pos - delta, in place (one pass)."""
+    if cache.dtype == FP8:
+        cache.copy_(quantize(rotate_by(dequantize(cache, scale, torch.float32), delta), scale))
+    else:
+        cache.copy_(rotate_by(cache, delta))
+
+
+def rerotate_from_raw_torch(cache, scale, old_pos, new_pos) -> None:
+    """The plain reset: un-rotate every slot at its own position, rotate again at the new one."""
+    x = dequantize(cache, scale, torch.float32) if cache.dtype == FP8 else cache.float()
+    x = apply_rope(apply_rope(x, -old_pos), new_pos)
+    cache.copy_(quantize(x, scale) if cache.dtype == FP8 else x.to(cache.dtype))
+
+
+def _kernels():
+    try:
+        import kernels.delta_rotate as dr
+        import kernels.fp8_attention as fa
+        import kernels.rope_fp8_write as rw
+    except ImportError:
+        return None
+    return rw, dr, fa
+
+
+class CacheOps:
+    """The cache's three ops, dispatched once per switch change (never per call)."""
+
+    def __init__(self, switches: Switches, device: torch.device):
+        cuda = device.type == "cuda"
+        k = _kernels() if (switches.triton_kernels and cuda) else None
+        self.triton = k is not None
+        self.write = rope_write_torch
+        self.reread = reread_torch
+        self._attention = attention_torch
+        self._rw = self._fa = self._dr = None
+        if k is not None:
+            self._rw, self._dr, self._fa = k[0].rope_fp8_write, k[1].delta_rotate, k[2].fp8_attention
+        if switches.compile and cuda:
+            self.write = torch.compile(rope_write_torch, dynamic=False)
+            self.reread = torch.compile(reread_torch, dynamic=None)
+
+    def write_kv(self, x, positions, slots, scale, cache, apply_rope_: bool) -> None:
+        if self._rw is not None and cache.dtype == FP8:
+            self._rw(x, positions, slots, scale, cache, apply_rope=apply_rope_)
+        else:
+            self.write(x, positions, slots, scale, cache, apply_rope_)
+
+    def attention(self, q, win: Window) -> torch.Tensor:
+        if self._fa is not None and win.k_scale is not None:
+            return self._fa(q, win.k, win.v, win.k_scale, win.v_scale, win.n)
+        return attention_torch(q, win)
+
+    def delta_rotate(self, cache, scale, delta: int) -> None:
+        if self._dr is not None and cache.dtype == FP8:
+            self._dr(cache, scale, delta)
+        else:
+            delta_rotate_torch(cache, scale, delta)
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+class KVCache:
+    """State shared by both caches: K/V storage per block, FP8 scales, the book."""
+
+    ring = False
+
+    def __init__(self, shape: ModelShape, switches: Switches, device, dtype: torch.dtype):
+        self.shape, self.switches = shape, switches
+        self.device, self.dtype = torch.device(device), dtype
+        self.ops = CacheOps(switches, self.device)
+        nb, h, s, d = shape.n_blocks, shape.heads, shape.window, shape.head_dim
+        self.book = CacheBook(s)
+        self.fp8_store = switches.fp8_cache
+        self.fp8_read = shape.fp8_attention or switches.fp8_cache
+        self.rope_at_write = switches.rope_at_write
+        store = FP8 if self.fp8_store else dtype
+        self.k = torch.zeros(nb, h, s, d, dtype=store, device=self.device)  # [blocks, heads, slots, head_dim]
+        self.v = torch.zeros(nb, h, s, d, dtype=store, device=self.device)
+        self.k_scale = torch.ones(nb, h, dtype=torch.float32, device=self.device)
+        self.v_scale = torch.ones(nb, h, dtype=torch.float32, device=self.device)
+        self.calibrated = [False] * nb
+        self.positions = torch.zeros(0, dtype=torch.int64, device=self.device)  # new tokens' positions
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.k, self.v, self.k_scale, self.v_scale))
+
+    def _arange(self, start: int, n: int) -> torch.Tensor:
+        return torch.arange(start, start + n, dtype=torch.int64, device=self.device)
+
+    def calibrate(self, b: int, k_raw: torch.Tensor, v: torch.Tensor) -> None:
+        """Per-head FP8 scales of block b, once per session, from the first tokens written."""
+        if self.fp8_store and not self.calibrated[b]:
+            self.k_scale[b] = head_scale(k_raw, CALIBRATION_MARGIN)
+            self.v_scale[b] = head_scale(v, 1.25)
+            self.calibrated[b] = True
+
+    def slot_positions(self) -> torch.Tensor:
+        """Absolute position of the token in every slot [slots] (committed tokens)."""
+        raise NotImplementedError
+
+    def begin_step(self, tokens: int, reset: bool = False) -> bool:
+        raise NotImplementedError
+
+    def update(self, b: int, k_new: torch.Tensor, v_new: torch.Tensor) -> Window:
+        raise NotImplementedError
+
+    def end_step(self) -> None:
+        self.book.commit()
+
+    def _reset_window(self, n_slots: int) -> None:
+        """Rotate the stored (rotated) keys of the whole window by -delta; the book moves back."""
+        delta = self.book.reset_delta()
+        if delta == 0:
+            return
+        if self.switches.delta_rotation:
+            for b in range(self.shape.n_blocks):
+                self.ops.delta_rotate(self.k[b, :, :n_slots], self.k_scale[b], delta)
+        else:
+            old = self.slot_positions()[:n_slots]
+            for b in range(self.shape.n_blocks):
+                rerotate_from_raw_torch(self.k[b, :, :n_slots], self.k_scale[b], old, old - delta)
+        self.book.next_pos -= delta
+        self.book.resets += 1
+
+    # -- moving a session between caches when a switch flips -----------------------------------
+
+    def export_tokens(self) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Committed window in time order, un-rotated and dequantized: (k_raw, v [nb,H,n,D], next_pos)."""
+        n = self.book.n_valid
+        order = self._time_order()
+        k = self.k[:, :, order]
+        v = self.v[:, :, order]
+        if self.fp8_store:
+            k = (k.float() * self.k_scale[:, :, None, None]).to(self.dtype)
+            v = (v.float() * self.v_scale[:, :, None, None]).to(self.dtype)
+        if self.rope_at_write:
+            pos = self.book.next_pos - n + torch.arange(n, device=self.device)
+            k = torch.stack([apply_rope(k[b], -pos) for b in range(k.shape[0])])
+        return k, v, self.book.next_pos
+
+    def load_tokens(self, k_raw: torch.Tensor, v: torch.Tensor, next_pos: int) -> None:
+        n = k_raw.shape[2]
+        self.book = CacheBook(self.shape.window, next_pos=next_pos - n)
+        if n == 0:
+            self.book.next_pos = next_pos
+            return
+        self.begin_step(n)
+        for b in range(self.shape.n_blocks):
+            self.update(b, k_raw[b], v[b])
+        self.end_step()
+
+    def _time_order(self) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class PlainCache(KVCache):
+    """The launch behaviour: time-ordered slots, advance by copying, whole-window upkeep per read."""
+
+    def slot_positions(self) -> torch.Tensor:
+        return self.book.next_pos - self.book.n_valid + self._arange(0, self.shape.window)
+
+    def _time_order(self) -> torch.Tensor:
+        return self._arange(0, self.book.n_valid)
+
+    def begin_step(self, tokens: int, reset: bool = False) -> bool:
+        book = self.book
+        did_reset = False
+        if reset and book.n_valid:
+            if self.rope_at_write:
+                self._reset_window(book.n_valid)
+            else:  # positions by slot order: nothing is stored rotated
+                book.next_pos -= book.reset_delta()
+                book.resets += 1
+            did_reset = True
+        book.open(tokens)
+        over = book.n_valid - book.kept
+        if over > 0:  # advance by copying: shift the kept tokens to the front
+            keep = book.kept
+            self.k[:, :, :keep] = self.k[:, :, over : over + keep].clone()
+            self.v[:, :, :keep] = self.v[:, :, over : over + keep].clone()
+            book.n_valid = keep
+        if self.rope_at_write:
+            self.positions = self._arange(book.next_pos, tokens)
+        else:
+            self.positions = self._arange(book.kept, tokens)  # slot order
+        self._slots = self._arange(book.kept, tokens)
+        self._window_pos = self._arange(0, book.window_after)
+        return did_reset
+
+    def update(self, b: int, k_new: torch.Tensor, v_new: torch.Tensor) -> Window:
+        n = self.book.window_after
+        self.calibrate(b, k_new, v_new)
+        ks, vs = self.k_scale[b], self.v_scale[b]
+        self.ops.write_kv(k_new, self.positions, self._slots, ks, self.k[b], self.rope_at_write)
+        self.ops.write_kv(v_new, self.positions, self._slots, vs, self.v[b], False)
+        if self.fp8_store:
+            return Window(self.k[b], self.v[b], ks, vs, n)
+        k, v, ks, vs = self.ops.reread(
+            self.k[b], self.v[b], n, self._window_pos, self.fp8_read, not self.rope_at_write
+        )
+        return Window(k, v, ks, vs, n)
+
+
+class RingCache(KVCache):
+    """Write-time RoPE (+FP8), advance by index, delta rotation at each position reset."""
+
+    ring = True
+
+    def slot_positions(self) -> torch.Tensor:
+        # the latest token (next_pos - 1) sits in slot head - 1
+        s = self._arange(0, self.shape.window)
+        return self.book.next_pos - 1 - torch.remainder(self.book.head - 1 - s, self.shape.window)
+
+    def _time_order(self) -> torch.Tensor:
+        n, s = self.book.n_valid, self.shape.window
+        return torch.remainder(self._arange(self.book.head - n, n), s)
+
+    def begin_step(self, tokens: int, reset: bool = False) -> bool:
+        book = self.book
+        did_reset = False
+        if reset and book.n_valid:
+            self._reset_window(self.shape.window if book.wraps else book.n_valid)
+            did_reset = True
+        book.open(tokens)
+        self.positions = self._arange(book.next_pos, tokens)
+        self._slots = torch.remainder(self._arange(book.head, tokens), self.shape.window)
+        return did_reset
+
+    def update(self, b: int, k_new: torch.Tensor, v_new: torch.Tensor) -> Window:
+        n = self.book.window_after
+        self.calibrate(b, k_new, v_new)
+        ks, vs = self.k_scale[b], self.v_scale[b]
+        self.ops.write_kv(k_new, self.positions, self._slots, ks, self.k[b], True)
+        self.ops.write_kv(v_new, self.positions, self._slots, vs, self.v[b], False)
+        if self.fp8_store or not self.fp8_read:
+            return Window(self.k[b], self.v[b], ks if self.fp8_store else None, vs if self.fp8_store else None, n)
+        k, v, ks, vs = self.ops.reread(self.k[b], self.v[b], n, None, True, False)  # re-quantize per read
+        return Window(k, v, ks, vs, n)
+
+
+def make_cache(shape: ModelShape, switches: Switches, device, dtype: torch.dtype) -> KVCache:
+    cls = RingCache if switches.ring_cache else PlainCache
+    return cls(shape, switches, device, dtype)
+
+
+CACHE_SWITCHES = ("ring_cache", "rope_at_write", "fp8_cache", "delta_rotation", "triton_kernels", "compile")
+
+
+def rebuild_cache(old: KVCache, switches: Switches) -> KVCache:
+    """A cache for new switches holding the same window (a switch flipped between steps)."""
+    new = make_cache(old.shape, switches, old.device, old.dtype)
+    k, v, next_pos = old.export_tokens()
+    new.load_tokens(k, v, next_pos)
+    new.book.wraps, new.book.resets = old.book.wraps, old.book.resets
+    return new

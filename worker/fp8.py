@@ -1,0 +1,44 @@
+"""FP8 (e4m3) helpers: per-head cache quantization and FP8 GEMMs with ``torch._scaled_mm``.
+
+    q = quantize(x, scale)                 # x: [heads, T, D], scale: fp32 [heads]; saturating
+    x = dequantize(q, scale, torch.bfloat16)
+    y = fp8_linear(x, w_fp8, w_scale)      # x: [M, K] bf16, w_fp8: [N, K] -> [M, N] bf16
+
+Quantized = clamp(x / scale, -448, 448).to(float8_e4m3fn): never NaN/inf (contract 6). Scales are
+device tensors: nothing here reads a value back to the host.
+"""
+
+from __future__ import annotations
+
+import torch
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0
+
+
+def quantize(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x: [heads, T, D] / scale [heads] -> float8_e4m3fn, saturating."""
+    return (x.float() / scale.view(-1, 1, 1)).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+
+
+def dequantize(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return (q.float() * scale.view(-1, 1, 1)).to(dtype)
+
+
+def head_scale(x: torch.Tensor, margin: float = 1.0) -> torch.Tensor:
+    """Per-head scale [heads] so that margin * amax maps to 448 (floored to stay finite)."""
+    amax = x.abs().amax(dim=(1, 2)).float()
+    return (amax * margin).clamp(min=1e-6) / FP8_MAX
+
+
+def quantize_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-tensor FP8 weight: (w_fp8 [N, K], scale fp32 [])."""
+    scale = (w.abs().amax().float().clamp(min=1e-12) / FP8_MAX).reshape(())
+    return (w.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
+
+
+def fp8_linear(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor:
+    """y = x @ w.T with x quantized per tensor (dynamic scale, on device) -> bf16."""
+    x_scale = (x.abs().amax().float().clamp(min=1e-12) / FP8_MAX).reshape(())
+    xq = (x.float() / x_scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+    return torch._scaled_mm(xq, w.t(), scale_a=x_scale, scale_b=w_scale, out_dtype=torch.bfloat16)

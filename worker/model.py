@@ -1,0 +1,230 @@
+"""The causal video DiT of the paper's step, gpt-fast style: one chunk = 4 passes x blocks.
+
+    model = DiT(shape, device)                       # seeded random weights (no public weights)
+    cond_kv = model.first_forward(cond, cache)       # conditioning [L, d]: cross K/V + window prefill
+    latents = model.denoise_chunk(noise, cache, cond_kv)   # noise [new_tokens, C] -> latents
+
+A block: timestep modulation (adaLN-single: a per-block table plus the shared timestep
+embedding), self-attention with RoPE over the KV window + the chunk's new tokens, cross-attention
+to the session's conditioning (its length varies per session), and an MLP. Every pass writes the
+chunk's K/V into the step's slots (overwriting the previous pass's) and attends over the window.
+
+Tensor parallel without editing this file: column-parallel weights (QKV, cross Q/KV, FFN up) and
+row-parallel weights (attention out, cross out, FFN down) are sized by the rank's view of the shape
+(``config.tp_rank_of``), and every row-parallel output goes through ``Block.row_parallel`` ->
+``self.allreduce`` (identity at world size 1; ``DiT.set_allreduce(fn)`` installs a real one, and
+``worker/parallel.py`` may override ``row_parallel`` per block for the fused GEMM + all-reduce).
+Weights are generated per head (and per FFN chunk of ffn/n_heads) from a seed of (block, name,
+index), so a rank's shard equals the slice of the single-process model's weights.
+
+GEMMs are FP8 (``torch._scaled_mm``, per-tensor scales) when the shape says ``fp8_weights`` on CUDA,
+bf16 otherwise on CUDA, fp32 on CPU.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from worker.cache import KVCache
+from worker.config import ModelShape
+from worker.fp8 import fp8_linear, quantize_weight
+from worker.rope import apply_rope
+
+
+class _NullSpan:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+class NullTimer:
+    """The timer the model calls around cache upkeep / attention / all-reduce (telemetry swaps it)."""
+
+    def span(self, kind: str) -> _NullSpan:
+        return _NULL_SPAN
+
+
+_NULL_SPAN = _NullSpan()
+
+
+def _identity(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
+def _seed(*parts) -> int:
+    return zlib.crc32(repr(parts).encode()) & 0x7FFFFFFF
+
+
+@dataclass
+class Linear:
+    """y = x @ w.T; w: [out, in] (FP8 with a per-tensor scale, or the compute dtype)."""
+
+    w: torch.Tensor
+    scale: torch.Tensor | None = None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.scale is not None:
+            return fp8_linear(x, self.w, self.scale)
+        return x @ self.w.t()
+
+    @property
+    def nbytes(self) -> int:
+        return self.w.numel() * self.w.element_size()
+
+
+class WeightMaker:
+    """Seeded weights built from per-index chunks: any rank's shard is the slice of the full weight."""
+
+    def __init__(self, seed: int, device: torch.device, dtype: torch.dtype, fp8: bool):
+        self.seed, self.device, self.dtype, self.fp8 = seed, device, dtype, fp8
+        self.gen = torch.Generator(device=device)
+
+    def chunk(self, shape: tuple[int, int], std: float, *key) -> torch.Tensor:
+        self.gen.manual_seed(_seed(self.seed, *key))
+        return torch.randn(shape, generator=self.gen, device=self.device, dtype=self.dtype) * std
+
+    def linear(self, rows: list[torch.Tensor] | None = None, cols: list[torch.Tensor] | None = None) -> Linear:
+        w = torch.cat(rows, 0) if rows is not None else torch.cat(cols, 1)
+        if self.fp8:
+            wq, s = quantize_weight(w)
+            return Linear(wq.contiguous(), s)
+        return Linear(w.contiguous())
+
+
+class Block:
+    """One DiT block of this rank: self-attention over the window, cross-attention, MLP."""
+
+    def __init__(self, shape: ModelShape, idx: int, wm: WeightMaker):
+        self.shape, self.idx = shape, idx
+        d, hd, H, r = shape.d_model, shape.head_dim, shape.heads, shape.tp_rank
+        heads = range(r * H, (r + 1) * H)  # this rank's heads (= its FFN chunks, ffn/n_heads each)
+        fc = shape.ffn // shape.n_heads
+        sd, sf = 1 / math.sqrt(d), 1 / math.sqrt(shape.ffn)
+        # column-parallel: output rows per head / FFN chunk
+        self.qkv = wm.linear(rows=[wm.chunk((hd, d), sd, idx, "qkv", j, h) for j in range(3) for h in heads])
+        self.cq = wm.linear(rows=[wm.chunk((hd, d), sd, idx, "cq", h) for h in heads])
+        self.ckv = wm.linear(rows=[wm.chunk((hd, d), sd, idx, "ckv", j, h) for j in range(2) for h in heads])
+        self.up = wm.linear(rows=[wm.chunk((fc, d), sd, idx, "up", h) for h in heads])
+        # row-parallel: input columns per head / FFN chunk; outputs summed over ranks
+        self.o = wm.linear(cols=[wm.chunk((d, hd), sd, idx, "o", h) for h in heads])
+        self.co = wm.linear(cols=[wm.chunk((d, hd), sd, idx, "co", h) for h in heads])
+        self.down = wm.linear(cols=[wm.chunk((d, fc), sf, idx, "down", h) for h in heads])
+        g = torch.Generator(device=wm.device).manual_seed(_seed(wm.seed, idx, "mod"))
+        self.table = torch.randn((6, d), generator=g, device=wm.device, dtype=torch.float32) * 0.1
+        self.table[2] += 0.5  # gates start open by half
+        self.table[5] += 0.5
+        self.table = self.table.to(wm.dtype)
+        self.allreduce: Callable[[torch.Tensor], torch.Tensor] = _identity
+        self.timer = NullTimer()
+
+    @property
+    def nbytes(self) -> int:
+        lins = (self.qkv, self.cq, self.ckv, self.up, self.o, self.co, self.down)
+        return sum(lin.nbytes for lin in lins) + self.table.numel() * self.table.element_size()
+
+    def row_parallel(self, x: torch.Tensor, lin: Linear) -> torch.Tensor:
+        """A row-parallel linear: the rank's partial product, then the all-reduce over the group."""
+        y = lin(x)
+        if self.allreduce is _identity:
+            return y
+        with self.timer.span("allreduce"):
+            return self.allreduce(y)
+
+    def cross_kv(self, cond: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Conditioning [L, d] -> cross-attention K, V [heads, L, head_dim] (once per session)."""
+        L, H, hd = cond.shape[0], self.shape.heads, self.shape.head_dim
+        kv = self.ckv(cond).view(L, 2, H, hd).permute(1, 2, 0, 3)
+        return kv[0].contiguous(), kv[1].contiguous()
+
+    def __call__(self, x, temb, cache: KVCache, ckv, b: int) -> torch.Tensor:
+        T, d = x.shape
+        H, hd = self.shape.heads, self.shape.head_dim
+        sh1, sc1, g1, sh2, sc2, g2 = (self.table + temb).unbind(0)
+        # self-attention over the window + this chunk's tokens
+        h = F.layer_norm(x, (d,)) * (1 + sc1) + sh1
+        q, k, v = self.qkv(h).view(T, 3, H, hd).permute(1, 2, 0, 3).unbind(0)  # [H, T, hd] each
+        q = apply_rope(q, cache.positions)
+        with self.timer.span("upkeep"):
+            win = cache.update(b, k, v)
+        with self.timer.span("attention"):
+            o = cache.ops.attention(q, win)  # [H, T, hd]
+        x = x + g1 * self.row_parallel(o.transpose(0, 1).reshape(T, H * hd), self.o)
+        # cross-attention to the conditioning
+        cq = self.cq(F.layer_norm(x, (d,))).view(T, H, hd).transpose(0, 1)
+        o = F.scaled_dot_product_attention(cq[None], ckv[0][None], ckv[1][None])[0]
+        x = x + self.row_parallel(o.transpose(0, 1).reshape(T, H * hd), self.co)
+        # MLP
+        h = F.layer_norm(x, (d,)) * (1 + sc2) + sh2
+        return x + g2 * self.row_parallel(F.gelu(self.up(h), approximate="tanh"), self.down)
+
+
+class DiT:
+    """The rank's model: timestep embedding, patch in/out, blocks; four Euler passes per chunk."""
+
+    def __init__(self, shape: ModelShape, device="cpu", dtype: torch.dtype | None = None):
+        self.shape = shape
+        self.device = torch.device(device)
+        cuda = self.device.type == "cuda"
+        self.dtype = dtype or (torch.bfloat16 if cuda else torch.float32)
+        fp8 = shape.fp8_weights and cuda
+        wm = WeightMaker(shape.seed, self.device, self.dtype, fp8)
+        d, c = shape.d_model, shape.latent_channels
+        self.t_embed = wm.chunk((d, 256), 1 / 16, "t_embed")
+        self.patch_in = wm.chunk((d, c), 1 / math.sqrt(c), "patch_in")
+        self.patch_out = wm.chunk((c, d), 1 / math.sqrt(d), "patch_out")
+        self.blocks = [Block(shape, i, wm) for i in range(shape.n_blocks)]
+        self.timesteps = [1.0 - i / shape.passes for i in range(shape.passes)]
+        self._temb = {t: self._time_embedding(t) for t in [*self.timesteps, 0.0]}
+        self.timer = NullTimer()
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.nbytes for b in self.blocks)
+
+    def set_allreduce(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        for b in self.blocks:
+            b.allreduce = fn
+
+    def set_timer(self, timer) -> None:
+        self.timer = timer
+        for b in self.blocks:
+            b.timer = timer
+
+    def _time_embedding(self, t: float) -> torch.Tensor:
+        half = 128
+        freqs = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float32, device=self.device) / half)
+        ang = t * 1000.0 * freqs
+        emb = torch.cat([ang.cos(), ang.sin()]).to(self.dtype)
+        return F.silu(self.t_embed @ emb)  # [d]
+
+    def forward_tokens(self, x: torch.Tensor, t: float, cache: KVCache, cond_kv) -> torch.Tensor:
+        temb = self._temb[t]
+        for b, blk in enumerate(self.blocks):
+            x = blk(x, temb, cache, cond_kv[b], b)
+        return x
+
+    def first_forward(self, cond: torch.Tensor, cache: KVCache):
+        """Conditioning [L, d]: cross-attention K/V per block, and the window prefilled with it."""
+        cond = cond.to(self.dtype)
+        cond_kv = [blk.cross_kv(cond) for blk in self.blocks]
+        cache.begin_step(cond.shape[0])
+        self.forward_tokens(cond, 0.0, cache, cond_kv)
+        cache.end_step()
+        return cond_kv
+
+    def denoise_chunk(self, noise: torch.Tensor, cache: KVCache, cond_kv) -> torch.Tensor:
+        """noise [new_tokens, C] -> clean latents; ``cache.begin_step`` was called by the caller."""
+        x = noise.to(self.dtype)
+        dt = 1.0 / self.shape.passes
+        for t in self.timesteps:
+            h = self.forward_tokens(x @ self.patch_in.t(), t, cache, cond_kv)
+            x = x - dt * (F.layer_norm(h, (h.shape[-1],)) @ self.patch_out.t())
+        return x
