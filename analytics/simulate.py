@@ -34,6 +34,7 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 import pyarrow as pa
 
+from analytics.memory import GPU_MEMORY_BYTES
 from collector import records
 
 STEP_BUDGET_MS = 1000.0 / 24 * 4  # 166.7 ms per 4-frame chunk
@@ -62,9 +63,9 @@ class GpuKind:
 
 
 GPU_KINDS: dict[str, GpuKind] = {
-    "h100": GpuKind("h100", 3, 4, 80 * GIB, 62 * GIB, 156.5, 620.0),
-    "h200": GpuKind("h200", 3, 4, 141 * GIB, 100 * GIB, 153.0, 640.0),
-    "b200": GpuKind("b200", 2, 3, 192 * GIB, 150 * GIB, 150.0, 880.0),
+    "h100": GpuKind("h100", 3, 4, GPU_MEMORY_BYTES["h100"], 62 * GIB, 156.5, 620.0),
+    "h200": GpuKind("h200", 3, 4, GPU_MEMORY_BYTES["h200"], 100 * GIB, 153.0, 640.0),
+    "b200": GpuKind("b200", 2, 3, GPU_MEMORY_BYTES["b200"], 150 * GIB, 150.0, 880.0),
 }
 
 
@@ -335,8 +336,8 @@ def _oom_row(w: SimWorker, rel: SimRelease, sid: str, t_ms: int, proc: _Process,
         "buffers_registered": proc.leaked + 1,
         "first_forward_tokens": tokens,
     }
-    return dict(worker_id=w.worker_id, session_id=sid, release=rel.name, gpu_kind=w.gpu_kind,
-                ts=datetime.fromtimestamp(t_ms / 1000, UTC), simulated=True, kind="oom", detail=json.dumps(detail))
+    return {"worker_id": w.worker_id, "session_id": sid, "release": rel.name, "gpu_kind": w.gpu_kind,
+                "ts": datetime.fromtimestamp(t_ms / 1000, UTC), "simulated": True, "kind": "oom", "detail": json.dumps(detail)}
 
 
 def _progress(progress: bool | None, total: int):

@@ -1,0 +1,155 @@
+"""Findings rows: build them, write them so a re-run replaces (never duplicates), read them back.
+
+    f = finding("regression", {"release": "v1.3", "gpu_kind": "h100"}, "step_period_ms", start, end,
+                value=262.0, baseline=159.0, effect=0.65, confidence=0.999, severity="critical")
+    write_findings(store, "regressions", start, end, [f, ...])   # replaces this job's rows in the window
+    df = read_findings(store, kind="regression")                 # FINAL, newest version of each key
+
+The table (sql/010_findings.sql) is a ReplacingMergeTree keyed by (kind, scope, metric,
+window_start): a re-run writes a newer version of each key. Rows this job wrote earlier for the same
+window (or the same kind/scope/metric) that the re-run no longer finds are written back as
+``status='resolved'``, so a finding that went away does not stay open.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+import polars as pl
+import pyarrow as pa
+
+from analytics.stats import canonical_scope
+
+KINDS: tuple[str, ...] = ("fps_fraction", "memory_growth", "regression", "changepoint", "canary")
+SEVERITIES: tuple[str, ...] = ("info", "warning", "critical")
+COLUMNS: tuple[str, ...] = (
+    "kind", "scope", "metric", "window_start", "window_end", "baseline", "value", "effect", "confidence",
+    "severity", "status", "attribution", "evidence", "job", "first_seen", "updated_at",
+)
+_TS = pa.timestamp("ms", tz="UTC")
+_SCHEMA = pa.schema(
+    [
+        ("kind", pa.string()), ("scope", pa.string()), ("metric", pa.string()), ("window_start", _TS),
+        ("window_end", _TS), ("baseline", pa.float64()), ("value", pa.float64()), ("effect", pa.float64()),
+        ("confidence", pa.float64()), ("severity", pa.string()), ("status", pa.string()),
+        ("attribution", pa.string()), ("evidence", pa.string()), ("job", pa.string()), ("first_seen", _TS),
+        ("updated_at", _TS),
+    ]
+)
+
+
+class FindingError(Exception):
+    """A finding that does not fit the table; the message lists valid values."""
+
+
+def _utc(t: datetime) -> datetime:
+    return t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)
+
+
+def _num(v: Any) -> float | None:
+    if v is None:
+        return None
+    v = float(v)
+    return v if v == v and abs(v) != float("inf") else None
+
+
+def finding(
+    kind: str,
+    scope: dict[str, Any] | str,
+    metric: str,
+    window_start: datetime,
+    window_end: datetime,
+    *,
+    value: float,
+    baseline: float | None = None,
+    effect: float | None = None,
+    confidence: float | None = None,
+    severity: str = "info",
+    attribution: str = "",
+    evidence: dict[str, Any] | None = None,
+    job: str = "",
+) -> dict[str, Any]:
+    """One findings row as a dict (the table's column names)."""
+    if kind not in KINDS:
+        raise FindingError(f"unknown finding kind {kind!r}; valid kinds: {', '.join(KINDS)}")
+    if severity not in SEVERITIES:
+        raise FindingError(f"unknown severity {severity!r}; valid severities: {', '.join(SEVERITIES)}")
+    return {
+        "kind": kind,
+        "scope": scope if isinstance(scope, str) else canonical_scope(scope),
+        "metric": metric,
+        "window_start": _utc(window_start),
+        "window_end": _utc(window_end),
+        "baseline": _num(baseline),
+        "value": _num(value) if _num(value) is not None else 0.0,
+        "effect": _num(effect),
+        "confidence": _num(confidence),
+        "severity": severity,
+        "status": "open",
+        "attribution": attribution or "",
+        "evidence": json.dumps(evidence or {}, default=_json_default, allow_nan=False, sort_keys=True),
+        "job": job,
+    }
+
+
+def _json_default(o: Any):
+    if hasattr(o, "item"):
+        return o.item()
+    if isinstance(o, datetime):
+        return _utc(o).isoformat()
+    return str(o)
+
+
+def _key(row: dict[str, Any]) -> tuple:
+    ws = _utc(row["window_start"]).replace(microsecond=(_utc(row["window_start"]).microsecond // 1000) * 1000)
+    return (row["kind"], row["scope"], row["metric"], ws)
+
+
+def read_findings(
+    store, kind: str | None = None, job: str | None = None, status: str | None = None
+) -> pl.DataFrame:
+    """The newest version of every finding (FINAL), optionally of one kind / job / status."""
+    where, params = [], {}
+    for col, val in (("kind", kind), ("job", job), ("status", status)):
+        if val is not None:
+            where.append(f"{col} = {{{col}:String}}")
+            params[col] = val
+    sql = "SELECT * FROM findings FINAL" + (" WHERE " + " AND ".join(where) if where else "")
+    return store.query_df(sql + " ORDER BY kind, scope, metric, window_start", params)
+
+
+def write_findings(
+    store, job: str, start: datetime, end: datetime, rows: list[dict[str, Any]], now: datetime | None = None
+) -> list[dict[str, Any]]:
+    """Write ``rows`` (from ``finding``) for ``job`` over [start, end); resolve what it no longer finds.
+
+    Keeps ``first_seen`` of keys seen before. Returns the rows written as open findings.
+    """
+    now = _utc(now or datetime.now(UTC))
+    for r in rows:
+        r["job"] = job
+    existing = store.query_df(
+        "SELECT * FROM findings FINAL WHERE job = {job:String} AND status = 'open'",
+        {"job": job},
+    )
+    new_keys = {_key(r) for r in rows}
+    new_series = {k[:3] for k in new_keys}
+    first_seen: dict[tuple, datetime] = {}
+    stale: list[dict[str, Any]] = []
+    s, e = _utc(start), _utc(end)
+    for old in existing.iter_rows(named=True):
+        k = _key(old)
+        first_seen[k] = old["first_seen"]
+        in_window = s <= _utc(old["window_start"]) < e
+        if k not in new_keys and (in_window or k[:3] in new_series):
+            stale.append({**old, "status": "resolved", "updated_at": now})
+    out = []
+    for r in rows:
+        out.append({**r, "first_seen": first_seen.get(_key(r), now), "updated_at": now})
+    batch = out + stale
+    if batch:
+        cols = {c: [r[c] for r in batch] for c in COLUMNS}
+        store.insert_arrow("findings", pa.Table.from_pydict(cols, schema=_SCHEMA))
+    return out

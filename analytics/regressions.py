@@ -1,0 +1,184 @@
+"""Release regressions: a release against its baseline release, per GPU kind; and ``compare`` for
+any two cohorts (the canary uses it).
+
+    rows = run(store, start, end)                    # findings (kind='regression') for releases seen
+    verdicts = compare(store, {"release": "v1.3"}, {"release": "v1.2"}, start, end)
+    any(v["regressed"] for v in verdicts)
+
+Judges (one comparison = one set of judgements, Holm-corrected):
+- continuous per-session metrics (step time, diffusion time, cache upkeep, energy per chunk):
+  Kayenta's judge — a one-sided Mann-Whitney U test with an effect-size floor on the ratio of medians;
+- proportions (late chunks out of chunks; sessions <= 24 fps and <= 23.5 fps out of sessions that
+  streamed >= 1 s): a two-proportion z-test (statsmodels) with an absolute floor.
+Each needs ``MIN_SAMPLES`` sessions per side, and an effect beyond max(floor, 3 x the metric's
+measured noise: the day-to-day spread of the control's daily medians or rates).
+The baseline of a release is the release first seen just before it.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from analytics import queries
+from analytics.findings import finding
+from analytics.stats import (
+    Judgement,
+    absolute_noise,
+    canonical_scope,
+    holm,
+    judge_continuous,
+    judge_proportion,
+    relative_noise,
+)
+from collector.records import SWITCH_NAMES, decode_switches
+
+# metric -> (per-session column, relative floor on the median ratio)
+CONTINUOUS: dict[str, tuple[str, float]] = {
+    "step_period_ms": ("step_period_ms", 0.03),
+    "diffusion_ms": ("diffusion_ms", 0.03),
+    "cache_upkeep_ms": ("upkeep_ms", 0.10),
+    "energy_per_chunk_mj": ("energy_per_chunk_mj", 0.03),
+}
+# metric -> absolute floor on the difference of proportions
+PROPORTIONS: dict[str, float] = {"late_chunk_rate": 0.01, "frac_le_24fps": 0.03, "frac_le_23_5fps": 0.03}
+MIN_SAMPLES = 30
+ALPHA = 0.01
+NOISE_K = 3.0
+BASELINE_LOOKBACK = timedelta(days=7)
+
+
+class RegressionError(Exception):
+    """A comparison that cannot be made; the message says what is valid."""
+
+
+def _proportion_counts(df: pl.DataFrame, metric: str) -> tuple[int, int]:
+    if metric == "late_chunk_rate":
+        return int(df["late_chunks"].sum()), int(df["steps"].sum())
+    limit = queries.FPS_BUDGET if metric == "frac_le_24fps" else queries.FPS_LOW
+    return int((df["fps"] <= limit).sum()), len(df)
+
+
+def _daily(df: pl.DataFrame) -> pl.DataFrame:
+    return df.with_columns(pl.col("start_ts").dt.truncate("1d").alias("day"))
+
+
+def judge(treatment: pl.DataFrame, control: pl.DataFrame) -> list[Judgement]:
+    """Every judge on two cohorts' per-session frames (streamed >= 1 s), Holm-corrected."""
+    t = treatment.filter(pl.col("streamed_s") >= queries.MIN_STREAMED_S)
+    c = control.filter(pl.col("streamed_s") >= queries.MIN_STREAMED_S)
+    cd = _daily(c)
+    out = []
+    for metric, (col, floor) in CONTINUOUS.items():
+        daily = cd.group_by("day").agg(pl.col(col).median(), pl.len().alias("n")).filter(pl.col("n") >= 10)
+        noise = relative_noise(daily[col].to_list())
+        out.append(
+            judge_continuous(
+                metric, t[col].to_list(), c[col].to_list(), floor=floor, noise=noise, noise_k=NOISE_K,
+                min_samples=MIN_SAMPLES, alpha=ALPHA,
+            )
+        )
+    for metric, floor in PROPORTIONS.items():
+        rates = []
+        for _, g in cd.group_by("day"):
+            if len(g) >= 10:
+                k, n = _proportion_counts(g, metric)
+                rates.append(k / n if n else 0.0)
+        kt, nt = _proportion_counts(t, metric)
+        kc, nc = _proportion_counts(c, metric)
+        n_sessions = (len(t), len(c))
+        j = judge_proportion(
+            metric, kt, nt, kc, nc, floor=floor, noise=absolute_noise(rates), noise_k=NOISE_K, min_samples=0,
+            alpha=ALPHA,
+        )
+        enough = min(n_sessions) >= MIN_SAMPLES
+        d = j.as_dict() | {"enough_samples": enough, "regressed": j.regressed and enough}
+        out.append(Judgement(**d))
+    return holm(out, alpha=ALPHA)
+
+
+def _switch_shift(treatment: pl.DataFrame, control: pl.DataFrame) -> tuple[str, dict[str, float]]:
+    """The switch whose share of sessions changed most between cohorts (>= 0.5), and every change."""
+
+    def shares(df: pl.DataFrame) -> dict[str, float]:
+        states = [decode_switches(s) for s in df["switch_state"].to_list()] or [frozenset()]
+        return {n: float(np.mean([n in s for s in states])) for n in SWITCH_NAMES}
+
+    st, sc = shares(treatment), shares(control)
+    diff = {n: st[n] - sc[n] for n in SWITCH_NAMES if st[n] != sc[n]}
+    best = max(diff, key=lambda n: abs(diff[n]), default="")
+    return (best if best and abs(diff[best]) >= 0.5 else ""), diff
+
+
+def compare(
+    store, treatment: dict[str, Any], control: dict[str, Any], start: datetime, end: datetime
+) -> list[dict[str, Any]]:
+    """Compare two cohorts (filters on release / gpu_kind / worker_id / session_id / switches) over
+    sessions that started in [start, end) with the release detector's judges.
+
+    Returns one dict per metric: metric, regressed, treatment, control, effect (positive = worse),
+    threshold, p_value (Holm-corrected), test, n_treatment, n_control, enough_samples, scope, severity.
+    """
+    if not treatment or not control:
+        raise RegressionError(f"both cohorts need a filter; valid filter keys: {', '.join(queries.FILTER_KEYS)}")
+    t = queries.session_frame(store, start, end, treatment)
+    c = queries.session_frame(store, start, end, control)
+    scope = canonical_scope(treatment)
+    return [
+        j.as_dict() | {"scope": scope, "severity": _severity(j) if j.regressed else "info"}
+        for j in judge(t, c)
+    ]
+
+
+def _severity(j: Judgement) -> str:
+    return "critical" if j.effect > 3 * j.threshold else "warning"
+
+
+def baselines(store, end: datetime) -> list[tuple[str, str, datetime]]:
+    """(release, its baseline release, the release's first session) for every release but the first."""
+    rel = queries.release_first_seen(store, end)
+    names, firsts = rel["release"].to_list(), rel["first_seen"].to_list()
+    return [(names[i], names[i - 1], firsts[i]) for i in range(1, len(names))]
+
+
+def run(store, start: datetime, end: datetime, releases: list[str] | None = None) -> list[dict]:
+    """Findings (kind='regression') for each release with sessions in [start, end) (or ``releases``)
+    against its baseline, per GPU kind. ``window_start`` is the day the release was first seen, so a
+    daily re-run replaces the same finding."""
+    rows = []
+    for release, base, first_seen in baselines(store, end):
+        if releases is not None and release not in releases:
+            continue
+        t_start = max(start, first_seen)
+        t_all = queries.session_frame(store, t_start, end, {"release": release})
+        if t_all.is_empty():
+            continue
+        c_all = queries.session_frame(store, first_seen - BASELINE_LOOKBACK, end, {"release": base})
+        for gpu_kind in sorted(set(t_all["gpu_kind"].to_list())):
+            t = t_all.filter(pl.col("gpu_kind") == gpu_kind)
+            c = c_all.filter(pl.col("gpu_kind") == gpu_kind)
+            judged = judge(t, c)
+            blamed, shift = _switch_shift(t, c) if len(c) else ("", {})
+            for j in judged:
+                if not j.regressed:
+                    continue
+                rows.append(
+                    finding(
+                        "regression",
+                        {"release": release, "gpu_kind": gpu_kind},
+                        j.metric,
+                        queries.day_floor(first_seen),
+                        end,
+                        value=j.treatment,
+                        baseline=j.control,
+                        effect=j.effect,
+                        confidence=1.0 - j.p_value,
+                        severity=_severity(j),
+                        attribution=blamed,
+                        evidence=j.as_dict() | {"baseline_release": base, "switch_share_change": shift},
+                    )
+                )
+    return rows
