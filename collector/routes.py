@@ -223,6 +223,9 @@ def _validation_message(e: ValidationError) -> tuple[int, str]:
         kind = _KIND_OF_LIST.get(loc[0]) if loc else None
         if err["type"] in ("missing", "extra_forbidden") and kind and len(loc) >= 3:
             text += f"; valid {kind} fields: {', '.join(records.MODELS[kind].model_fields)}"
+        elif not loc:
+            text += "; expected a TelemetryBatch object: {\"steps\": [...], \"gpu_samples\": [...], " \
+                    "\"sessions\": [...], \"events\": [...]}"
         elif err["type"] == "extra_forbidden" and len(loc) == 1:
             text += f"; valid top-level fields: {', '.join(records.TelemetryBatch.model_fields)}"
         parts.append(text)

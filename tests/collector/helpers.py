@@ -22,7 +22,7 @@ def chdb_dsn(chdb_dir: str) -> str:
 def step_rows(n: int, session_id: str = "s1", start: int = 0, worker_id: str = "w1", release: str = "r1",
               ts: datetime | None = None, **over) -> list[dict]:
     """``n`` valid step rows; values exactly representable in Float32 so reads compare exactly."""
-    t0 = (ts or datetime.now(UTC) - timedelta(minutes=1)).replace(microsecond=0)
+    t0 = (ts or datetime.now(UTC) - timedelta(hours=12)).replace(microsecond=0)
     rows = []
     for i in range(start, start + n):
         r = dict(worker_id=worker_id, session_id=session_id, release=release, gpu_kind="cpu",
