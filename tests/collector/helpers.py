@@ -25,20 +25,20 @@ def step_rows(n: int, session_id: str = "s1", start: int = 0, worker_id: str = "
     t0 = (ts or datetime.now(UTC) - timedelta(hours=12)).replace(microsecond=0)
     rows = []
     for i in range(start, start + n):
-        r = dict(worker_id=worker_id, session_id=session_id, release=release, gpu_kind="cpu",
-                 ts=t0 + timedelta(milliseconds=166 * i), step=i, diffusion_ms=150.5 + i % 4,
-                 step_period_ms=166.5, decode_ms=None, cache_upkeep_ms=6.25, attention_ms=None, allreduce_ms=None,
-                 late=i % 5 == 0, playout_depth=2, reset_step=i % 42 == 41, energy_mj=None,
-                 mem_allocated_bytes=1000 + i, mem_reserved_bytes=4096, buffers_registered=1,
-                 switches="fp8_cache,ring_cache")
+        r = {"worker_id": worker_id, "session_id": session_id, "release": release, "gpu_kind": "cpu",
+                 "ts": t0 + timedelta(milliseconds=166 * i), "step": i, "diffusion_ms": 150.5 + i % 4,
+                 "step_period_ms": 166.5, "decode_ms": None, "cache_upkeep_ms": 6.25, "attention_ms": None, "allreduce_ms": None,
+                 "late": i % 5 == 0, "playout_depth": 2, "reset_step": i % 42 == 41, "energy_mj": None,
+                 "mem_allocated_bytes": 1000 + i, "mem_reserved_bytes": 4096, "buffers_registered": 1,
+                 "switches": "fp8_cache,ring_cache"}
         r.update(over)
         rows.append(r)
     return rows
 
 
 def event_row(kind: str = "reset", session_id: str = "s1", **over) -> dict:
-    r = dict(worker_id="w1", session_id=session_id, release="r1", gpu_kind="cpu",
-             ts=datetime.now(UTC) - timedelta(minutes=1), kind=kind, detail={"why": "test"})
+    r = {"worker_id": "w1", "session_id": session_id, "release": "r1", "gpu_kind": "cpu",
+             "ts": datetime.now(UTC) - timedelta(minutes=1), "kind": kind, "detail": {"why": "test"}}
     r.update(over)
     return r
 
@@ -58,8 +58,8 @@ def json_rows(rows: list[dict]) -> list[dict]:
 def make_settings(dsn: str, tmp_path: Path, **over):
     from api.settings import Settings
 
-    base = dict(clickhouse_dsn=dsn, spool_dir=tmp_path / "spool", flush_interval_s=0.05, retry_max_s=0.2,
-                role="collector", host="127.0.0.1")
+    base = {"clickhouse_dsn": dsn, "spool_dir": tmp_path / "spool", "flush_interval_s": 0.05, "retry_max_s": 0.2,
+                "role": "collector", "host": "127.0.0.1"}
     base.update(over)
     return Settings(**base)
 

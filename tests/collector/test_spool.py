@@ -43,7 +43,7 @@ def test_torn_tail_is_cut_and_appends_continue(tmp_path):
     sp = Spool(tmp_path, max_bytes=1 << 24)
     sp.submit("b0", _t(2)).result()
     sp.close()
-    seg = sorted(tmp_path.glob("seg-*.log"))[-1]
+    seg = max(tmp_path.glob("seg-*.log"))
     with open(seg, "ab") as f:  # a crash mid-write: half a header, never acked
         f.write(b"LSP1\x00\x01")
     sp = Spool(tmp_path, max_bytes=1 << 24)
