@@ -1,0 +1,212 @@
+"""The shipping client against a real ``livestep serve`` subprocess (uvicorn, spool, chDB).
+
+Each server process gets its own chDB and spool directories (tmp_path) and an ephemeral loopback
+port. Stored rows are read back through the server's own HTTP reads, and, after the server has
+exited, counted in its chDB directory by a separate process (chDB: one process per directory).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from datetime import datetime
+from pathlib import Path
+
+import httpx
+import pytest
+
+from api.demo import SessionSpec, session_records
+from collector.client import TelemetryClient
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Serve:
+    """``livestep serve`` on ``workdir`` (chdb/, spool/) and ``port``; restartable on the same both."""
+
+    def __init__(self, workdir: Path, port: int):
+        self.workdir, self.port = workdir, port
+        self.url = f"http://127.0.0.1:{port}"
+        self.proc: subprocess.Popen | None = None
+        self.starts = 0
+
+    def start(self, timeout_s: float = 60.0) -> Serve:
+        self.starts += 1
+        env = dict(
+            os.environ,
+            LIVESTEP_CLICKHOUSE_DSN=f"chdb://{self.workdir / 'chdb'}",
+            LIVESTEP_SPOOL_DIR=str(self.workdir / "spool"),
+            LIVESTEP_FLUSH_INTERVAL_S="0.1",
+            PYTHONPATH=str(REPO),
+        )
+        log = open(self.workdir / f"serve-{self.starts}.log", "wb")  # noqa: SIM115 - the child owns it
+        cmd = [sys.executable, "-m", "api.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port)]
+        self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            assert self.proc.poll() is None, f"livestep serve exited: {self.log_tail()}"
+            try:
+                if httpx.get(self.url + "/v1/health", timeout=1.0).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise AssertionError(f"livestep serve not ready in {timeout_s} s: {self.log_tail()}")
+
+    def log_tail(self) -> str:
+        return (self.workdir / f"serve-{self.starts}.log").read_bytes()[-3000:].decode(errors="replace")
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown code runs; what was acked must survive in the spool."""
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(30)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(30)
+
+    def wait_drained(self, timeout_s: float = 30.0) -> dict:
+        """Until the spool holds no unstored batch (everything acked is in ClickHouse)."""
+        end = time.monotonic() + timeout_s
+        while True:
+            h = httpx.get(self.url + "/v1/health", timeout=5.0).json()
+            if h["spool"]["batches"] == 0 or time.monotonic() > end:
+                return h
+            time.sleep(0.1)
+
+    def steps(self, session_id: str) -> list[dict]:
+        out: list[dict] = []
+        while True:
+            r = httpx.get(
+                f"{self.url}/v1/sessions/{session_id}/steps",
+                params={"limit": 1000, "offset": len(out)},
+                timeout=10,
+            )
+            assert r.status_code == 200, r.text
+            page = r.json()
+            out += page["steps"]
+            if not page["steps"] or len(out) >= page["total"]:
+                return out
+
+    def count_stored(self, session_id: str) -> dict[str, int]:
+        """Rows per table for the session, counted in the chDB directory after the server exited."""
+        assert self.proc.poll() is not None, "stop the server first (chDB: one process per directory)"
+        code = (
+            "import json, sys; from collector.store import open_store; "
+            f"s = open_store('chdb://{self.workdir / 'chdb'}'); "
+            "print(json.dumps({t: s.query_rows(f'SELECT count() FROM {t} WHERE session_id = {{s:String}}', "
+            f"{{'s': {session_id!r}}})[0][0] for t in ('steps', 'gpu_samples', 'sessions', 'events')}}))"
+        )
+        out = subprocess.run(
+            [sys.executable, "-c", code], check=False, cwd=REPO, capture_output=True, text=True, timeout=120
+        )
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture
+def serve(tmp_path):
+    s = Serve(tmp_path, free_port())
+    yield s
+    s.stop()
+
+
+def test_round_trip_exact_counts_and_values(serve):
+    serve.start()
+    spec = SessionSpec(steps=120, seed=7)
+    sent = list(session_records(spec))
+    c = TelemetryClient(serve.url, batch_rows=64, flush_interval_s=0.1)
+    for kind, row in sent:
+        c.put(kind, row)
+    assert c.close(timeout_s=20.0)
+    put = Counter(kind for kind, _ in sent)
+    assert (c.sent, c.dropped, c.failed_batches) == (sum(put.values()), 0, 0)
+
+    assert serve.wait_drained()["spool"]["batches"] == 0
+    stored = serve.steps(spec.session_id)
+    expected = [row for kind, row in sent if kind == "step"]
+    assert len(stored) == len(expected) == 120
+    for got, want in zip(stored, expected, strict=True):
+        assert got["step"] == want["step"]
+        assert datetime.fromisoformat(got["ts"]) == want["ts"].replace(
+            microsecond=want["ts"].microsecond // 1000 * 1000
+        )
+        assert got["diffusion_ms"] == pytest.approx(want["diffusion_ms"], rel=1e-6)  # Float32 column at most
+        assert got["step_period_ms"] == pytest.approx(want["step_period_ms"], rel=1e-6)
+        assert got["late"] == want["late"] and got["reset_step"] == want["reset_step"]
+        assert got["mem_reserved_bytes"] == want["mem_reserved_bytes"]
+        assert got["switches"] == want["switches"]
+        assert got["worker_id"] == spec.worker_id and got["release"] == spec.release
+
+    r = httpx.get(f"{serve.url}/v1/sessions", params={"worker_id": spec.worker_id}, timeout=10).json()
+    (summary,) = [s for s in r["sessions"] if s["session_id"] == spec.session_id]
+    streamed_s = sum(row["step_period_ms"] for row in expected) / 1000
+    assert summary["steps"] == 120
+    assert summary["fps"] == pytest.approx(4 * 120 / streamed_s, rel=1e-4)
+
+    serve.stop()
+    assert serve.count_stored(spec.session_id) == {
+        "steps": put["step"],
+        "gpu_samples": put["gpu_sample"],
+        "sessions": put["session"],
+        "events": put["event"],
+    }
+
+
+def test_collector_killed_mid_stream_then_back_every_row_once(serve):
+    serve.start()
+    spec = SessionSpec(steps=1500, seed=3)
+    steps = [row for kind, row in session_records(spec) if kind == "step"]
+    c = TelemetryClient(
+        serve.url,
+        batch_rows=50,
+        flush_interval_s=0.05,
+        give_up_after_s=300,
+        backoff_base_s=0.05,
+        backoff_max_s=0.5,
+    )
+    # a third goes in while the collector is up; it dies with batches in flight
+    for row in steps[:500]:
+        c.put("step", row)
+    while c.sent < 100:
+        time.sleep(0.005)
+    serve.kill()
+    # the session goes on: every put returns while nothing listens
+    producer = threading.Thread(target=lambda: [c.put("step", row) for row in steps[500:]])
+    producer.start()
+    producer.join(30)
+    assert not producer.is_alive(), "put() waited for the collector"
+    assert c.buffered > 0  # what could not be shipped waits in the client, not in put()
+
+    serve.start()
+    assert c.flush(timeout_s=60.0)
+    assert (c.sent, c.dropped, c.failed_batches) == (1500, 0, 0)
+    assert c.retries > 0
+    c.close()
+
+    assert serve.wait_drained()["spool"]["batches"] == 0
+    stored = serve.steps(spec.session_id)
+    assert sorted(s["step"] for s in stored) == list(range(1500))  # every acked row, exactly once
+    serve.stop()
+    assert serve.count_stored(spec.session_id)["steps"] == 1500
