@@ -14,6 +14,7 @@ window (or the same kind/scope/metric) that the re-run no longer finds are writt
 from __future__ import annotations
 
 import json
+import math
 from datetime import UTC, datetime
 from typing import Any
 
@@ -52,7 +53,7 @@ def _num(v: Any) -> float | None:
     if v is None:
         return None
     v = float(v)
-    return v if v == v and abs(v) != float("inf") else None
+    return v if math.isfinite(v) else None
 
 
 def finding(

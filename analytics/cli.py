@@ -1,0 +1,113 @@
+"""``livestep simulate`` and ``livestep analyze``: the fleet simulator and on-demand analytics jobs.
+
+    livestep simulate --weeks 3 --incident august --incident fix          # through a running collector
+    livestep simulate --direct --dsn chdb:///tmp/db --workers 200         # bulk Arrow into the store
+    livestep analyze all                                                  # every job now, print findings
+    livestep analyze weekly_fps --week 2026-W47
+    livestep analyze regressions --start 2026-11-01 --end 2026-11-29
+
+The store DSN defaults to ``LIVESTEP_CLICKHOUSE_DSN`` (the server's setting); the collector URL to
+``LIVESTEP_URL`` or http://127.0.0.1:8000, its token to ``LIVESTEP_TOKEN``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+
+def _dsn(args) -> str:
+    if args.dsn:
+        return args.dsn
+    from collector.settings import CollectorSettings
+
+    return CollectorSettings().clickhouse_dsn
+
+
+def _incident(text: str):
+    from analytics.simulate import INCIDENTS
+
+    name, _, day = text.partition("@")
+    if name not in INCIDENTS:
+        raise argparse.ArgumentTypeError(f"unknown incident {name!r}; valid: {', '.join(INCIDENTS)} (optionally @DAY)")
+    return (name, float(day)) if day else name
+
+
+def register(subparsers) -> None:
+    from analytics.jobs import JOBS
+
+    p = subparsers.add_parser("simulate", help="simulate fleet telemetry (marked simulated) with incidents",
+                              description=__doc__.split("\n\n")[0])
+    p.add_argument("--weeks", type=float, default=3.0)
+    p.add_argument("--incident", action="append", type=_incident, default=[],
+                   help="august | sync | benign | fix, optionally @DAY from the start (repeatable)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workers", type=int, default=8)
+    p.add_argument("--sessions-per-day", type=float, default=24.0, help="per worker")
+    p.add_argument("--session-median-s", type=float, default=30.0)
+    p.add_argument("--rollout-days", type=float, default=2.0)
+    p.add_argument("--direct", action="store_true", help="bulk Arrow blocks into the store (no collector)")
+    p.add_argument("--dsn", default=None, help="store DSN for --direct (default: LIVESTEP_CLICKHOUSE_DSN)")
+    p.add_argument("--url", default=os.environ.get("LIVESTEP_URL", "http://127.0.0.1:8000"))
+    p.add_argument("--token", default=os.environ.get("LIVESTEP_TOKEN"))
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=_simulate)
+
+    a = subparsers.add_parser("analyze", help="run analytics jobs now and print their findings")
+    a.add_argument("job", choices=[*JOBS, "all"])
+    a.add_argument("--week", default=None, help="ISO week for weekly jobs, e.g. 2026-W47")
+    a.add_argument("--start", default=None, help="window start (ISO 8601, UTC)")
+    a.add_argument("--end", default=None, help="window end (ISO 8601, UTC)")
+    a.add_argument("--dsn", default=None, help="store DSN (default: LIVESTEP_CLICKHOUSE_DSN)")
+    a.set_defaults(func=_analyze)
+
+
+def _simulate(args) -> int:
+    from analytics.simulate import simulate_fleet, summarize
+
+    kwargs = dict(weeks=args.weeks, incidents=args.incident, seed=args.seed, workers=args.workers,
+                  sessions_per_day=args.sessions_per_day, session_median_s=args.session_median_s,
+                  rollout_days=args.rollout_days, progress=False if args.no_progress else None)
+    if args.direct:
+        from collector.store import open_store
+
+        store = open_store(_dsn(args))
+        store.migrate()
+        result = simulate_fleet(store, **kwargs)
+    else:
+        from collector.client import TelemetryClient
+
+        client = TelemetryClient(args.url, token=args.token, batch_rows=5000, max_queue=1_000_000)
+        try:
+            result = simulate_fleet(client, **kwargs)
+        finally:
+            client.close(timeout_s=30.0)
+    for line in summarize(result):
+        print(line)
+    return 0
+
+
+def print_findings(rows: list[dict]) -> None:
+    if not rows:
+        print("no findings")
+        return
+    for r in sorted(rows, key=lambda r: (r["kind"], r["scope"], r["metric"], r["window_start"])):
+        base = "" if r["baseline"] is None else f" (baseline {r['baseline']:.4g})"
+        eff = "" if r["effect"] is None else f" effect {r['effect']:+.3g}"
+        blame = f" -> {r['attribution']}" if r["attribution"] else ""
+        print(f"{r['severity']:<8} {r['kind']:<14} {r['scope']:<32} {r['metric']:<28} "
+              f"{r['window_start']:%Y-%m-%d %H:%M} value {r['value']:.4g}{base}{eff}{blame}")
+
+
+def _analyze(args) -> int:
+    from analytics import jobs
+    from collector.store import open_store
+
+    store = open_store(_dsn(args))
+    store.migrate()
+    if args.job == "all":
+        rows = jobs.run_all(store, now=args.end)
+    else:
+        rows = jobs.run_job(args.job, store, week=args.week, start=args.start, end=args.end)
+    print_findings(rows)
+    return 0
