@@ -65,9 +65,9 @@ def register(subparsers) -> None:
 def _simulate(args) -> int:
     from analytics.simulate import simulate_fleet, summarize
 
-    kwargs = dict(weeks=args.weeks, incidents=args.incident, seed=args.seed, workers=args.workers,
-                  sessions_per_day=args.sessions_per_day, session_median_s=args.session_median_s,
-                  rollout_days=args.rollout_days, progress=False if args.no_progress else None)
+    kwargs = {"weeks": args.weeks, "incidents": args.incident, "seed": args.seed, "workers": args.workers,
+              "sessions_per_day": args.sessions_per_day, "session_median_s": args.session_median_s,
+              "rollout_days": args.rollout_days, "progress": False if args.no_progress else None}
     if args.direct:
         from collector.store import open_store
 

@@ -96,6 +96,7 @@ def _report_dir() -> Path:
 
         return Path(get_settings().reports_dir)
     except Exception:
+        log.exception("server settings unavailable; reports go under var/reports")
         return Path(__file__).resolve().parent.parent / "var" / "reports"
 
 
@@ -122,7 +123,7 @@ def _weekly_report(store, start, end, week=None, out_dir=None, **_):
     from analytics.report import build_weekly_report  # written by the api helper
 
     build_weekly_report(store, week or queries.iso_week_of(start), Path(out_dir or _report_dir()))
-    return None  # no findings of its own
+    # no findings of its own: returns None
 
 
 JOBS: dict[str, Callable[..., list[dict] | None]] = {
