@@ -37,33 +37,38 @@ def _bearer(authorization: str | None) -> str | None:
     return token.strip() if scheme.lower() == "bearer" and token.strip() else None
 
 
+def _token_ok(token: str | None, valid: list[str]) -> bool:
+    return token is not None and any(t and hmac.compare_digest(token.encode(), t.encode()) for t in valid)
+
+
 def require_admin(
     settings: SwitchSettingsDep,
     authorization: Annotated[str | None, Header(description="Bearer <admin token>")] = None,
-) -> str:
+) -> None:
+    """Switch and canary writes: an admin token (open on loopback when no admin tokens are set)."""
+    if not settings.admin_tokens and is_loopback(settings.host):
+        return
     token = _bearer(authorization)
     if token is None:
         raise HTTPException(401, detail="switch and canary writes need 'Authorization: Bearer <admin token>'",
                             headers={"WWW-Authenticate": "Bearer"})
-    if not hmac.compare_digest(token.encode(), (settings.admin_token or "").encode()):
-        raise HTTPException(403, detail="the bearer token is not the admin token (LIVESTEP_ADMIN_TOKEN)")
-    return token
+    if not _token_ok(token, settings.admin_tokens):
+        raise HTTPException(403, detail="the bearer token is not an admin token (LIVESTEP_ADMIN_TOKENS)")
 
 
-AdminDep = Annotated[str, Depends(require_admin)]
+AdminDep = Annotated[None, Depends(require_admin)]
 
 
 def require_reader(
     settings: SwitchSettingsDep,
-    authorization: Annotated[str | None, Header(description="Bearer token (optional on loopback)")] = None,
+    authorization: Annotated[str | None, Header(description="Bearer token (optional when reads are open)")] = None,
 ) -> None:
-    """Workers' switch polls: open on loopback, else an ingest or admin token."""
-    if is_loopback(settings.host):
+    """Reads and workers' switch polls: open when no read tokens are set (loopback only), else a
+    read, ingest or admin token."""
+    if not settings.read_tokens and is_loopback(settings.host):
         return
-    token = _bearer(authorization)
-    valid = [t.strip() for t in settings.ingest_tokens.split(",") if t.strip()] + [settings.admin_token or ""]
-    if token is None or not any(t and hmac.compare_digest(token.encode(), t.encode()) for t in valid):
-        raise HTTPException(401, detail="switch polls outside loopback need 'Authorization: Bearer <ingest token>'",
+    if not _token_ok(_bearer(authorization), settings.read_tokens + settings.ingest_tokens + settings.admin_tokens):
+        raise HTTPException(401, detail="this read needs 'Authorization: Bearer <read, ingest or admin token>'",
                             headers={"WWW-Authenticate": "Bearer"})
 
 

@@ -14,15 +14,15 @@ from __future__ import annotations
 from typing import Annotated
 
 import polars as pl
-from fastapi import APIRouter, HTTPException, Path, Query
+from fastapi import APIRouter, Depends, HTTPException, Path, Query
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse
 
 from api import dashboard as d
 from api.routes import queries as qr
-from api.routes._common import Label, StoreDep, TimeRangeDep
+from api.routes._common import Label, StoreDep, TimeRangeDep, require_reader
 from api.switchboard import get_switchboard
 
-router = APIRouter(tags=["dashboard pages"])
+router = APIRouter(tags=["dashboard pages"], dependencies=[Depends(require_reader)])
 
 
 @router.get("/static/plotly.min.js", include_in_schema=False)

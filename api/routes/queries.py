@@ -1,5 +1,5 @@
 """Dashboard REST (``/v1/...``): fleet fps fractions, per-release distributions and comparison,
-session drill-down (steps, events, memory), memory growth against distinct shapes, findings.
+session drill-down (events, memory; raw steps are api/routes/sessions.py's), memory growth against distinct shapes, findings.
 
 Every list takes ``start``/``end`` (ISO 8601, default the last 28 days, at most 400 days) and the
 list endpoints ``limit``/``offset``; bad values are 422 with the reason. Fleet figures come from the
@@ -16,11 +16,11 @@ from typing import Annotated, Any
 
 import orjson
 import polars as pl
-from fastapi import APIRouter, HTTPException, Path, Query
+from fastapi import APIRouter, Depends, HTTPException, Path, Query
 
-from api.routes._common import Label, PageDep, StoreDep, TimeRangeDep
+from api.routes._common import Label, PageDep, StoreDep, TimeRangeDep, require_reader
 
-router = APIRouter(prefix="/v1", tags=["dashboards"])
+router = APIRouter(prefix="/v1", tags=["dashboards"], dependencies=[Depends(require_reader)])
 
 SessionId = Annotated[str, Path(min_length=1, max_length=128)]
 
@@ -289,13 +289,6 @@ def _known_session(store, session_id: str) -> None:
         "(SELECT count() FROM events WHERE session_id = {sid:String})", {"sid": session_id})[0][0]
     if not n:
         raise HTTPException(404, detail=f"no session {session_id!r} in the store (list sessions at /v1/sessions)")
-
-
-@router.get("/sessions/{session_id}/steps")
-def steps_of_session(store: StoreDep, session_id: SessionId, page: PageDep) -> dict[str, Any]:
-    _known_session(store, session_id)
-    df = session_steps(store, session_id, page.limit, page.offset)
-    return {"session_id": session_id, "steps": rows(df), "limit": page.limit, "offset": page.offset}
 
 
 @router.get("/sessions/{session_id}/events")

@@ -73,7 +73,7 @@ def get_switches(
 
 
 @router.get("/rules")
-def list_rules(store: StoreDep) -> dict[str, Any]:
+def list_rules(store: StoreDep, _auth: ReaderDep) -> dict[str, Any]:
     board = get_switchboard(store)
     rules, version = board.snapshot()
     return {
@@ -93,6 +93,7 @@ def list_rules(store: StoreDep) -> dict[str, Any]:
 def history(
     store: StoreDep,
     page: PageDep,
+    _auth: ReaderDep,
     name: Annotated[str | None, Query(max_length=64)] = None,
     source: Annotated[str | None, Query(pattern="^(api|alert|canary)$")] = None,
     changed: bool | None = None,
