@@ -46,6 +46,9 @@ def register(subparsers) -> None:
         "--port", type=int, default=None, help="port on 127.0.0.1 (default: LIVESTEP_PORT or 8000; 0 = any)"
     )
     p.add_argument(
+        "--spool-dir", default=None, help="spool directory (default: LIVESTEP_SPOOL_DIR or <repo>/var/spool)"
+    )
+    p.add_argument(
         "--steps", type=int, default=300, help="steps in the demo session (default 300, ~50 s of video)"
     )
     p.set_defaults(func=run)
@@ -70,13 +73,15 @@ class DemoServer:
         self.thread.join(timeout_s)
 
 
-def start_server(dsn: str | None = None, port: int | None = None, timeout_s: float = 30.0) -> DemoServer:
+def start_server(
+    dsn: str | None = None, port: int | None = None, spool_dir: str | None = None, timeout_s: float = 30.0
+) -> DemoServer:
     import uvicorn
 
     from api.app import create_app
     from api.settings import load_settings
 
-    settings = load_settings(clickhouse_dsn=dsn, host="127.0.0.1", port=port)
+    settings = load_settings(clickhouse_dsn=dsn, host="127.0.0.1", port=port, spool_dir=spool_dir)
     app = create_app(settings)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning", lifespan="on")
     server = uvicorn.Server(config)
@@ -332,7 +337,7 @@ def print_summary(url: str, spec: SessionSpec, shipped: dict, stored: dict, summ
 
 def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
-    server = start_server(args.dsn, args.port)
+    server = start_server(args.dsn, args.port, args.spool_dir)
     try:
         spec = SessionSpec(steps=args.steps)
         shipped = stream_session(server.url, spec, token=_ingest_token(server))
