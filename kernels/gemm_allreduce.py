@@ -52,26 +52,52 @@ class TileConfig:
     num_stages: int = 4
 
 
+# candidates: the best of a first H200 sweep at M=757 (10 configs; 128x256x64, 64x128, 128x64 and
+# 64x256 w8 never won); `tune` picks among them per steady shape
 CONFIGS: tuple[TileConfig, ...] = (
     TileConfig(128, 128, 128, 8, 8, 4),
-    TileConfig(128, 256, 128, 8, 8, 3),
-    TileConfig(64, 256, 128, 8, 4, 4),
     TileConfig(128, 128, 128, 8, 4, 5),
-    TileConfig(64, 128, 128, 8, 4, 6),
-    TileConfig(128, 256, 64, 8, 8, 4),
+    TileConfig(128, 128, 128, 8, 8, 3),
     TileConfig(256, 128, 128, 8, 8, 3),
+    TileConfig(64, 256, 128, 8, 4, 4),
+    TileConfig(128, 256, 128, 8, 8, 3),
 )
-# (N, K) -> config at the steady M (~757); filled from the H200 sweep (bench/gemm_allreduce.py).
-TUNED: dict[tuple[int, int], TileConfig] = {}
+# (M, N, K, fast_accum) -> the config `tune` measured fastest on this GPU (steady shapes only)
+TUNED: dict[tuple[int, int, int, bool], TileConfig] = {}
+# the same key -> [(config, ms per call under CUDA graphs)] of every candidate `tune` timed
+TUNE_LOG: dict[tuple[int, int, int, bool], list[tuple[TileConfig, float]]] = {}
 # the smallest tile any config uses: flags are sized for it so one buffer serves every config
 _MIN_TILE = 64
 
 
-def pick_config(m: int, n: int, k: int) -> TileConfig:
-    """The tile config for an (M, N, K) problem: the measured one where known, else a safe default."""
-    if (n, k) in TUNED and m >= 512:
-        return TUNED[(n, k)]
-    return CONFIGS[0]
+def pick_config(m: int, n: int, k: int, fast_accum: bool = False) -> TileConfig:
+    """The tile config for an (M, N, K) problem: the tuned one where known, else a safe default."""
+    return TUNED.get((m, n, k, fast_accum), CONFIGS[0])
+
+
+def tune(m: int, n: int, k: int, fast_accum: bool = False, device="cuda") -> TileConfig:
+    """Time every candidate config at (M, N, K) under CUDA graphs and keep the fastest for
+    `pick_config`. Call at warm-up for the steady-state shapes (it synchronises), never per step."""
+    key = (m, n, k, fast_accum)
+    if key in TUNED:
+        return TUNED[key]
+    a = torch.randn(m, k, device=device).to(FP8)
+    w = torch.randn(n, k, device=device).to(FP8)
+    one = torch.ones((), device=device)
+    best, best_t = CONFIGS[0], float("inf")
+    log = TUNE_LOG.setdefault(key, [])
+    for cfg in CONFIGS:
+        try:
+            t = triton.testing.do_bench_cudagraph(
+                lambda cfg=cfg: fp8_gemm(a, w.t(), one, one, config=cfg, fast_accum=fast_accum), rep=20
+            )
+        except (RuntimeError, triton.runtime.errors.OutOfResources):
+            continue  # does not fit this GPU: not a candidate
+        log.append((cfg, t))
+        if t < best_t:
+            best, best_t = cfg, t
+    TUNED[key] = best
+    return best
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -100,7 +126,7 @@ def _fp8_gemm_kernel(
     stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
     rank, max_tiles,
     A_ROWWISE: tl.constexpr, B_COLWISE: tl.constexpr,
-    PUSH: tl.constexpr, WORLD: tl.constexpr, EVEN_K: tl.constexpr,
+    PUSH: tl.constexpr, WORLD: tl.constexpr, EVEN_K: tl.constexpr, MAX_IMPRECISE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
     # a: [M, K] e4m3; b: [K, N] e4m3 (any strides; K-major is fastest); c: [M, N] bf16 (when not PUSH)
@@ -110,8 +136,8 @@ def _fp8_gemm_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     # rows/cols past the edge wrap around (loads stay in bounds without masks; stores are masked)
-    offs_am = tl.max_contiguous(tl.multiple_of(offs_m % M, BLOCK_M), BLOCK_M)
-    offs_bn = tl.max_contiguous(tl.multiple_of(offs_n % N, BLOCK_N), BLOCK_N)
+    offs_am = offs_m % M
+    offs_bn = offs_n % N
     a_ptrs = a_ptr + offs_am[:, None] * stride_am + offs_k[None, :] * stride_ak
     b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_bn[None, :] * stride_bn
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -123,7 +149,9 @@ def _fp8_gemm_kernel(
             k_left = K - kk * BLOCK_K
             a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
             b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
-        acc = tl.dot(a, b, acc)
+        # MAX_IMPRECISE=BLOCK_K: FP8 tensor-core sums are promoted to fp32 every BLOCK_K products
+        # (as cuBLAS does by default); None: the backend's fast accumulation
+        acc = tl.dot(a, b, acc, max_num_imprecise_acc=MAX_IMPRECISE)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
     if A_ROWWISE:
@@ -229,7 +257,7 @@ def _use_triton(t: torch.Tensor) -> bool:
     return t.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def _launch_gemm(a, b, a_scale, b_scale, c, m, n, k, cfg: TileConfig, push=None) -> None:
+def _launch_gemm(a, b, a_scale, b_scale, c, m, n, k, cfg: TileConfig, push=None, fast_accum=False) -> None:
     grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n),)
     dummy = a_scale  # any tensor: pointer arguments unused when PUSH is off
     slot_ptrs, flag_ptrs, epoch, rank, world, max_tiles = push or (dummy, dummy, dummy, 0, 1, 0)
@@ -242,6 +270,7 @@ def _launch_gemm(a, b, a_scale, b_scale, c, m, n, k, cfg: TileConfig, push=None)
         rank, max_tiles,
         A_ROWWISE=a_scale.numel() > 1, B_COLWISE=b_scale.numel() > 1,
         PUSH=push is not None, WORLD=world, EVEN_K=k % cfg.block_k == 0,
+        MAX_IMPRECISE=None if fast_accum else cfg.block_k,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
@@ -249,14 +278,18 @@ def _launch_gemm(a, b, a_scale, b_scale, c, m, n, k, cfg: TileConfig, push=None)
 
 def fp8_gemm(
     a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale: torch.Tensor,
-    config: TileConfig | None = None,
+    config: TileConfig | None = None, fast_accum: bool = False,
 ) -> torch.Tensor:  # fmt: skip
-    """bf16 ``(a @ b) * a_scale * b_scale`` (Triton on GPU or under TRITON_INTERPRET=1, else torch)."""
+    """bf16 ``(a @ b) * a_scale * b_scale`` (Triton on GPU or under TRITON_INTERPRET=1, else torch).
+
+    ``fast_accum`` lets the FP8 tensor cores accumulate without fp32 promotion (like
+    ``_scaled_mm(use_fast_accum=True)``); off, sums are promoted every BLOCK_K products."""
     a, b, a_scale, b_scale, m, n, k = _operands(a, b, a_scale, b_scale)
     if not _use_triton(a):
         return _gemm_torch(a, b, a_scale, b_scale)
     c = torch.empty((m, n), dtype=torch.bfloat16, device=a.device)
-    _launch_gemm(a, b, a_scale, b_scale, c, m, n, k, config or pick_config(m, n, k))
+    cfg = config or pick_config(m, n, k, fast_accum)
+    _launch_gemm(a, b, a_scale, b_scale, c, m, n, k, cfg, fast_accum=fast_accum)
     return c
 
 
@@ -366,15 +399,16 @@ def symmetric_workspace(group, m: int, n: int) -> SymmetricWorkspace:
     )
 
 
-def push_partials(ws: SymmetricWorkspace, a, b, a_scale, b_scale, config: TileConfig | None = None):
+def push_partials(ws: SymmetricWorkspace, a, b, a_scale, b_scale, config: TileConfig | None = None,
+                  fast_accum: bool = False):  # fmt: skip
     """Phase 1 on one rank: the FP8 GEMM, each finished tile stored into every rank's slot + flag."""
     a, b, a_scale, b_scale, m, n, k = _operands(a, b, a_scale, b_scale)
     if (m, n) != (ws.m, ws.n):
         raise GemmAllReduceError(f"workspace is for (M, N)=({ws.m}, {ws.n}); got ({m}, {n})")
-    cfg = config or pick_config(m, n, k)
+    cfg = config or pick_config(m, n, k, fast_accum)
     assert cfg.block_m >= _MIN_TILE and cfg.block_n >= _MIN_TILE or not a.is_cuda
     push = (ws.slot_ptrs, ws.flag_ptrs, ws.epoch, ws.rank, ws.world, ws.max_tiles)
-    _launch_gemm(a, b, a_scale, b_scale, None, m, n, k, cfg, push=push)
+    _launch_gemm(a, b, a_scale, b_scale, None, m, n, k, cfg, push=push, fast_accum=fast_accum)
     return cfg
 
 
@@ -394,9 +428,10 @@ def reduce_tiles(ws: SymmetricWorkspace, cfg: TileConfig, out: torch.Tensor | No
     return out
 
 
-def fused_gemm_allreduce(ws: SymmetricWorkspace, a, b, a_scale, b_scale, config=None) -> torch.Tensor:
+def fused_gemm_allreduce(ws: SymmetricWorkspace, a, b, a_scale, b_scale, config=None,
+                         fast_accum: bool = False) -> torch.Tensor:  # fmt: skip
     """Both phases on one rank (the real multi-GPU path: every rank calls it for the same call)."""
-    cfg = push_partials(ws, a, b, a_scale, b_scale, config)
+    cfg = push_partials(ws, a, b, a_scale, b_scale, config, fast_accum)
     return reduce_tiles(ws, cfg)
 
 
@@ -466,7 +501,7 @@ def registry_for(group) -> BufferRegistry:
 
 def gemm_allreduce(
     a_fp8: torch.Tensor, b_fp8: torch.Tensor, a_scale: torch.Tensor, b_scale: torch.Tensor, group=None,
-    *, registry: BufferRegistry | None = None,
+    *, registry: BufferRegistry | None = None, fast_accum: bool = False,
 ) -> torch.Tensor:  # fmt: skip
     """bf16 [M, N] = sum over `group` of ``(a @ b) * a_scale * b_scale``.
 
@@ -476,12 +511,12 @@ def gemm_allreduce(
     """
     world = dist.get_world_size(group) if group is not None else 1
     if world == 1:
-        return fp8_gemm(a_fp8, b_fp8, a_scale, b_scale)
+        return fp8_gemm(a_fp8, b_fp8, a_scale, b_scale, fast_accum=fast_accum)
     reg = registry if registry is not None else registry_for(group)
     a, b, sa, sb, m, n, _ = _operands(a_fp8, b_fp8, a_scale, b_scale)
     ws = reg.lookup(m, n, torch.bfloat16, a.device)
     if ws is not None and a.is_cuda and ws.world == world:
-        return fused_gemm_allreduce(ws, a, b, sa, sb)
-    out = fp8_gemm(a, b, sa, sb)
+        return fused_gemm_allreduce(ws, a, b, sa, sb, fast_accum=fast_accum)
+    out = fp8_gemm(a, b, sa, sb, fast_accum=fast_accum)
     dist.all_reduce(out, group=group)
     return out
