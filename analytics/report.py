@@ -1,0 +1,157 @@
+"""The weekly regression report: one ISO week as HTML (plotly charts, works offline) and JSON.
+
+    html_path, json_path = build_weekly_report(store, "2026-W47", Path("var/reports"))
+
+Sections: fps fractions against the week before, regressions with their evidence, memory findings,
+switch changes and rollbacks (the audit trail and the workers' ``switch_applied``/``rollback``
+events), canary decisions. plotly.js is copied once next to the reports and linked relatively, so a
+report opens from disk without a network and is served by ``/v1/reports``.
+"""
+
+from __future__ import annotations
+
+import shutil
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from analytics.queries import iso_week_bounds
+from api import dashboard as d
+from api.routes import queries as qr
+
+PLOTLY_NAME = "plotly.min.js"
+
+
+def report_paths(out_dir: Path, iso_week: str) -> tuple[Path, Path]:
+    base = Path(out_dir) / f"livestep-report-{iso_week}"
+    return base.with_suffix(".html"), base.with_suffix(".json")
+
+
+def _audit(store, start: datetime, end: datetime) -> list[dict[str, Any]]:
+    df = store.query_df(
+        "SELECT ts, source, action, name, scope, cohort, old_value, new_value, changed, actor, reason, ref, evidence "
+        "FROM switch_audit WHERE ts >= {s:DateTime64(3, 'UTC')} AND ts < {e:DateTime64(3, 'UTC')} "
+        "AND (changed OR action LIKE 'canary%') ORDER BY ts", {"s": start, "e": end})
+    out = qr.rows(df)
+    for r in out:
+        r["evidence"] = orjson.loads(r["evidence"] or "{}")
+    return out
+
+
+def _events(store, start: datetime, end: datetime) -> list[dict[str, Any]]:
+    df = store.query_df(
+        "SELECT ts, kind, worker_id, session_id, release, gpu_kind, detail FROM events "
+        "WHERE kind IN ('switch_applied', 'rollback', 'canary_start', 'canary_promote', 'canary_rollback', 'oom') "
+        "AND ts >= {s:DateTime64(3, 'UTC')} AND ts < {e:DateTime64(3, 'UTC')} ORDER BY ts LIMIT 5000",
+        {"s": start, "e": end})
+    out = qr.rows(df)
+    for r in out:
+        try:
+            r["detail"] = orjson.loads(r["detail"] or "{}")
+        except orjson.JSONDecodeError:
+            pass
+    return out
+
+
+def _canaries(store, start: datetime, end: datetime) -> list[dict[str, Any]]:
+    df = store.query_df(
+        "SELECT id, name, scope, fraction, status, started_at, decided_at, actor, reason, evidence FROM canaries FINAL "
+        "WHERE started_at < {e:DateTime64(3, 'UTC')} AND (decided_at IS NULL OR decided_at >= {s:DateTime64(3, 'UTC')}) "
+        "ORDER BY started_at", {"s": start, "e": end})
+    out = qr.rows(df)
+    for r in out:
+        r["evidence"] = orjson.loads(r["evidence"] or "{}")
+    return out
+
+
+def weekly_data(store, iso_week: str) -> dict[str, Any]:
+    """Everything the report shows, as JSON-ready data."""
+    start, end = iso_week_bounds(iso_week)
+    prev = start - timedelta(days=7)
+    weeks = qr.fps_table(store, prev, end, ["week"])
+    by_release = qr.fps_table(store, start, end, ["release", "gpu_kind"])
+    week_rows = {r["week"]: r for r in qr.rows(weeks)}
+    this, before = week_rows.get(start.date().isoformat()), week_rows.get(prev.date().isoformat())
+    change = None
+    if this and before:
+        change = this["frac_le_24fps"] - before["frac_le_24fps"]
+    sessions = qr.sessions_in(store, start, end)
+    return {
+        "iso_week": iso_week, "start": start.isoformat(), "end": end.isoformat(),
+        "generated_at": datetime.now(UTC).isoformat(),
+        "fps": {"this_week": this, "week_before": before, "frac_le_24fps_change": change,
+                "by_release": qr.rows(by_release)},
+        "step_period_quantiles": qr.quantile_rows(sessions, "step_period_ms"),
+        "regressions": qr.finding_rows(qr.findings_frame(store, kind="regression", start=start, end=end, limit=500)),
+        "memory_findings": qr.finding_rows(qr.findings_frame(store, kind="memory_growth", start=start, end=end,
+                                                             limit=500)),
+        "canary_findings": qr.finding_rows(qr.findings_frame(store, kind="canary", start=start, end=end, limit=500)),
+        "switch_changes": _audit(store, start, end),
+        "switch_events": _events(store, start, end),
+        "canaries": _canaries(store, start, end),
+    }
+
+
+def _html(store, data: dict[str, Any]) -> str:
+    start, end = datetime.fromisoformat(data["start"]), datetime.fromisoformat(data["end"])
+    weeks = qr.fps_table(store, start - timedelta(days=7), end, ["week", "release"])
+    mem = qr.memory_growth_frame(store, start, end)
+    fps = data["fps"]
+    this, before = fps["this_week"] or {}, fps["week_before"] or {}
+    summary = [{"week": data["iso_week"], "sessions": this.get("sessions"),
+                "<= 24 fps": this.get("frac_le_24fps"), "> 23.5 fps": this.get("frac_gt_23_5fps"),
+                "week before <= 24 fps": before.get("frac_le_24fps"), "change": fps["frac_le_24fps_change"]}]
+    ev_counts: dict[str, int] = {}
+    for e in data["switch_events"]:
+        ev_counts[e["kind"]] = ev_counts.get(e["kind"], 0) + 1
+    applied = [{"ts": e["ts"], "kind": e["kind"], "worker_id": e["worker_id"], "release": e["release"],
+                "detail": orjson.dumps(e["detail"]).decode()[:200]} for e in data["switch_events"][:200]]
+    findings_cols = ["scope", "metric", "baseline", "value", "effect", "confidence", "severity", "attribution"]
+    regressions = [{**f, "evidence": orjson.dumps(f["evidence"]).decode()[:300]} for f in data["regressions"]]
+    return d.page(f"Weekly report {data['iso_week']}", [
+        d.section("fps fractions against the week before", d.table(summary) + d.chart(
+            d.fig_fps_weeks(weeks, "frac_le_24fps", "fraction of sessions <= 24 fps"), "r-fps")),
+        d.section("Step time per release", d.chart(d.fig_quantiles(data["step_period_quantiles"], "step_period_ms"),
+                                                   "r-step")),
+        d.section("Regressions (with evidence)", d.table(regressions, findings_cols + ["evidence"],
+                                                         empty="no regression findings this week")),
+        d.section("Memory", d.chart(d.fig_memory(mem), "r-mem") + d.table(
+            data["memory_findings"], findings_cols, empty="no memory findings this week")),
+        d.section("Switch changes and rollbacks", d.table(
+            data["switch_changes"], ["ts", "source", "action", "name", "scope", "cohort", "old_value", "new_value",
+                                     "actor", "reason"], empty="no switch changes this week")
+            + d.chart(d.fig_counts(list(ev_counts), list(ev_counts.values()), "worker events"), "r-events", 260)
+            + d.table(applied, empty="no switch events from workers")),
+        d.section("Canaries", d.table(data["canaries"], ["id", "name", "scope", "fraction", "status", "started_at",
+                                                         "decided_at", "reason"], empty="no canaries")
+            + d.table(data["canary_findings"], findings_cols, empty="")),
+    ], plotly_src=PLOTLY_NAME)
+
+
+def build_weekly_report(store, iso_week: str, out_dir) -> tuple[Path, Path]:
+    """Write the report of ``iso_week`` ('2026-W47') to ``out_dir``; return (html_path, json_path)."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    data = weekly_data(store, iso_week)
+    html_path, json_path = report_paths(out_dir, iso_week)
+    js = out_dir / PLOTLY_NAME
+    if not js.exists() or js.stat().st_size != d.PLOTLY_JS.stat().st_size:
+        shutil.copyfile(d.PLOTLY_JS, js)
+    tmp_json, tmp_html = json_path.with_suffix(".json.tmp"), html_path.with_suffix(".html.tmp")
+    tmp_json.write_bytes(orjson.dumps(data, option=orjson.OPT_INDENT_2, default=str))
+    tmp_html.write_text(_html(store, data))
+    tmp_json.replace(json_path)
+    tmp_html.replace(html_path)
+    return html_path, json_path
+
+
+def list_reports(out_dir) -> list[dict[str, Any]]:
+    out = []
+    for p in sorted(Path(out_dir).glob("livestep-report-*.json"), reverse=True):
+        week = p.stem.removeprefix("livestep-report-")
+        out.append({"iso_week": week, "json": p.name, "html": p.with_suffix(".html").name,
+                    "generated_at": datetime.fromtimestamp(p.stat().st_mtime, UTC).isoformat()})
+    return out
+
