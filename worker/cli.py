@@ -1,0 +1,81 @@
+"""``livestep worker run|bench``: a live worker session, or the step waterfall benchmark.
+
+    livestep worker run --preset tiny --seconds 30 --collector http://127.0.0.1:8000 --token T \\
+        --switch ring_cache=on --switch rope_at_write=on --release v7 --worker-id w1
+    livestep worker run --preset tiny --sessions 5 --switch-source http://127.0.0.1:8000   # control plane
+    livestep worker bench --preset prod57b --tp 3            # bench/worker_step.py (GPU)
+
+Unknown presets, switch names and invalid combinations raise typed errors (``ShapeError``,
+``SwitchError``) that api/cli.py prints as one line naming the valid values. A collector that is
+down costs records (dropped and counted in the summary), never the session.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import runpy
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from worker.config import PRESETS, SWITCH_NAMES
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("worker", help="the serving worker: run a live session, or bench the step")
+    sub = p.add_subparsers(dest="worker_command", metavar="ACTION")
+    run = sub.add_parser("run", help="stream sessions (one chunk per 166.7 ms) and ship step telemetry")
+    run.add_argument("--preset", default="tiny", help=f"model shape: {', '.join(PRESETS)}")
+    run.add_argument("--seconds", type=float, default=30.0, help="streamed seconds per session")
+    run.add_argument("--steps", type=int, default=None, help="steps per session (overrides --seconds)")
+    run.add_argument("--sessions", type=int, default=1, help="sessions, one after another, on one worker")
+    run.add_argument("--collector", default=None, help="collector URL (http://host:port); none = no shipping")
+    run.add_argument("--token", default=None, help="ingest bearer token")
+    run.add_argument("--switch", action="append", default=[], metavar="NAME=on|off",
+                     help=f"initial switch values; names: {', '.join(SWITCH_NAMES)}")
+    run.add_argument("--switch-source", default=None,
+                     help="control plane URL (GET /v1/switches) or a JSON file, polled between steps")
+    run.add_argument("--release", default="dev")
+    run.add_argument("--worker-id", default="w0")
+    run.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: cuda if present)")
+    run.add_argument("--tp", type=int, default=1, help="run one rank of a TP group of this size (its shape)")
+    run.add_argument("--cond-tokens", type=int, default=None, help="first-forward tokens (default: random per session)")
+    run.add_argument("--no-realtime", action="store_true", help="do not wait for the player (as fast as possible)")
+    run.add_argument("--json", action="store_true", help="print each session summary as JSON")
+    run.set_defaults(func=cmd_run)
+    bench = sub.add_parser("bench", help="bench/worker_step.py: the step waterfall (GPU)", add_help=False)
+    bench.add_argument("bench_args", nargs=argparse.REMAINDER)
+    bench.set_defaults(func=cmd_bench)
+    p.set_defaults(func=lambda a: p.print_help() or 0)
+
+
+def cmd_run(args) -> int:
+    from worker.config import ModelShape, Switches, parse_switch_args
+    from worker.session import Worker
+
+    ModelShape.from_name(args.preset)  # a clear error before torch spins up
+    switches = parse_switch_args(args.switch)
+    w = Worker(args.preset, device=args.device, tp=args.tp, worker_id=args.worker_id, release=args.release)
+    for _ in range(args.sessions):
+        s = w.run_session(seconds=args.seconds, steps=args.steps, collector_url=args.collector, token=args.token,
+                          switches=switches, switch_source=args.switch_source, cond_tokens=args.cond_tokens,
+                          realtime=not args.no_realtime)
+        if args.json:
+            print(json.dumps(asdict(s)))
+        else:
+            fps = f"{s.avg_fps:.2f}" if s.avg_fps is not None else "-"
+            print(f"session {s.session_id}: {s.steps} steps, {s.frames} frames, {fps} fps, "
+                  f"{s.late_chunks} late, first forward {s.first_forward_tokens} tokens, "
+                  f"diffusion {s.mean_diffusion_ms or 0:.2f} ms/step, switches [{s.switches}], "
+                  f"{len(s.switch_events)} switch changes, records sent {s.telemetry_sent} "
+                  f"dropped {s.telemetry_dropped}")
+        switches = Switches.decode(s.switches)  # the next session starts where the control plane left it
+    return 0
+
+
+def cmd_bench(args) -> int:
+    script = Path(__file__).resolve().parents[1] / "bench" / "worker_step.py"
+    sys.argv = [str(script), *args.bench_args]
+    runpy.run_path(str(script), run_name="__main__")
+    return 0

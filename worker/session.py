@@ -1,0 +1,316 @@
+"""A streaming session: first forward over the conditioning, then steady steps on a playout clock.
+
+    summary = run_session(shape="tiny", seconds=5, collector_url="http://127.0.0.1:8000", token=T,
+                          switches=["ring_cache=on", "rope_at_write=on"], switch_source=URL_or_file)
+    worker = Worker("tiny"); worker.run_session(steps=50); worker.run_session(steps=50)  # shared registry
+
+Each step denoises one chunk (``shape.passes`` passes over all blocks), hands the latents to the
+decoder (which overlaps the next step when it has its own GPU or stream), and leaves its timing
+events to ``Telemetry``, which reads them back once done. The player takes one chunk per 166.7 ms
+from a buffer of a few chunks; the producer waits while the buffer is full (real time), and a chunk
+that arrives after its due time is a stall, counted. Switches are polled between steps from the
+source (HTTP control plane, file or callable) and applied at the next step boundary without ending
+the session (the cache is rebuilt holding the same window), each change reported as a
+``switch_applied`` event. With ``cuda_graphs`` on CUDA, once the window is full the denoising of a
+step is captured once and replayed (the cache's advance/reset stays eager outside the graph).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from worker.buffers import BufferRegistry
+from worker.cache import CACHE_SWITCHES, KVCache, make_cache, rebuild_cache
+from worker.config import ModelShape, SwitchError, Switches, parse_switch_args, tp_rank_of
+from worker.decoder import Decoder
+from worker.model import DiT
+from worker.switches import SwitchSource, make_source
+from worker.telemetry import ListSink, Playout, Telemetry, rss_bytes
+
+log = logging.getLogger("livestep.worker.session")
+
+CHUNK_PERIOD_S = 4 / 24  # 166.7 ms: four frames at 24 fps
+
+
+@dataclass
+class SessionSummary:
+    session_id: str
+    shape: str
+    steps: int
+    frames: int
+    streamed_s: float
+    avg_fps: float | None
+    late_chunks: int
+    stall_ms: float
+    first_forward_tokens: int
+    switches: str
+    switch_events: list[dict[str, Any]] = field(default_factory=list)
+    resets: int = 0
+    wraps: int = 0
+    buffers_registered: int = 0
+    records: dict[str, int] = field(default_factory=dict)
+    telemetry_sent: int = 0
+    telemetry_dropped: int = 0
+    telemetry_failed_batches: int = 0
+    wall_s: float = 0.0
+    mean_diffusion_ms: float | None = None
+    mean_upkeep_ms: float | None = None
+    mean_attention_ms: float | None = None
+    mean_decode_ms: float | None = None
+    power_error: str | None = None
+
+
+def _as_switches(sw) -> Switches:
+    if sw is None:
+        return Switches()
+    if isinstance(sw, Switches):
+        return sw
+    if isinstance(sw, dict):
+        return Switches.from_mapping(sw)
+    return parse_switch_args(list(sw))
+
+
+def _mean(xs: list[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
+
+
+class Worker:
+    """A model (this rank's shard) and the process-wide buffer registry; runs sessions one by one."""
+
+    def __init__(self, shape: str | ModelShape = "tiny", device=None, tp: int = 1, rank: int = 0,
+                 worker_id: str = "w0", release: str = "dev"):
+        base = ModelShape.from_name(shape) if isinstance(shape, str) else shape
+        self.shape = tp_rank_of(base, tp, rank) if tp > 1 else base
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.worker_id, self.release = worker_id, release
+        self.gpu_kind = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
+        self.model = DiT(self.shape, self.device)
+        if self.device.type == "cpu" and self.shape.d_model <= 256:
+            torch.set_num_threads(1)  # a tiny model is 10x slower when two threads contend per op
+        self.registry = BufferRegistry(self.shape.new_tokens, self.shape.d_model, self.device, self.model.dtype)
+
+    def run_session(self, **kw) -> SessionSummary:
+        return Session(self, **kw).run()
+
+
+class Session:
+    def __init__(self, worker: Worker, seconds: float | None = None, steps: int | None = None,
+                 collector_url: str | None = None, token: str | None = None, switches=None,
+                 switch_source=None, session_id: str | None = None, cond_tokens: int | None = None,
+                 realtime: bool = True, sink=None, seed: int | None = None, telemetry: bool = True,
+                 chunk_period_s: float = CHUNK_PERIOD_S, playout_capacity: int = 4, max_in_flight: int = 3,
+                 client_kwargs: dict | None = None):
+        self.w = worker
+        shape = worker.shape
+        if steps is None:
+            steps = max(1, round((seconds if seconds is not None else 10.0) / chunk_period_s))
+        self.n_steps = steps
+        self.switches = _as_switches(switches)
+        self.session_id = session_id or uuid.uuid4().hex[:16]
+        rng = random.Random(seed if seed is not None else self.session_id)
+        lo, hi = shape.cond_tokens
+        self.cond_tokens = cond_tokens if cond_tokens is not None else rng.randint(lo, hi)
+        if not 1 <= self.cond_tokens <= shape.window - shape.new_tokens:
+            raise SwitchError(f"cond_tokens {self.cond_tokens} out of range; valid: 1..{shape.window - shape.new_tokens}")
+        self.seed = rng.randrange(2**31)
+        self.realtime = realtime
+        self.max_in_flight = max_in_flight
+        self.labels = {"worker_id": worker.worker_id, "session_id": self.session_id,
+                       "release": worker.release, "gpu_kind": worker.gpu_kind}
+        self._own_sink = sink is None
+        if sink is None and collector_url:
+            from collector.client import TelemetryClient  # lazily: only with a collector
+
+            sink = TelemetryClient(collector_url, token=token, **(client_kwargs or {}))
+        self.sink = sink if sink is not None else ListSink()
+        self.source: SwitchSource = make_source(switch_source, worker.worker_id, worker.release,
+                                                worker.gpu_kind, token)
+        self.playout = Playout(chunk_period_s, capacity=playout_capacity)
+        gpus = sorted({i for i in (worker.device.index or 0, torch.cuda.device_count() - 1)
+                       if worker.device.type == "cuda"})
+        self.tel = Telemetry(self.sink, self.labels, worker.device, self.playout, gpus, enabled=telemetry)
+        self.tel.cpu_mem = self._cpu_mem
+        self.switch_events: list[dict[str, Any]] = []
+        self.cache: KVCache | None = None
+        self.decoder: Decoder | None = None
+        self._graph = None
+
+    def _cpu_mem(self) -> tuple[int, int]:
+        held = self.w.model.nbytes + (self.cache.nbytes if self.cache else 0) + self.w.registry.nbytes
+        return held, rss_bytes()
+
+    # -- switches -------------------------------------------------------------------------------
+
+    def _apply(self, new: Switches, step: int) -> None:
+        old = self.switches
+        changed = {k: v for k, v in new.as_dict().items() if old.as_dict()[k] != v}
+        if not changed:
+            return
+        if any(k in CACHE_SWITCHES for k in changed):
+            self.cache = rebuild_cache(self.cache, new)
+        if "decoder_own_gpu" in changed:
+            self.decoder = Decoder(self.w.shape, self.w.device, own_gpu=new.decoder_own_gpu)
+            self.tel.sync_clock(self.decoder.device)
+        self._graph = None
+        self.switches = new
+        ev = {"step": step, "changed": changed, "switches": new.encode()}
+        self.switch_events.append(ev)
+        self.tel.event("switch_applied", **ev)
+
+    def _poll_switches(self, step: int) -> None:
+        try:
+            m = self.source.poll(step)
+        except Exception as e:  # noqa: BLE001
+            self.tel.event("error", step=step, where="switch_source", error=str(e))
+            return
+        if m is None:
+            return
+        try:
+            new = Switches.from_mapping({**self.switches.as_dict(), **m})
+        except SwitchError as e:  # refused: the session keeps its switches
+            self.tel.event("error", step=step, where="switches", error=str(e))
+            return
+        self._apply(new, step)
+
+    # -- the loop -------------------------------------------------------------------------------
+
+    def _buffers(self, tokens: int) -> None:
+        sw = self.switches
+        if sw.fused_allreduce or sw.buffer_per_shape:
+            self.w.registry.get(tokens, per_shape=sw.buffer_per_shape)
+
+    def _denoise(self, noise: torch.Tensor, cond_kv) -> tuple[torch.Tensor, bool]:
+        """One chunk; replays a CUDA graph once the window is full and the switch is on."""
+        model, cache = self.w.model, self.cache
+        use_graph = (self.switches.cuda_graphs and self.w.device.type == "cuda"
+                     and cache.book.n_valid == cache.shape.window)
+        if not use_graph:
+            return model.denoise_chunk(noise, cache, cond_kv), False
+        if self._graph is None:
+            static_noise = noise.clone()
+            model.denoise_chunk(static_noise, cache, cond_kv)  # warm (runs for real: this step's output)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                out = model.denoise_chunk(static_noise, cache, cond_kv)
+            self._graph = (g, static_noise, out)
+        g, static_noise, out = self._graph
+        static_noise.copy_(noise)
+        g.replay()
+        return out.clone(), True
+
+    def run(self) -> SessionSummary:
+        w, shape, tel = self.w, self.w.shape, self.tel
+        dev = w.device
+        t_wall0 = time.perf_counter()
+        self.cache = make_cache(shape, self.switches, dev, w.model.dtype)
+        self.decoder = Decoder(shape, dev, own_gpu=self.switches.decoder_own_gpu)
+        tel.sync_clock(dev)
+        tel.sync_clock(self.decoder.device)
+        gen = torch.Generator(device=dev).manual_seed(self.seed)
+        common = {"first_forward_tokens": self.cond_tokens, "tp_size": shape.tp_size, "shape": shape.name}
+        tel.session(phase="start", streamed_s=0.0, frames=0, avg_fps=None, late_chunks=0, stall_ms=0.0,
+                    switches=self.switches.encode(), **common)
+        tel.event("session_start", shape=shape.name, first_forward_tokens=self.cond_tokens,
+                  switches=self.switches.encode())
+        model = w.model
+        model.set_timer(tel.timer)
+        try:
+            cond = torch.randn(self.cond_tokens, shape.d_model, generator=gen, device=dev)
+            self._buffers(self.cond_tokens)
+            cond_kv = model.first_forward(cond, self.cache)
+            tel.timer.take()  # the first forward is not a step
+            T, C = shape.new_tokens, shape.latent_channels
+            for i in range(self.n_steps):
+                self._poll_switches(i)
+                self._wait_for_room(i)
+                tel.begin_step(i)
+                reset = i > 0 and i % shape.reset_every == 0
+                with tel.timer.span("upkeep"):
+                    did_reset = self.cache.begin_step(T, reset=reset)
+                noise = torch.randn(T, C, generator=gen, device=dev)
+                self._buffers(T)
+                latents, graphed = self._denoise(noise, cond_kv)
+                self.cache.end_step()
+                done = tel.diffusion_done()
+                job = self.decoder.submit(latents, i, after=done if tel.cuda else None)
+                tel.end_step(i, done, job, did_reset, tel.memory(), len(w.registry), self.switches.encode(),
+                             graphed=graphed)
+                if did_reset:
+                    tel.event("reset", step=i, resets=self.cache.book.resets)
+                tel.poll()
+            tel.drain()
+        except torch.OutOfMemoryError as e:
+            tel.event("oom", error=str(e)[:500])
+            raise
+        finally:
+            model.set_timer(_null_timer())
+            self.source.close()
+        return self._finish(t_wall0, common)
+
+    def _wait_for_room(self, i: int) -> None:
+        """Real time: wait while the player's buffer is full; never more than a few steps in flight."""
+        tel = self.tel
+        while True:
+            tel.poll()
+            now = time.perf_counter()
+            if tel.in_flight() >= self.max_in_flight and not tel.oldest_done():
+                time.sleep(0.0005)
+                continue
+            wait = self.playout.wait_s(i, now) if self.realtime else 0.0
+            if wait <= 0:
+                return
+            time.sleep(min(wait, 0.005))
+
+    def _finish(self, t_wall0: float, common: dict) -> SessionSummary:
+        tel, pl = self.tel, self.playout
+        frames = pl.delivered * self.w.shape.frames_per_chunk
+        streamed = pl.streamed_s
+        fps = frames / streamed if streamed > 0 else None
+        tel.session(phase="end", streamed_s=streamed, frames=frames, avg_fps=fps, late_chunks=pl.late_chunks,
+                    stall_ms=pl.stall_s * 1e3, switches=self.switches.encode(), **common)
+        tel.event("session_end", frames=frames, avg_fps=fps, late_chunks=pl.late_chunks)
+        dropped = int(getattr(self.sink, "dropped", 0)) + tel.dropped
+        if dropped:
+            tel.event("telemetry_dropped", dropped=dropped)
+        if self._own_sink:
+            self.sink.close(timeout_s=2.0)  # ships what it can; the rest counts as dropped
+        else:
+            self.sink.flush(timeout_s=2.0)
+        tel.close()
+        st = tel.stats
+        return SessionSummary(
+            session_id=self.session_id, shape=self.w.shape.name, steps=st.steps, frames=frames,
+            streamed_s=streamed, avg_fps=fps, late_chunks=pl.late_chunks, stall_ms=pl.stall_s * 1e3,
+            first_forward_tokens=self.cond_tokens, switches=self.switches.encode(),
+            switch_events=self.switch_events, resets=self.cache.book.resets, wraps=self.cache.book.wraps,
+            buffers_registered=len(self.w.registry), records=dict(tel.emitted),
+            telemetry_sent=int(getattr(self.sink, "sent", 0)),
+            telemetry_dropped=int(getattr(self.sink, "dropped", 0)) + tel.dropped,
+            telemetry_failed_batches=int(getattr(self.sink, "failed_batches", 0)),
+            wall_s=time.perf_counter() - t_wall0, mean_diffusion_ms=_mean(st.diffusion_ms),
+            mean_upkeep_ms=_mean(st.upkeep_ms), mean_attention_ms=_mean(st.attention_ms),
+            mean_decode_ms=_mean(st.decode_ms), power_error=tel.power.error if tel.power else None,
+        )
+
+
+def _null_timer():
+    from worker.model import NullTimer
+
+    return NullTimer()
+
+
+def run_session(shape: str | ModelShape = "tiny", seconds: float | None = None, steps: int | None = None,
+                collector_url: str | None = None, token: str | None = None, switches=None, switch_source=None,
+                release: str = "dev", worker_id: str = "w0", device=None, worker: Worker | None = None,
+                **kw) -> SessionSummary:
+    """One session on a fresh (or given) worker: the lead's demo and the CLI call this."""
+    w = worker or Worker(shape, device=device, worker_id=worker_id, release=release)
+    return w.run_session(seconds=seconds, steps=steps, collector_url=collector_url, token=token,
+                         switches=switches, switch_source=switch_source, **kw)

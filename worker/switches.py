@@ -1,0 +1,142 @@
+"""Where a running worker reads its switches from, between steps.
+
+    src = make_source("http://127.0.0.1:8000", worker_id="w1", release="v7", gpu_kind="cpu", token=T)
+    src = make_source("/path/switches.json")            # a file: {"ring_cache": true, ...}
+    src = make_source(lambda step: {...} or None)       # a callable (tests, scripted demos)
+    new = src.poll(step)   # -> dict of switch values, or None when nothing changed; never blocks
+
+The HTTP source implements contract 3: a background thread GETs ``/v1/switches`` with
+``If-None-Match`` (304 = unchanged) every ``interval_s``; ``poll`` only hands over what the thread
+already has, so the step loop never waits on the network. The session validates the mapping
+(``Switches.from_mapping``) and applies it at the next step boundary.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
+
+log = logging.getLogger("livestep.worker.switches")
+
+
+class SwitchSourceError(ValueError):
+    """A switch source that cannot be used (bad URL or path)."""
+
+
+class SwitchSource:
+    """No control plane: the switches given at start stay."""
+
+    def poll(self, step: int) -> dict[str, Any] | None:
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+class CallableSource(SwitchSource):
+    def __init__(self, fn: Callable[[int], dict[str, Any] | None]):
+        self.fn = fn
+
+    def poll(self, step: int) -> dict[str, Any] | None:
+        return self.fn(step)
+
+
+class FileSource(SwitchSource):
+    """A JSON object of switch values, re-read when the file's mtime changes (a stat per poll)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._mtime: float | None = None
+
+    def poll(self, step: int) -> dict[str, Any] | None:
+        try:
+            mtime = os.stat(self.path).st_mtime_ns
+        except OSError:
+            return None
+        if mtime == self._mtime:
+            return None
+        self._mtime = mtime
+        try:
+            with open(self.path) as f:
+                data = json.load(f)
+        except (OSError, ValueError) as e:
+            log.warning("switch file %s unreadable: %s", self.path, e)
+            return None
+        return data.get("switches", data) if isinstance(data, dict) else None
+
+
+class HttpSource(SwitchSource):
+    """Contract 3: ``GET /v1/switches?worker_id=&release=&gpu_kind=`` with ETag, from a thread."""
+
+    def __init__(self, url: str, worker_id: str, release: str, gpu_kind: str, token: str | None = None,
+                 interval_s: float = 1.0):
+        import httpx
+
+        if not url.startswith(("http://", "https://")):
+            raise SwitchSourceError(f"switch source URL {url!r} is not valid; valid: http(s)://host:port")
+        self.endpoint = url.rstrip("/") + "/v1/switches"
+        self.params = {"worker_id": worker_id, "release": release, "gpu_kind": gpu_kind}
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._client = httpx.Client(headers=headers, timeout=5.0)
+        self.interval_s = interval_s
+        self._etag: str | None = None
+        self._pending: dict[str, Any] | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self.errors = 0
+        self.version: int | None = None
+        self._thread = threading.Thread(target=self._run, name="livestep-switches", daemon=True)
+        self._thread.start()
+
+    def _fetch(self) -> None:
+        headers = {"If-None-Match": self._etag} if self._etag else {}
+        r = self._client.get(self.endpoint, params=self.params, headers=headers)
+        if r.status_code == 304:
+            return
+        if r.status_code != 200:
+            self.errors += 1
+            return
+        body = r.json()
+        self._etag = r.headers.get("ETag")
+        with self._lock:
+            self._pending = dict(body.get("switches", {}))
+            self.version = body.get("version")
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._fetch()
+            except Exception as e:  # noqa: BLE001 - the control plane being down never touches the session
+                self.errors += 1
+                log.debug("switch poll failed: %s", e)
+            self._stop.wait(self.interval_s)
+
+    def poll(self, step: int) -> dict[str, Any] | None:
+        with self._lock:
+            pending, self._pending = self._pending, None
+        return pending
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2.0)
+        self._client.close()
+
+
+def make_source(spec, worker_id: str = "w0", release: str = "dev", gpu_kind: str = "cpu",
+                token: str | None = None) -> SwitchSource:
+    """None -> static; a callable; an http(s) URL -> HttpSource; else a file path."""
+    if spec is None:
+        return SwitchSource()
+    if isinstance(spec, SwitchSource):
+        return spec
+    if callable(spec):
+        return CallableSource(spec)
+    if isinstance(spec, str) and spec.startswith(("http://", "https://")):
+        return HttpSource(spec, worker_id, release, gpu_kind, token)
+    if isinstance(spec, str):
+        return FileSource(spec)
+    raise SwitchSourceError(f"switch source {spec!r} not understood; valid: an http(s) URL, a file path, a callable")

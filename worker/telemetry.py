@@ -1,0 +1,498 @@
+"""Sync-free step telemetry: step records read back from CUDA events when they are done.
+
+    tel = Telemetry(sink, labels, device, playout)   # sink: collector.client.TelemetryClient or ListSink
+    model.set_timer(tel.timer)                       # spans around cache upkeep / attention / all-reduce
+    tel.begin_step(i); ...; ev = tel.diffusion_done(); ...; tel.end_step(i, job, reset, ...)
+    tel.poll()                                       # emits every step whose events are done
+    tel.drain(); tel.close()
+
+No host-device synchronisation in the step loop: on CUDA every timing is a pair of events whose
+``elapsed_time`` is read only once ``event.query()`` is true (usually a step or two later); on
+CPU the ops are synchronous and ``perf_counter`` measures them. Cache-upkeep ms is the sum of the
+event pairs the model records around each cache update (and the step's advance / reset); when a
+step replays a CUDA graph, events cannot sit inside the graph, so upkeep and attention are null
+for graphed steps (the waterfall bench measures them with graphs off and on separately). Energy is
+the NVML cumulative-energy counter (``nvmlDeviceGetTotalEnergyConsumption``), sampled at ~10 Hz
+by a thread that also ships ``gpu_sample`` records, interpolated at each step's start and end;
+without NVML (no driver: ``NVMLError_LibraryNotFound``) energy and power are null. A telemetry
+failure never stops a step: the record is dropped and counted (``dropped``).
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import torch
+
+log = logging.getLogger("livestep.worker.telemetry")
+
+
+class ListSink:
+    """An in-process sink with the client's interface (tests, benches, no collector)."""
+
+    def __init__(self, max_rows: int | None = None):
+        self.rows: dict[str, list[dict[str, Any]]] = {"step": [], "gpu_sample": [], "session": [], "event": []}
+        self.max_rows = max_rows
+        self.dropped = 0
+        self.sent = 0
+        self.failed_batches = 0
+
+    def put(self, kind: str, row: dict[str, Any]) -> None:
+        if self.max_rows is not None and sum(map(len, self.rows.values())) >= self.max_rows:
+            self.dropped += 1
+            return
+        self.rows[kind].append(row)
+        self.sent += 1
+
+    def flush(self, timeout_s: float = 5.0) -> bool:
+        return True
+
+    def close(self, timeout_s: float = 5.0) -> bool:
+        return True
+
+
+# ---------------------------------------------------------------------------------------------
+# Timers: what the model calls around cache upkeep, attention and all-reduce.
+
+
+class _EventSpan:
+    __slots__ = ("kind", "start", "timer")
+
+    def __init__(self, timer: CudaTimer, kind: str):
+        self.timer, self.kind = timer, kind
+
+    def __enter__(self):
+        self.start = self.timer._event()
+        self.start.record()
+        return self
+
+    def __exit__(self, *exc):
+        end = self.timer._event()
+        end.record()
+        self.timer.pairs.setdefault(self.kind, []).append((self.start, end))
+        return False
+
+
+class CudaTimer:
+    """Records event pairs per kind for the open step; events are pooled and reused."""
+
+    def __init__(self):
+        self.pairs: dict[str, list[tuple[torch.cuda.Event, torch.cuda.Event]]] = {}
+        self._pool: list[torch.cuda.Event] = []
+        self.enabled = True
+
+    def _event(self) -> torch.cuda.Event:
+        return self._pool.pop() if self._pool else torch.cuda.Event(enable_timing=True)
+
+    def span(self, kind: str):
+        if not self.enabled or torch.cuda.is_current_stream_capturing():
+            from worker.model import _NULL_SPAN
+
+            return _NULL_SPAN
+        return _EventSpan(self, kind)
+
+    def take(self) -> dict[str, list]:
+        pairs, self.pairs = self.pairs, {}
+        return pairs
+
+    def give_back(self, pairs: dict[str, list]) -> None:
+        for lst in pairs.values():
+            for a, b in lst:
+                self._pool += (a, b)
+
+
+class _CpuSpan:
+    __slots__ = ("kind", "t0", "timer")
+
+    def __init__(self, timer: CpuTimer, kind: str):
+        self.timer, self.kind = timer, kind
+
+    def __enter__(self):
+        self.t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        acc = self.timer.ms
+        acc[self.kind] = acc.get(self.kind, 0.0) + (time.perf_counter() - self.t0) * 1e3
+        return False
+
+
+class CpuTimer:
+    def __init__(self):
+        self.ms: dict[str, float] = {}
+
+    def span(self, kind: str):
+        return _CpuSpan(self, kind)
+
+    def take(self) -> dict[str, float]:
+        ms, self.ms = self.ms, {}
+        return ms
+
+
+# ---------------------------------------------------------------------------------------------
+# NVML: power sampler thread and the energy counter.
+
+
+class PowerSampler:
+    """~10 Hz NVML readings of the session's GPUs: gpu_sample records + an energy history."""
+
+    def __init__(self, gpu_indices: list[int], emit, interval_s: float = 0.1):
+        self.available = False
+        self.error: str | None = None
+        self._hist: deque[tuple[float, float]] = deque(maxlen=4096)  # (perf_counter, energy mJ summed)
+        self._emit = emit
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._nvml = pynvml
+            self._handles = [(i, pynvml.nvmlDeviceGetHandleByIndex(i)) for i in gpu_indices]
+            self.available = bool(self._handles)
+        except Exception as e:  # noqa: BLE001 - NVMLError_LibraryNotFound (no driver), module missing, ...: power is null
+            self.error = f"{type(e).__name__}: {e}"
+            return
+        self._thread = threading.Thread(target=self._run, name="livestep-nvml", daemon=True)
+        self._thread.start()
+
+    def _read(self, h, fn, *args):
+        try:
+            return fn(h, *args)
+        except Exception:  # noqa: BLE001
+            return None
+
+    def _run(self) -> None:
+        nv = self._nvml
+        while not self._stop.is_set():
+            t = time.perf_counter()
+            total = 0.0
+            for idx, h in self._handles:
+                energy = self._read(h, nv.nvmlDeviceGetTotalEnergyConsumption)
+                power = self._read(h, nv.nvmlDeviceGetPowerUsage)
+                mem = self._read(h, nv.nvmlDeviceGetMemoryInfo)
+                total += float(energy or 0)
+                self._emit("gpu_sample", {
+                    "gpu_index": idx,
+                    "power_w": None if power is None else power / 1000.0,
+                    "energy_mj": None if energy is None else float(energy),
+                    "sm_clock_mhz": self._read(h, nv.nvmlDeviceGetClockInfo, nv.NVML_CLOCK_SM),
+                    "mem_used_bytes": None if mem is None else int(mem.used),
+                    "temp_c": _float(self._read(h, nv.nvmlDeviceGetTemperature, nv.NVML_TEMPERATURE_GPU)),
+                    "throttle_reasons": self._read(h, nv.nvmlDeviceGetCurrentClocksEventReasons)
+                    if hasattr(nv, "nvmlDeviceGetCurrentClocksEventReasons")
+                    else self._read(h, nv.nvmlDeviceGetCurrentClocksThrottleReasons),
+                })
+            self._hist.append((t, total))
+            self._stop.wait(self.interval_s)
+
+    def energy_between(self, t0: float, t1: float) -> float | None:
+        """Energy (mJ) between two perf_counter times, interpolated from the samples."""
+        h = list(self._hist)
+        if not self.available or len(h) < 2 or t1 < t0 or t0 < h[0][0] or t1 > h[-1][0]:
+            return None
+        return max(0.0, _interp(h, t1) - _interp(h, t0))
+
+    def close(self) -> None:
+        self._stop.set()
+        if self.available:
+            self._thread.join(timeout=1.0)
+
+
+def _float(v):
+    return None if v is None else float(v)
+
+
+def _interp(h: list[tuple[float, float]], t: float) -> float:
+    i = bisect.bisect_left(h, (t, float("-inf")))
+    if i <= 0:
+        return h[0][1]
+    if i >= len(h):
+        return h[-1][1]
+    (ta, ea), (tb, eb) = h[i - 1], h[i]
+    return ea + (eb - ea) * (t - ta) / max(tb - ta, 1e-9)
+
+
+# ---------------------------------------------------------------------------------------------
+# The playout clock
+
+
+class Playout:
+    """The player takes one chunk per period from a buffer; a chunk that arrives late is a stall.
+
+    Playback starts once ``prebuffer`` chunks are in. Chunk k is due at start + k*period + the
+    stalls so far; a chunk delivered after its due time stalls the player by the difference
+    (counted in ``late_chunks`` / ``stall_s``, never hidden) and plays on arrival.
+    """
+
+    def __init__(self, period_s: float = 1 / 6, capacity: int = 4, prebuffer: int = 2):
+        self.period_s, self.capacity, self.prebuffer = period_s, capacity, prebuffer
+        self.start: float | None = None
+        self.stall_s = 0.0
+        self.late_chunks = 0
+        self.delivered = 0
+        self._pending_start: list[float] = []
+
+    def started(self, t: float, upto: int) -> int:
+        """Chunks whose playback has begun by time t (of the first ``upto``)."""
+        if self.start is None or t < self.start:
+            return 0
+        return min(upto, int((t - self.start - self.stall_s) / self.period_s) + 1)
+
+    def deliver(self, i: int, t: float) -> tuple[bool, int]:
+        """Chunk i arrived at time t -> (late, chunks buffered for the player)."""
+        assert i == self.delivered, (i, self.delivered)
+        self.delivered += 1
+        late = False
+        if self.start is None:
+            if self.delivered >= self.prebuffer:
+                self.start = t
+        else:
+            due = self.start + i * self.period_s + self.stall_s
+            if t > due:
+                late = True
+                self.late_chunks += 1
+                self.stall_s += t - due
+        return late, self.delivered - self.started(t, self.delivered)
+
+    def room(self, i: int, t: float) -> bool:
+        """May the producer start chunk i at time t without overfilling the buffer?"""
+        return i - self.started(t, i) < self.capacity
+
+    def wait_s(self, i: int, t: float) -> float:
+        """Seconds until chunk i may start (0 if now)."""
+        if self.room(i, t) or self.start is None:
+            return 0.0
+        k = i - self.capacity  # chunk whose playback must have begun
+        return max(0.0, self.start + k * self.period_s + self.stall_s - t) + 1e-4
+
+    @property
+    def streamed_s(self) -> float:
+        return self.delivered * self.period_s + self.stall_s
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Pending:
+    step: int
+    start: Any  # cuda Event or perf_counter float
+    diffusion_end: Any
+    job: Any  # decoder.DecodeJob
+    pairs: Any  # timer pairs (CUDA) or ms dict (CPU)
+    reset: bool
+    mem_allocated: int
+    mem_reserved: int
+    buffers: int
+    switches: str
+    graphed: bool = False
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass
+class StepStats:
+    """What the session summary needs from the emitted steps."""
+
+    steps: int = 0
+    diffusion_ms: list[float] = field(default_factory=list)
+    period_ms: list[float] = field(default_factory=list)
+    upkeep_ms: list[float] = field(default_factory=list)
+    attention_ms: list[float] = field(default_factory=list)
+    decode_ms: list[float] = field(default_factory=list)
+
+
+class Telemetry:
+    """Turns the step loop's marks into step/session/event records, without blocking the loop."""
+
+    def __init__(self, sink, labels: dict[str, str], device, playout: Playout, gpu_indices=(),
+                 enabled: bool = True, sample_power: bool = True):
+        self.sink = sink
+        self.labels = dict(labels)
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
+        self.playout = playout
+        self.enabled = enabled
+        self.dropped = 0
+        self.emitted: dict[str, int] = {"step": 0, "session": 0, "event": 0, "gpu_sample": 0}
+        self.stats = StepStats()
+        self._pending: deque[_Pending] = deque()
+        self._last_delivery: float | None = None
+        self._wall0 = datetime.now(UTC)
+        self._perf0 = time.perf_counter()
+        self.timer = CudaTimer() if self.cuda else CpuTimer()
+        if not enabled and self.cuda:
+            self.timer.enabled = False
+        self._refs: dict[torch.device, tuple[torch.cuda.Event, float]] = {}
+        self._step_start: Any = None
+        self.power = PowerSampler(list(gpu_indices), self._put) if (sample_power and self.cuda) else None
+        self.cpu_mem = lambda: (0, 0)
+
+    # -- clocks --------------------------------------------------------------------------------
+
+    def now_dt(self, perf: float | None = None) -> datetime:
+        return self._wall0 + timedelta(seconds=(time.perf_counter() if perf is None else perf) - self._perf0)
+
+    def sync_clock(self, device) -> None:
+        """Once, before the loop: an event whose wall time is known maps GPU events to perf_counter."""
+        device = torch.device(device)
+        if device.type != "cuda" or device in self._refs:
+            return
+        with torch.cuda.device(device):
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            ev.synchronize()
+        self._refs[device] = (ev, time.perf_counter())
+
+    def _wall(self, ev: torch.cuda.Event, device) -> float:
+        ref, t = self._refs[torch.device(device)]
+        return t + ref.elapsed_time(ev) / 1e3
+
+    # -- records -------------------------------------------------------------------------------
+
+    def _put(self, kind: str, row: dict[str, Any]) -> None:
+        try:
+            self.sink.put(kind, {**self.labels, "ts": row.pop("ts", None) or self.now_dt(), **row})
+            self.emitted[kind] += 1
+        except Exception as e:  # noqa: BLE001 - never let telemetry fail a step
+            self.dropped += 1
+            log.debug("telemetry record dropped: %s", e)
+
+    def event(self, kind: str, **detail: Any) -> None:
+        self._put("event", {"kind": kind, "detail": detail})
+
+    def session(self, **row: Any) -> None:
+        self._put("session", row)
+
+    # -- the step loop's marks -----------------------------------------------------------------
+
+    def begin_step(self, step: int) -> None:
+        if self.cuda:
+            ev = self.timer._event()
+            ev.record()
+            self._step_start = ev
+        else:
+            self._step_start = time.perf_counter()
+
+    def diffusion_done(self):
+        if self.cuda:
+            ev = self.timer._event()
+            ev.record()
+            return ev
+        return time.perf_counter()
+
+    def end_step(self, step: int, diffusion_end, job, reset: bool, mem: tuple[int, int], buffers: int,
+                 switches: str, graphed: bool = False) -> None:
+        self._pending.append(_Pending(step, self._step_start, diffusion_end, job, self.timer.take(), reset,
+                                      mem[0], mem[1], buffers, switches, graphed))
+
+    def in_flight(self) -> int:
+        return len(self._pending)
+
+    def oldest_done(self) -> bool:
+        return not self._pending or self._done(self._pending[0])
+
+    def _done(self, p: _Pending) -> bool:
+        if not self.cuda:
+            return True
+        return p.diffusion_end.query() and (p.job.done_event is None or p.job.done_event.query())
+
+    def poll(self) -> int:
+        """Emit every pending step whose events are done (in order); never waits."""
+        n = 0
+        while self._pending and self._done(self._pending[0]):
+            p = self._pending.popleft()
+            try:
+                self._emit_step(p)
+            except Exception as e:  # noqa: BLE001
+                self.dropped += 1
+                log.warning("step %d record dropped: %s", p.step, e)
+            n += 1
+        return n
+
+    def drain(self, timeout_s: float = 60.0) -> None:
+        """After the loop: wait (polling) for the last steps' events, emit them."""
+        deadline = time.perf_counter() + timeout_s
+        while self._pending and time.perf_counter() < deadline:
+            if not self.poll():
+                time.sleep(0.0005)
+
+    def _emit_step(self, p: _Pending) -> None:
+        if self.cuda:
+            diffusion_ms = p.start.elapsed_time(p.diffusion_end)
+            sums = {k: sum(a.elapsed_time(b) for a, b in lst) for k, lst in p.pairs.items()}
+            job = p.job
+            decode_ms = job.start_event.elapsed_time(job.done_event) if job.done_event is not None else None
+            dev = job.frames.device if job.frames is not None else self.device
+            t_done = self._wall(job.done_event, dev) if job.done_event is not None else self._wall(
+                p.diffusion_end, self.device)
+            t_start = self._wall(p.start, self.device)
+            self.timer.give_back(p.pairs)
+            self.timer._pool += (p.start, p.diffusion_end)
+        else:
+            diffusion_ms = (p.diffusion_end - p.start) * 1e3
+            sums = p.pairs
+            decode_ms = p.job.cpu_ms
+            t_done = p.job.done_wall if p.job.done_wall is not None else p.diffusion_end
+            t_start = p.start
+        late, depth = self.playout.deliver(p.step, t_done)
+        period_ms = (t_done - self._last_delivery) * 1e3 if self._last_delivery is not None else diffusion_ms
+        self._last_delivery = t_done
+        upkeep = None if p.graphed else sums.get("upkeep", 0.0)
+        attention = None if p.graphed else sums.get("attention", 0.0)
+        energy = self.power.energy_between(t_start, t_done) if self.power else None
+        st = self.stats
+        st.steps += 1
+        st.diffusion_ms.append(diffusion_ms)
+        st.period_ms.append(period_ms)
+        if upkeep is not None:
+            st.upkeep_ms.append(upkeep)
+            st.attention_ms.append(attention)
+        if decode_ms is not None:
+            st.decode_ms.append(decode_ms)
+        if not self.enabled:
+            return
+        self._put("step", {
+            "ts": self.now_dt(t_done),
+            "step": p.step,
+            "diffusion_ms": max(0.0, diffusion_ms),
+            "step_period_ms": max(0.0, period_ms),
+            "decode_ms": decode_ms,
+            "cache_upkeep_ms": upkeep,
+            "attention_ms": attention,
+            "allreduce_ms": sums.get("allreduce") if not p.graphed else None,
+            "late": late,
+            "playout_depth": max(0, depth),
+            "reset_step": p.reset,
+            "energy_mj": energy,
+            "mem_allocated_bytes": p.mem_allocated,
+            "mem_reserved_bytes": p.mem_reserved,
+            "buffers_registered": p.buffers,
+            "switches": p.switches,
+        })
+
+    def memory(self) -> tuple[int, int]:
+        """(allocated, reserved) bytes: the caching allocator's counters (host-side, no sync)."""
+        if self.cuda:
+            return torch.cuda.memory_allocated(self.device), torch.cuda.memory_reserved(self.device)
+        return self.cpu_mem()
+
+    def close(self) -> None:
+        if self.power:
+            self.power.close()
+
+
+def rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return 0
