@@ -35,7 +35,8 @@ def wilson(k: int, n: int, alpha: float = 0.05) -> tuple[float, float]:
     if n <= 0:
         return 0.0, 1.0
     lo, hi = proportion_confint(int(k), int(n), alpha=alpha, method="wilson")
-    return float(lo), float(hi)
+    share = k / n  # clamp float round-off (k=0 gives a lower bound of ~1e-17)
+    return min(max(float(lo), 0.0), share), max(min(float(hi), 1.0), share)
 
 
 @dataclass(frozen=True)
