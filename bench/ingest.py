@@ -293,6 +293,58 @@ def run_python_load(url: str, body: bytes, ctype: str, duration_s: float, procs:
     return {"requests": ok + bad, "ok": ok, "non2xx": bad, "p99": "", "raw": ""}
 
 
+# -- where the server's time goes ---------------------------------------------------------------------
+def start_profile(server: Server, workdir: Path, duration_s: float) -> subprocess.Popen | None:
+    if not shutil.which("py-spy"):
+        print("bench: --profile needs py-spy (pip install py-spy); not profiling", file=sys.stderr)
+        return None
+    secs = str(max(1, int(duration_s) - 2))
+    cmd = ["py-spy", "record", "-p", str(server.proc.pid), "-d", secs, "-r", "50", "-f", "raw", "--threads"]
+    out = workdir / "profile.txt"
+    return subprocess.Popen([*cmd, "-o", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def summarize_profile(path: Path, top: int = 14, dur_s: float = 0.0) -> str:
+    """Samples per thread and the project's functions by inclusive samples (py-spy raw output)."""
+    from collections import Counter
+
+    if not path.exists():
+        return "profile: no samples (py-spy failed: needs ptrace permission)"
+    threads, funcs, leaves = Counter(), Counter(), Counter()
+    total = 0
+    for line in path.read_text().splitlines():
+        stack, _, n = line.rpartition(" ")
+        if not stack or not n.isdigit():
+            continue
+        n = int(n)
+        total += n
+        frames = stack.split(";")
+        threads[frames[0].rpartition(": ")[2]] += n
+        leaf_fn, _, leaf_where = frames[-1].partition(" (")
+        leaves[f"{leaf_fn} ({leaf_where.split('site-packages/')[-1].rstrip(')')})"] += n
+        seen = set()
+        for f in frames[1:]:
+            fn, _, where = f.partition(" (")
+            file = where.split(":")[0]
+            if ("collector/" in file or "api/routes" in file) and (
+                key := f"{fn} ({file.rsplit('/', 2)[-2:][0]}/{file.rsplit('/', 1)[-1]})"
+            ) not in seen:
+                seen.add(key)
+                funcs[key] += n
+    lines = [f"\nserver profile during the Arrow load: {total} samples (50 Hz, all threads)"]
+    lines += [f"  {100 * n / total:5.1f}%  thread {t}" for t, n in threads.most_common(6)]
+    lines += (
+        [f"  ({total / 50 / max(dur_s, 1e-9):.2f} cores busy in Python threads of {os.cpu_count()})"]
+        if dur_s
+        else []
+    )
+    lines += ["  project functions (inclusive):"]
+    lines += [f"  {100 * n / total:5.1f}%  {f}" for f, n in funcs.most_common(top)]
+    lines += ["  leaf lines (self):"]
+    lines += [f"  {100 * n / total:5.1f}%  {f}" for f, n in leaves.most_common(8)]
+    return "\n".join(lines)
+
+
 # -- raw baseline (own process, own chDB directory) -------------------------------------------------
 def raw_worker(chdb_dir: str, duration_s: float, block_rows: int) -> dict:
     import pyarrow as pa
@@ -352,6 +404,11 @@ def main() -> int:
     ap.add_argument("--load", choices=["auto", "wrk", "python"], default="auto")
     ap.add_argument("--drain-timeout", type=float, default=30.0)
     ap.add_argument("--keep", action="store_true", help="keep the work directory (server log)")
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="py-spy the server during the Arrow load; print where its time goes",
+    )
     ap.add_argument("--raw-worker", metavar="DIR", help=argparse.SUPPRESS)
     ap.add_argument("--count-worker", metavar="DIR", help=argparse.SUPPRESS)
     ap.add_argument("--block-rows", type=int, default=BATCH_ROWS, help=argparse.SUPPRESS)
@@ -376,6 +433,8 @@ def main() -> int:
 
     workdir = Path(tempfile.mkdtemp(prefix="livestep-bench-ingest-"))
     results: list[tuple[str, dict]] = []
+    profile_text = ""
+    load_before = os.getloadavg()
     try:
         server = Server(workdir, free_port())
         server.wait_ready()
@@ -391,6 +450,7 @@ def main() -> int:
             body = make_body(session)
             body_file = workdir / f"{name}.body"
             body_file.write_bytes(body)
+            spy = start_profile(server, workdir, duration) if args.profile and name == "arrow" else None
             t0 = time.monotonic()
             if load == "wrk":
                 res = run_wrk(server.url, body_file, ctype, duration, args.connections, args.threads)
@@ -398,6 +458,9 @@ def main() -> int:
                 per = max(1, args.connections // max(1, args.threads))
                 res = run_python_load(server.url, body, ctype, duration, args.threads, per)
             t_load = time.monotonic() - t0
+            if spy is not None:
+                spy.wait(30)
+                profile_text = summarize_profile(workdir / "profile.txt", dur_s=max(1, int(duration) - 2))
             acked = res["ok"] * BATCH_ROWS
             t_stored = wait_stored(server, stored_before + acked, args.drain_timeout)
             stored_before = server.stored_by_writer() or stored_before + acked
@@ -430,9 +493,12 @@ def main() -> int:
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
 
+    if profile_text:
+        print(profile_text)
     print(
         f"\ningest bench: {os.cpu_count()} CPUs, load={load}, connections={args.connections}, "
-        f"{BATCH_ROWS}-row batches, durable ack (spool fsync), embedded chDB"
+        f"{BATCH_ROWS}-row batches, durable ack (spool fsync), embedded chDB; load average before "
+        f"{load_before[0]:.1f}, after {os.getloadavg()[0]:.1f} (other processes share the CPUs)"
     )
     print(
         f"{'path':<28}{'req ok':>10}{'non2xx':>8}{'acked rows':>12}{'stored rows':>13}{'seconds':>9}"
