@@ -97,7 +97,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             if writer is not None:
                 writer.stop()
             if spool is not None:
+                left = spool.stats()["batches"]
                 spool.close()
+                log.info("stopped cleanly: writer stopped, spool closed with %d batch(es) left for the next start", left)
 
     app = FastAPI(
         title="livestep",

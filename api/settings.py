@@ -62,7 +62,7 @@ class Settings(CollectorSettings):
 
     @field_validator("read_tokens", "admin_tokens", mode="before")
     @classmethod
-    def _split(cls, v):
+    def _split_api_tokens(cls, v):
         return split_tokens(v)
 
     @property

@@ -106,5 +106,5 @@ class CollectorSettings(BaseSettings):
 
     @field_validator("ingest_tokens", mode="before")
     @classmethod
-    def _split(cls, v):
+    def _split_ingest_tokens(cls, v):
         return split_tokens(v)
