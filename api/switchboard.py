@@ -222,7 +222,8 @@ class Switchboard:
         return d
 
     def set(self, name: str, value: bool, scope: str | dict[str, str] | None = None, *, actor: str, reason: str,
-            source: str = "api", ref: str = "", evidence: dict[str, Any] | None = None) -> Decision:
+            source: str = "api", ref: str = "", evidence: dict[str, Any] | None = None,
+            action: str = "set") -> Decision:
         """Turn a switch on or off for a scope; a no-op (recorded) when it already is."""
         check_name(name)
         scope_s = canonical_scope(scope)
@@ -238,7 +239,7 @@ class Switchboard:
             if not value:  # a switch turned off ends the canaries that re-enable it inside this scope
                 ev["cohort_rules_withdrawn"] = self._withdraw_cohorts(name, scope_s, actor, reason)
                 version = self.snapshot()[1]
-            return self.record(Decision(name, scope_s, "", old, value, True, version, "set", source, actor,
+            return self.record(Decision(name, scope_s, "", old, value, True, version, action, source, actor,
                                         reason, ref, ev))
 
     def _withdraw_cohorts(self, name: str, scope_s: str, actor: str, reason: str) -> list[str]:
@@ -249,6 +250,17 @@ class Switchboard:
                 self._write_rule(r.name, r.scope, r.cohort, r.value, False, r.bucket_lo, r.bucket_hi, actor, reason)
                 gone.append(r.cohort)
         return gone
+
+    def withdraw_cohort(self, name: str, scope: str, cohort: str, *, actor: str, reason: str) -> bool:
+        """Withdraw one cohort rule without an audit row of its own (the caller records the decision)."""
+        scope_s = canonical_scope(scope)
+        with self.lock:
+            self.invalidate()
+            for r in self.snapshot()[0]:
+                if (r.name, r.scope, r.cohort) == (name, scope_s, cohort):
+                    self._write_rule(name, scope_s, cohort, r.value, False, r.bucket_lo, r.bucket_hi, actor, reason)
+                    return True
+        return False
 
     def set_cohort(self, name: str, value: bool, scope: str, cohort: str, lo: int, hi: int, *, actor: str,
                    reason: str, source: str, action: str, evidence: dict[str, Any] | None = None) -> Decision:
