@@ -1,0 +1,103 @@
+"""Ring vs plain cache through the whole model, delta rotation, and moving a window between caches."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from worker.cache import PlainCache, RingCache, make_cache, rebuild_cache
+from worker.config import ModelShape, Switches
+from worker.fp8 import dequantize, head_scale, quantize
+from worker.model import DiT
+from worker.rope import apply_rope, rotate_by
+
+PLAIN = Switches()
+RING = Switches(ring_cache=True, rope_at_write=True, delta_rotation=True)
+RING_FP8 = Switches(ring_cache=True, rope_at_write=True, fp8_cache=True, delta_rotation=True)
+
+
+def stream(model: DiT, switches: Switches, steps: int, flip: dict[int, Switches] | None = None):
+    """Latents of every step and the final cache, for the same conditioning and noise."""
+    shape = model.shape
+    cache = make_cache(shape, switches, "cpu", torch.float32)
+    g = torch.Generator().manual_seed(7)
+    cond_kv = model.first_forward(torch.randn(11, shape.d_model, generator=g), cache)
+    out = []
+    for i in range(steps):
+        if flip and i in flip:
+            cache = rebuild_cache(cache, flip[i])
+        cache.begin_step(shape.new_tokens, reset=i > 0 and i % shape.reset_every == 0)
+        out.append(model.denoise_chunk(torch.randn(shape.new_tokens, shape.latent_channels, generator=g),
+                                       cache, cond_kv))
+        cache.end_step()
+    return torch.stack(out), cache
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return DiT(ModelShape.from_name("tiny"))
+
+
+def test_ring_equals_plain_over_wraps_and_resets(tiny):
+    plain, pc = stream(tiny, PLAIN, 100)
+    ring, rc = stream(tiny, RING, 100)
+    assert isinstance(pc, PlainCache) and isinstance(rc, RingCache)
+    assert rc.book.wraps >= 2 and rc.book.resets >= 2
+    torch.testing.assert_close(ring, plain, rtol=1e-4, atol=1e-4)
+    # the ring's reset without delta rotation (un-rotate + re-rotate) lands on the same outputs
+    ring_nodelta, _ = stream(tiny, Switches(ring_cache=True, rope_at_write=True), 100)
+    torch.testing.assert_close(ring_nodelta, plain, rtol=1e-4, atol=1e-4)
+
+
+def test_ring_fp8_close_to_plain_within_fp8_tolerance():
+    model = DiT(ModelShape.from_name("tiny", fp8_attention=True))
+    plain, _ = stream(model, PLAIN, 100)  # re-quantizes the window at every read
+    ring, rc = stream(model, RING_FP8, 100)  # quantized once at write, per-head scales from the first forward
+    assert rc.k.dtype == torch.float8_e4m3fn and rc.book.wraps >= 2 and rc.book.resets >= 2
+    assert torch.isfinite(ring).all()
+    rel = (ring - plain).norm() / plain.norm()
+    assert rel < 0.03, rel  # e4m3 carries 3 mantissa bits: ~2-3% per element, far less on outputs
+    fp32_ring, _ = stream(model, RING, 100)
+    assert (ring - plain).abs().max() > (fp32_ring - plain).abs().max()  # the FP8 path really quantizes
+
+
+def test_switching_cache_mid_stream_keeps_the_window(tiny):
+    plain, _ = stream(tiny, PLAIN, 40)
+    flipped, c = stream(tiny, PLAIN, 40, flip={13: RING, 27: Switches(rope_at_write=True)})
+    assert isinstance(c, PlainCache) and c.rope_at_write
+    torch.testing.assert_close(flipped, plain, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("delta", [1, 37, 12345])
+def test_delta_rotation_equals_rerotating_raw_keys(delta):
+    g = torch.Generator().manual_seed(delta)
+    raw = torch.randn(3, 29, 16, generator=g, dtype=torch.float64).float()
+    pos = torch.randint(delta, delta + 40000, (29,), generator=g)
+    rotated = apply_rope(raw, pos)
+    torch.testing.assert_close(rotate_by(rotated, delta), apply_rope(raw, pos - delta), rtol=1e-5, atol=1e-5)
+    # FP8 in and out with the same per-head scales: within e4m3 rounding of the from-scratch keys
+    scale = head_scale(rotated, 1.5)
+    cache = quantize(rotated, scale)
+    from worker.cache import delta_rotate_torch
+
+    delta_rotate_torch(cache, scale, delta)
+    want = apply_rope(raw, pos - delta)
+    err = (dequantize(cache, scale, torch.float32) - want).abs().max()
+    assert err <= 2 * (dequantize(quantize(want, scale), scale, torch.float32) - want).abs().max() + 1e-3
+
+
+def test_quantize_saturates_never_nan():
+    x = torch.tensor([[[1e9, -1e9, float("1e30"), 0.5]]])
+    q = quantize(x, torch.tensor([1.0]))
+    assert torch.isfinite(q.float()).all() and q.float().abs().max() == 448
+
+
+def test_ring_slot_bookkeeping():
+    shape = ModelShape.from_name("tiny")
+    c = RingCache(shape, RING, "cpu", torch.float32)
+    for _ in range(6):  # 6 x 9 tokens through 40 slots: one wrap
+        c.begin_step(shape.new_tokens)
+        c.end_step()
+    assert (c.book.head, c.book.n_valid, c.book.next_pos, c.book.wraps) == (54 % 40, 40, 54, 1)
+    pos = c.slot_positions()
+    assert pos[(c.book.head - 1) % 40] == 53 and pos[c.book.head] == 14  # newest and oldest

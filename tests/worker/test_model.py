@@ -1,0 +1,47 @@
+"""The DiT: a TP rank's weights are the slice of the full model's; row-parallel sums match."""
+
+from __future__ import annotations
+
+import torch
+
+from worker.config import ModelShape, tp_rank_of
+from worker.model import DiT
+
+
+def test_rank_shards_are_slices_of_the_full_weights():
+    shape = ModelShape.from_name("tiny")
+    full = DiT(shape)
+    hd, H = shape.head_dim, shape.n_heads
+    for rank in range(2):
+        part = DiT(tp_rank_of(shape, 2, rank))
+        hs = slice(rank * H // 2 * hd, (rank + 1) * H // 2 * hd)
+        fs = slice(rank * shape.ffn // 2, (rank + 1) * shape.ffn // 2)
+        for b_full, b_part in zip(full.blocks, part.blocks, strict=True):
+            q_full = b_full.qkv.w.view(3, H * hd, -1)[:, hs].reshape(-1, shape.d_model)
+            torch.testing.assert_close(b_part.qkv.w, q_full, rtol=0, atol=0)
+            torch.testing.assert_close(b_part.o.w, b_full.o.w[:, hs], rtol=0, atol=0)
+            torch.testing.assert_close(b_part.up.w, b_full.up.w[fs], rtol=0, atol=0)
+            torch.testing.assert_close(b_part.down.w, b_full.down.w[:, fs], rtol=0, atol=0)
+            torch.testing.assert_close(b_part.table, b_full.table, rtol=0, atol=0)
+
+
+def test_row_parallel_partials_sum_to_the_full_product():
+    shape = ModelShape.from_name("tiny")
+    full = DiT(shape).blocks[0]
+    parts = [DiT(tp_rank_of(shape, 2, r)).blocks[0] for r in range(2)]
+    x = torch.randn(5, shape.ffn)
+    fs = shape.ffn // 2
+    partial = [p.row_parallel(x[:, r * fs:(r + 1) * fs], p.down) for r, p in enumerate(parts)]
+    torch.testing.assert_close(partial[0] + partial[1], full.row_parallel(x, full.down), rtol=1e-5, atol=1e-5)
+
+
+def test_allreduce_hook_is_called_after_every_row_parallel_output():
+    model = DiT(ModelShape.from_name("tiny"))
+    calls = []
+    model.set_allreduce(lambda y: calls.append(y.shape) or y)
+    from worker.cache import make_cache
+    from worker.config import Switches
+
+    cache = make_cache(model.shape, Switches(), "cpu", torch.float32)
+    model.first_forward(torch.randn(6, model.shape.d_model), cache)
+    assert len(calls) == 3 * model.shape.n_blocks and all(s == (6, model.shape.d_model) for s in calls)

@@ -1,0 +1,93 @@
+"""Live sessions on the tiny model: records, switches at step boundaries, playout, a down collector."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from collector import records
+from worker.session import Worker, run_session
+from worker.telemetry import ListSink, Playout
+
+
+def test_records_follow_the_wire_contract():
+    sink = ListSink()
+    s = run_session("tiny", steps=20, realtime=False, sink=sink, worker_id="w7", release="v3")
+    steps = sink.rows["step"]
+    assert [r["step"] for r in steps] == list(range(20)) and s.steps == 20
+    for kind, rows in sink.rows.items():
+        for row in rows:
+            records.MODELS[kind].model_validate(row)  # every field named and typed as the collector wants
+    assert {r["phase"] for r in sink.rows["session"]} == {"start", "end"}
+    end = next(r for r in sink.rows["session"] if r["phase"] == "end")
+    assert end["frames"] == 80 and end["first_forward_tokens"] == s.first_forward_tokens
+    assert sum(r["reset_step"] for r in steps) == len([i for i in range(1, 20) if i % 7 == 0])
+    assert all(r["cache_upkeep_ms"] is not None and r["energy_mj"] is None for r in steps)  # no NVML here
+
+
+def test_switch_flipped_mid_session_applies_at_the_next_step_and_is_recorded(tmp_path):
+    sink = ListSink()
+    ring = {"ring_cache": True, "rope_at_write": True, "delta_rotation": True}
+    flips = {12: ring, 25: {"rope_at_write": False}, 30: {"fp8_cache": True}}  # 25: invalid -> refused
+    s = run_session("tiny", steps=40, realtime=False, sink=sink, switch_source=flips.get)
+    by_step = {r["step"]: r["switches"] for r in sink.rows["step"]}
+    assert by_step[11] == "" and by_step[12] == "delta_rotation,ring_cache,rope_at_write"
+    assert by_step[39] == "delta_rotation,fp8_cache,ring_cache,rope_at_write"
+    applied = [e for e in sink.rows["event"] if e["kind"] == "switch_applied"]
+    assert [e["detail"]["step"] for e in applied] == [12, 30]
+    assert applied[0]["detail"]["changed"] == ring
+    errors = [e for e in sink.rows["event"] if e["kind"] == "error"]  # step 25's invalid change, refused
+    assert [e["detail"]["step"] for e in errors] == [25]
+    assert "Valid cache combinations" in errors[0]["detail"]["error"]
+    assert s.steps == 40 and len(s.switch_events) == 2
+
+
+def test_switch_file_source(tmp_path):
+    path = tmp_path / "switches.json"
+    path.write_text(json.dumps({"switches": {"rope_at_write": True}}))
+    sink = ListSink()
+    run_session("tiny", steps=5, realtime=False, sink=sink, switch_source=str(path))
+    assert [r["switches"] for r in sink.rows["step"]] == ["rope_at_write"] * 5
+
+
+def test_collector_down_session_completes_and_counts_drops():
+    pytest.importorskip("collector.client")
+    s = run_session("tiny", steps=12, realtime=False, collector_url="http://127.0.0.1:9",
+                    client_kwargs={"give_up_after_s": 0.2, "max_attempts": 2, "flush_interval_s": 0.05})
+    assert s.steps == 12 and s.frames == 48
+    assert s.telemetry_sent == 0 and s.telemetry_dropped >= 12 + 2
+
+
+def test_buffer_per_shape_grows_the_registry_per_first_forward_length():
+    w = Worker("tiny")
+    for n in (5, 8, 13):
+        s = w.run_session(steps=3, realtime=False, cond_tokens=n, switches=["fused_allreduce=on"])
+    assert s.buffers_registered == 1  # the steady-state shape only
+    w2 = Worker("tiny")
+    sink = ListSink()
+    for n in (5, 8, 13):
+        s = w2.run_session(steps=3, realtime=False, cond_tokens=n, switches=["buffer_per_shape=on"], sink=sink)
+    assert s.buffers_registered == 4  # 3 first-forward lengths + the steady shape
+    mem = [r["mem_allocated_bytes"] for r in sink.rows["step"]]
+    assert mem[-1] > mem[0]
+
+
+def test_realtime_playout_counts_late_chunks():
+    sink = ListSink()
+    s = run_session("tiny", steps=10, sink=sink, chunk_period_s=1e-5)  # a period no step can meet
+    assert s.late_chunks >= 5 and s.stall_ms > 0 and s.avg_fps < 4 / 1e-5
+    assert sum(r["late"] for r in sink.rows["step"]) == s.late_chunks
+    ok = run_session("tiny", steps=8, chunk_period_s=0.02)
+    assert ok.late_chunks == 0 and ok.avg_fps == pytest.approx(4 / 0.02)
+
+
+def test_playout_clock_literal_times():
+    p = Playout(period_s=1.0, capacity=3, prebuffer=2)
+    assert p.deliver(0, 0.1) == (False, 1)
+    assert p.deliver(1, 0.5) == (False, 1)  # playback starts at 0.5: chunk 0 playing, 1 buffered
+    assert p.deliver(2, 1.0) == (False, 2)
+    assert p.deliver(3, 4.0) == (True, 0)  # due at 0.5 + 3 = 3.5: a 0.5 s stall, played on arrival
+    assert p.deliver(4, 4.2) == (False, 1)  # due at 0.5 + 4 + 0.5 (the stall shifted the clock)
+    assert (p.late_chunks, p.stall_s, p.streamed_s) == (1, 0.5, 5.5)
+    assert p.room(6, 4.2) and not p.room(7, 4.2)  # 4 chunks started, at most 3 ahead
