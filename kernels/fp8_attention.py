@@ -211,10 +211,13 @@ def _config(Tq: int, D: int) -> dict:
     return {"BLOCK_M": 128, "BLOCK_N": 128 if D <= 128 else 64, "num_warps": 8, "num_stages": 2}
 
 
-def _launch(q, k_cache, v_cache, k_scale, v_scale, n_valid, sm_scale, qk_fp8, pv_fp8, wrap=lambda k: k):
+def _launch(
+    q, k_cache, v_cache, k_scale, v_scale, n_valid, sm_scale, qk_fp8, pv_fp8, wrap=lambda k: k, cfg=None
+):
+    """Launch the kernel; ``cfg`` overrides the fixed tiles (bench/kernels.py compares a few)."""
     H, Tq, D = q.shape
     out = torch.empty_like(q)
-    cfg = _config(Tq, D)
+    cfg = cfg or _config(Tq, D)
     grid = (triton.cdiv(Tq, cfg["BLOCK_M"]), H)
     wrap(_fp8_attention_kernel)[grid](
         q,

@@ -1,0 +1,153 @@
+"""The kernels at the prod57b TP=3 rank shape on the GPU, and chained eagerly vs torch.compile + CUDA graphs.
+
+Shape: 20 heads x 128, 757 new tokens, 5,788-slot window. Errors are bounded by the reference's own
+error against the fp64 truth (FA3 rule: err <= 2 * err_ref + atol). The chain is write -> attention ->
+write (across the ring wrap) -> attention -> delta rotation -> attention; compiled and graph-replayed
+results must equal the eager chain bit for bit.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.delta_rotate import delta_rotate
+from kernels.fp8_attention import fp8_attention
+from kernels.rope_fp8_write import rope_fp8_write
+from tests.kernels.helpers import poisoned_cache, random_fp8_window, random_scale
+from tests.kernels.test_delta_rotate import test_matches_reference as _delta_case
+from tests.kernels.test_fp8_attention import MODES, check_attention
+from tests.kernels.test_rope_fp8_write import _run_case as _rope_case
+
+pytestmark = pytest.mark.gpu
+
+H, D, T, S = 20, 128, 757, 5788  # prod57b at TP=3: one rank's heads
+
+
+@pytest.mark.parametrize("apply_rope", [True, False])
+def test_rope_fp8_write_prod_shape_wrapping(apply_rope, rng, device):
+    _rope_case(H, T, S, D, S - 300, apply_rope, torch.bfloat16, rng, device)
+
+
+@pytest.mark.parametrize("spread", [1.0, 40.0])
+def test_delta_rotate_prod_shape(spread, rng, device):
+    _delta_case(H, S, D, spread, rng, device)
+
+
+@pytest.mark.parametrize("n_valid", [S, 3001])
+@pytest.mark.parametrize("mode", list(MODES))
+def test_fp8_attention_prod_shape(n_valid, mode, rng, device):
+    check_attention(H, T, S, D, n_valid, *mode, rng, device, MODES[mode])
+
+
+class _Chain(torch.nn.Module):
+    """write -> attention -> write (wraps) -> attention -> delta rotation -> attention, on cache buffers."""
+
+    def __init__(self, k_cache, v_cache, k_scale, v_scale, n_first: int, delta: int):
+        super().__init__()
+        for name, t in (
+            ("k_cache", k_cache),
+            ("v_cache", v_cache),
+            ("k_scale", k_scale),
+            ("v_scale", v_scale),
+        ):
+            self.register_buffer(name, t)
+            torch._dynamo.mark_static_address(t)  # caches live at fixed addresses (as in the worker)
+        self.n_first, self.delta = n_first, delta
+
+    def forward(self, k1, v1, pos1, slots1, q1, k2, v2, pos2, slots2, q2, q3):
+        kc, vc, ks, vs = self.k_cache, self.v_cache, self.k_scale, self.v_scale
+        rope_fp8_write(k1, pos1, slots1, ks, kc)
+        rope_fp8_write(v1, pos1, slots1, vs, vc, apply_rope=False)
+        o1 = fp8_attention(q1, kc, vc, ks, vs, self.n_first)
+        rope_fp8_write(k2, pos2, slots2, ks, kc)
+        rope_fp8_write(v2, pos2, slots2, vs, vc, apply_rope=False)
+        o2 = fp8_attention(q2, kc, vc, ks, vs, kc.shape[1])
+        delta_rotate(kc, ks, self.delta)
+        o3 = fp8_attention(q3, kc, vc, ks, vs, kc.shape[1])
+        return o1, o2, o3
+
+
+def _chain_inputs(g, device):
+    n0 = S - T - 300  # valid slots before the first write; the second write wraps the ring
+    args = []
+    for i, head in enumerate((n0, n0 + T)):
+        k = torch.randn(H, T, D, generator=g, device=device).bfloat16()
+        v = torch.randn(H, T, D, generator=g, device=device).bfloat16()
+        pos = torch.arange(30_000 + i * T, 30_000 + (i + 1) * T, device=device)
+        slots = (head + torch.arange(T, device=device)) % S
+        q = torch.randn(H, T, D, generator=g, device=device).bfloat16()
+        args += [k, v, pos, slots, q]
+    args.append(torch.randn(H, T, D, generator=g, device=device).bfloat16())
+    return args, n0 + T
+
+
+def test_chain_eager_compiled_and_graphed_agree(rng, device):
+    g, seed = rng
+    ks, vs = random_scale(H, g, device), random_scale(H, g, device)
+    k0 = random_fp8_window(H, S, D, ks, g, device)
+    v0 = random_fp8_window(H, S, D, vs, g, device)
+    args, n_first = _chain_inputs(g, device)
+    k0.view(torch.uint8)[:, n_first - T : S - 300] = 0x7F  # slots the first write must overwrite
+    v0.view(torch.uint8)[:, n_first - T : S - 300] = 0x7F
+    delta = 42 * T
+
+    def fresh():
+        return _Chain(k0.clone(), v0.clone(), ks.clone(), vs.clone(), n_first, delta).to(device)
+
+    eager = fresh()
+    want = [o.clone() for o in eager(*args)]
+    want_caches = (eager.k_cache.clone(), eager.v_cache.clone())
+    msg = f"seed={seed}"
+    for o in want:
+        assert torch.isfinite(o).all(), msg
+    assert torch.isfinite(want_caches[0].float()).all() and torch.isfinite(want_caches[1].float()).all(), msg
+
+    # torch.compile with CUDA graphs (cudagraph trees); record, then replay twice from reset caches
+    torch._dynamo.reset()
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    mod = fresh()
+    compiled = torch.compile(mod, mode="reduce-overhead", fullgraph=True)
+    for _ in range(3):
+        mod.k_cache.copy_(k0)
+        mod.v_cache.copy_(v0)
+        got = [o.clone() for o in compiled(*args)]
+        for a, b in zip(got, want, strict=True):
+            assert torch.equal(a, b), f"compiled chain differs from eager: {msg}"
+        assert torch.equal(mod.k_cache.view(torch.uint8), want_caches[0].view(torch.uint8)), msg
+        assert torch.equal(mod.v_cache.view(torch.uint8), want_caches[1].view(torch.uint8)), msg
+    assert not counters["inductor"]["cudagraph_skips"], f"cudagraphs skipped: {dict(counters['inductor'])}"
+
+    # the eager chain captured in a plain CUDA graph, replayed from reset caches
+    mod = fresh()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        mod(*args)  # warm-up: compiles the kernels outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = mod(*args)
+    for _ in range(2):
+        mod.k_cache.copy_(k0)
+        mod.v_cache.copy_(v0)
+        graph.replay()
+        torch.cuda.synchronize()
+        for a, b in zip(outs, want, strict=True):
+            assert torch.equal(a, b), f"graph replay differs from eager: {msg}"
+        assert torch.equal(mod.k_cache.view(torch.uint8), want_caches[0].view(torch.uint8)), msg
+
+
+def test_poisoned_slots_never_leak_into_attention(rng, device):
+    """Prod shape: NaN codes past n_valid (a partly filled ring) leave every output finite."""
+    g, _ = rng
+    ks, vs = random_scale(H, g, device), random_scale(H, g, device)
+    kc, vc = poisoned_cache(H, S, D, device), poisoned_cache(H, S, D, device)
+    x = torch.randn(H, T, D, generator=g, device=device).bfloat16()
+    slots = torch.arange(T, device=device)
+    rope_fp8_write(x, slots, slots, ks, kc)
+    rope_fp8_write(x, slots, slots, vs, vc, apply_rope=False)
+    out = fp8_attention(x, kc, vc, ks, vs, T)
+    assert torch.isfinite(out).all()
