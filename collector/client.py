@@ -212,9 +212,10 @@ class TelemetryClient:
 
     # -- shutdown -------------------------------------------------------------------------------
     def flush(self, timeout_s: float = 5.0) -> bool:
-        """Ship everything put so far now; True when all of it was acked within ``timeout_s``.
+        """Ship everything put so far now; True when it was all shipped within ``timeout_s``.
 
-        Never raises. False when the time ran out or when some of it was refused or given up.
+        Never raises. False when the time ran out or a batch was refused or given up meanwhile;
+        losses before the call show in ``dropped``/``failed_batches``, not here.
         """
         try:
             done = threading.Event()

@@ -183,14 +183,17 @@ def test_collector_killed_mid_stream_then_back_every_row_once(serve):
         batch_rows=50,
         flush_interval_s=0.05,
         give_up_after_s=300,
+        max_attempts=100_000,  # the outage lasts as long as a restart takes on a busy machine
         backoff_base_s=0.05,
         backoff_max_s=0.5,
     )
     # a third goes in while the collector is up; it dies with batches in flight
     for row in steps[:500]:
         c.put("step", row)
-    while c.sent < 100:
+    end = time.monotonic() + 60
+    while c.sent < 100 and time.monotonic() < end:
         time.sleep(0.005)
+    assert c.sent >= 100
     serve.kill()
     # the session goes on: every put returns while nothing listens
     producer = threading.Thread(target=lambda: [c.put("step", row) for row in steps[500:]])
