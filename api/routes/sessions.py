@@ -24,6 +24,8 @@ router = APIRouter(tags=["sessions"], dependencies=[ReadAuth])
 FRAMES_PER_STEP = 4
 MAX_LIMIT = 1000
 MAX_OFFSET = 10_000_000
+TIME_MIN = datetime(1970, 1, 1, tzinfo=UTC)  # what DateTime64(3, 'UTC') holds, with margin
+TIME_MAX = datetime(2200, 1, 1, tzinfo=UTC)
 
 LabelQ = Annotated[str | None, Query(min_length=1, max_length=128)]
 
@@ -120,6 +122,10 @@ def list_sessions(
         if value is not None:
             where.append(f"AND {name} = {{{name}:String}}")
             params[name] = value
+    for name, t in (("start", start), ("end", end)):
+        if t is not None and not TIME_MIN <= _utc(t) <= TIME_MAX:
+            raise HTTPException(422, f"{name} ({t.isoformat()}) is out of range; valid: a UTC time between "
+                                     f"{TIME_MIN.date()} and {TIME_MAX.date()}")
     if start is not None and end is not None and _utc(start) >= _utc(end):
         raise HTTPException(422, f"start ({start.isoformat()}) must be before end ({end.isoformat()})")
     if start is not None:

@@ -92,6 +92,7 @@ def test_paging(sessions_client):
     ("start=yesterday", ["start", "datetime"]),
     ("start=2026-02-01T00:00:00Z&end=2026-01-01T00:00:00Z", ["start", "must be before end"]),
     ("release=" + "x" * 200, ["release", "at most 128"]),
+    ("end=0999-01-01T00:00:00Z", ["end", "out of range", "1970-01-01"]),
 ])
 def test_bad_queries_are_422_with_the_reason(sessions_client, query, words):
     r = sessions_client.get(f"/v1/sessions?{query}")
