@@ -1,31 +1,38 @@
 """Tensor parallel for the DiT, gpt-fast ``tp.py`` style: small, and world size 1 is a no-op.
 
     rank = maybe_init_dist()                     # None below 2 ranks (torchrun: RANK, WORLD_SIZE, LOCAL_RANK)
-    place = placement(world, rank, decoder_own_gpu=True)   # TP ranks 0..N-1 denoise, rank N decodes
+    place = placement(world, rank, decoder_own_gpu=True)   # TP ranks 0..N-1 denoise, GPU N decodes
     group = tp_group(place)                      # collective: every rank calls it
     model = DiT(shard_shape(shape, place), device)          # this rank's heads / FFN chunks
     tp = TensorParallel(group, steady_tokens=shape.new_tokens); tp.apply_switches(sw); tp.install(model)
+    worker = TPWorker(shape, place, group)       # the session loop (worker/session.py) on a TP group
 
 After every row-parallel linear (attention out, cross out, FFN down) the block's partial output is
 summed over the group: with ``fused_allreduce`` off by ``torch.distributed.all_reduce`` (NCCL on GPU,
 gloo on CPU); on, by the fused FP8 GEMM + peer-to-peer all-reduce (`kernels.gemm_allreduce`) for the
 steady-state shape only, NCCL for first forwards (their token count varies per session). The
 registry of fused buffers is `tp.registry`; ``tp.buffers_registered`` feeds the step records.
-``livestep worker run --tp N`` launches N denoising ranks (+1 decoder rank with ``decoder_own_gpu``)
-through torchrun (`launch_command`); `run_decoder_rank` is the decoder rank's loop.
+The decoder's own-GPU placement generalised: N denoising ranks hold GPUs 0..N-1 and the decoder runs
+on GPU N (the last visible one), driven by rank 0, which alone decodes and ships telemetry; rank 0
+also polls the switch control plane and hands each change to the other ranks at the same step
+boundary (a host-side gloo broadcast: no GPU sync). ``livestep worker run --tp N`` launches the N
+ranks through torchrun (`launch_command`; under torchrun, `run_cli` is the per-rank entry point).
 """
 
 from __future__ import annotations
 
 import os
-import time
+import sys
+import uuid
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
 from kernels.gemm_allreduce import BufferRegistry, fused_gemm_allreduce
-from worker.config import ModelShape, Switches, tp_rank_of
+from worker.config import SWITCH_NAMES, ModelShape, Switches, tp_rank_of
+from worker.decoder import DecodeJob
+from worker.session import Session, Worker
 
 FP8_MAX = 448.0
 
@@ -65,49 +72,44 @@ def maybe_init_dist(backend: str | None = None) -> int | None:
 
 @dataclass(frozen=True)
 class Placement:
-    """Which rank does what: ``tp`` denoising ranks 0..tp-1, and the decoder on rank tp (if any)."""
+    """Which rank does what: ``tp`` denoising ranks 0..tp-1; rank 0 also drives the decoder, on GPU
+    ``decoder_gpu`` (= tp, its own) when one is free, else on its own stream (``None``)."""
 
     world: int
     rank: int
     tp: int
-    decoder_rank: int | None
-
-    @property
-    def role(self) -> str:
-        return "decode" if self.rank == self.decoder_rank else "denoise"
+    decoder_gpu: int | None
 
     @property
     def tp_rank(self) -> int:
-        return self.rank if self.role == "denoise" else 0
+        return self.rank
 
     @property
-    def decodes_inline(self) -> bool:
-        """No decoder rank: the denoising rank 0 decodes (own stream / own device per worker.decoder)."""
-        return self.decoder_rank is None
+    def decodes(self) -> bool:
+        """Rank 0 hands each chunk to the decoder (and ships the session's telemetry)."""
+        return self.rank == 0
 
 
-def placement(world: int, rank: int, decoder_own_gpu: bool) -> Placement:
-    """TP ranks 0..N-1 denoise, rank N decodes, when ``decoder_own_gpu`` and there are >= 2 ranks."""
+def placement(world: int, rank: int, decoder_own_gpu: bool, gpus: int | None = None) -> Placement:
+    """TP ranks 0..N-1 denoise on GPUs 0..N-1; with ``decoder_own_gpu`` the decoder gets GPU N when the
+    machine has more GPUs than ranks (worker.decoder puts it on the last visible GPU), else a stream."""
     if world < 1 or not 0 <= rank < world:
         raise ParallelError(f"rank {rank} of world {world}: need world >= 1 and 0 <= rank < world")
-    if decoder_own_gpu and world >= 2:
-        return Placement(world, rank, world - 1, world - 1)
-    return Placement(world, rank, world, None)
+    gpus = torch.cuda.device_count() if gpus is None else gpus
+    decoder_gpu = gpus - 1 if decoder_own_gpu and gpus > world else None
+    return Placement(world, rank, world, decoder_gpu)
 
 
-def launch_world(tp: int, decoder_own_gpu: bool) -> int:
-    """Processes to start for ``--tp N``: N denoising ranks, plus one decoder rank with its own GPU."""
+def gpus_needed(tp: int, decoder_own_gpu: bool) -> int:
+    """GPUs for ``--tp N``: N denoising ranks, plus one for the decoder with ``decoder_own_gpu``."""
     if tp < 1:
         raise ParallelError(f"--tp must be >= 1, got {tp}")
-    return tp + (1 if decoder_own_gpu and tp >= 1 else 0)
+    return tp + (1 if decoder_own_gpu else 0)
 
 
 def tp_group(place: Placement):
-    """The denoising ranks' group (NCCL on GPU, gloo on CPU); None when tp == 1. Collective."""
-    if place.world < 2:
-        return None
-    group = dist.new_group(list(range(place.tp)))  # every rank must call new_group
-    return group if place.tp > 1 and place.role == "denoise" else None
+    """The denoising ranks' group (the default one: NCCL on GPU, gloo on CPU); None when tp == 1."""
+    return dist.group.WORLD if place.tp > 1 else None
 
 
 def shard_shape(shape: ModelShape, place: Placement) -> ModelShape:
@@ -236,77 +238,164 @@ class _BoundRowParallel:
 
 
 # ----------------------------------------------------------------------------------------------------
-# The decoder rank: latents from TP rank 0, frames decoded on its own GPU
+# The session loop (worker/session.py) on a TP group
 
 
-@dataclass
-class DecoderLink:
-    """TP rank 0 -> decoder rank: a control word [step] (-1 = stop) then the latents, per step."""
+def switch_bits(sw: Switches) -> int:
+    """Switches as a bitmask over SWITCH_NAMES (what rank 0 broadcasts at each step boundary)."""
+    return sum(1 << i for i, name in enumerate(SWITCH_NAMES) if getattr(sw, name))
 
-    place: Placement
-    shape: ModelShape
-    device: torch.device
-    _pending: list = field(default_factory=list)
 
-    def send(self, latents: torch.Tensor, step: int) -> None:
-        """On TP rank 0: enqueue the chunk for the decoder rank (returns at once)."""
-        if self.place.decoder_rank is None or self.place.rank != 0:
+def switches_from_bits(bits: int) -> Switches:
+    return Switches.from_mapping({name: bool(bits >> i & 1) for i, name in enumerate(SWITCH_NAMES)})
+
+
+class _RegistryView:
+    """worker.buffers.BufferRegistry's interface over the TP registry, for worker/session.py: its
+    ``get`` is a no-op (``TensorParallel.row_parallel`` does the real lookups); ``len`` is real."""
+
+    def __init__(self, tp: TensorParallel):
+        self.tp = tp
+
+    def get(self, tokens: int, per_shape: bool = False) -> None:
+        return None
+
+    def __len__(self) -> int:
+        return len(self.tp.registry)
+
+    @property
+    def nbytes(self) -> int:
+        return self.tp.registry.nbytes
+
+    def clear(self) -> None:
+        self.tp.registry.clear()
+
+
+class _NoDecoder:
+    """Ranks other than 0 hand nothing to the decoder: rank 0 does, once per chunk."""
+
+    placement = "rank0"
+
+    def __init__(self, device):
+        self.device = device
+
+    def submit(self, latents: torch.Tensor, step: int, after=None) -> DecodeJob:
+        return DecodeJob(step)
+
+
+class TPSession(Session):
+    """A session on one TP rank: every rank runs the same steps from the same seed; rank 0 polls the
+    switch source, decodes and ships telemetry; switch changes reach all ranks at the same step."""
+
+    @property
+    def decoder(self):
+        return self.__dict__.get("_decoder")
+
+    @decoder.setter
+    def decoder(self, dec) -> None:  # Session.run / _apply assign it; ranks > 0 never decode
+        self.__dict__["_decoder"] = dec if dec is None or self.w.place.decodes else _NoDecoder(dec.device)
+
+    def _poll_switches(self, step: int) -> None:
+        w = self.w
+        if w.place.decodes:
+            super()._poll_switches(step)
+        if w.control is None:
             return
-        ctrl = torch.tensor([step], dtype=torch.int64, device=latents.device)
-        lat = latents.contiguous()
-        works = [dist.isend(ctrl, self.place.decoder_rank), dist.isend(lat, self.place.decoder_rank)]
-        self._pending.append((ctrl, lat, works))
-        while len(self._pending) > 2:  # keep the tensors alive until their sends completed
-            for w in self._pending.pop(0)[2]:
-                w.wait()
+        state = torch.tensor([switch_bits(self.switches)], dtype=torch.int64)
+        dist.broadcast(state, 0, group=w.control)  # host-side (gloo): no GPU sync
+        if not w.place.decodes:
+            new = switches_from_bits(int(state[0]))
+            if new != self.switches:
+                self._apply(new, step)
 
-    def close(self) -> None:
-        if self.place.decoder_rank is None or self.place.rank != 0:
-            return
-        for _, _, works in self._pending:
-            for w in works:
-                w.wait()
-        self._pending.clear()
-        stop = torch.tensor([-1], dtype=torch.int64, device=self.device)
-        dist.send(stop, self.place.decoder_rank)
+    def _apply(self, new: Switches, step: int) -> None:
+        super()._apply(new, step)
+        self.w.tp.apply_switches(self.switches)
+
+    def run(self):
+        self.w.tp.apply_switches(self.switches)
+        return super().run()
 
 
-def run_decoder_rank(place: Placement, shape: ModelShape, device, dtype=None) -> list[dict]:
-    """The decoder rank's loop: receive each chunk's latents from rank 0, decode it on this rank's
-    device. Returns per step {step, decode_ms, done_s} (CUDA events read after the loop)."""
-    from worker.decoder import Decoder
+class TPWorker(Worker):
+    """`worker.session.Worker` holding this rank's shard, its row-parallel outputs summed over `group`."""
 
-    device = torch.device(device)
-    dec = Decoder(shape, device, own_gpu=False)
-    dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
-    ctrl = torch.empty(1, dtype=torch.int64, device=device)
-    lat = torch.empty(shape.new_tokens, shape.latent_channels, dtype=dtype, device=device)
-    jobs = []
-    while True:
-        dist.recv(ctrl, src=0)
-        step = int(ctrl[0])  # the decoder rank's own loop: a host read per chunk is its pacing
-        if step < 0:
-            break
-        dist.recv(lat, src=0)
-        job = dec.submit(lat, step)
-        if job.done_event is not None:
-            job.done_event.synchronize()
-            jobs.append({"step": step, "decode_ms": job.start_event.elapsed_time(job.done_event),
-                         "done_s": time.perf_counter()})  # fmt: skip
-        else:
-            jobs.append({"step": step, "decode_ms": job.cpu_ms, "done_s": job.done_wall})
-    return jobs
+    def __init__(self, shape, place: Placement, group, device=None, control=None, **kw):
+        base = ModelShape.from_name(shape) if isinstance(shape, str) else shape
+        super().__init__(base, device=device, tp=place.tp, rank=place.tp_rank, **kw)
+        self.place, self.control = place, control
+        self.tp = TensorParallel(group, steady_tokens=self.shape.new_tokens)
+        self.tp.install(self.model)
+        self.registry = _RegistryView(self.tp)
+
+    def run_session(self, **kw):
+        if self.control is not None:  # one session id (hence seed, prompt length) for every rank
+            box = [kw.get("session_id") or uuid.uuid4().hex[:16]]
+            dist.broadcast_object_list(box, 0, group=self.control)
+            kw["session_id"] = box[0]
+        if not self.place.decodes:
+            kw.update(collector_url=None, switch_source=None, telemetry=False)
+        return TPSession(self, **kw).run()
 
 
 # ----------------------------------------------------------------------------------------------------
 # Launch
 
 
-def launch_command(tp: int, decoder_own_gpu: bool, argv: list[str]) -> list[str]:
-    """The torchrun command line that starts ``livestep worker run`` with ``--tp N`` (+ decoder)."""
-    nproc = launch_world(tp, decoder_own_gpu)
-    return ["torchrun", "--standalone", f"--nproc-per-node={nproc}", "-m", "api.cli", *argv]
-
-
 def launched_by_torchrun() -> bool:
     return "WORLD_SIZE" in os.environ and "RANK" in os.environ
+
+
+def wants_group(tp: int) -> bool:
+    """``--tp N`` starts a real group under torchrun or with >= N GPUs; otherwise (CPU, one GPU) the
+    worker runs one rank's shard alone (the single-GPU emulation of a rank)."""
+    return tp > 1 and (launched_by_torchrun() or (torch.cuda.is_available() and torch.cuda.device_count() >= tp))
+
+
+def launch_command(tp: int, argv: list[str]) -> list[str]:
+    """The torchrun command line that runs ``livestep <argv>`` on ``tp`` ranks of this host."""
+    if tp < 1:
+        raise ParallelError(f"--tp must be >= 1, got {tp}")
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={tp}",
+            "-m", "api.cli", *argv]  # fmt: skip
+
+
+def init_group(decoder_own_gpu: bool) -> tuple[Placement, object, object, torch.device]:
+    """Under torchrun (or alone): (placement, TP group, control group, this rank's device)."""
+    rank = maybe_init_dist()
+    world = dist.get_world_size() if rank is not None else 1
+    place = placement(world, rank or 0, decoder_own_gpu)
+    control = dist.new_group(backend="gloo") if world > 1 else None
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    return place, tp_group(place), control, device
+
+
+def run_cli(args) -> int:
+    """``livestep worker run --tp N``: re-executes itself under torchrun, then runs each rank."""
+    if not launched_by_torchrun():
+        cmd = launch_command(args.tp, sys.argv[1:])
+        os.execv(cmd[0], cmd)
+    from worker.config import parse_switch_args
+
+    sw = parse_switch_args(args.switch)
+    place, group, control, device = init_group(sw.decoder_own_gpu)
+    if place.tp != args.tp:
+        raise ParallelError(f"--tp {args.tp} but torchrun started {place.tp} ranks; start --nproc-per-node={args.tp}")
+    w = TPWorker(args.preset, place, group, device=device, control=control, worker_id=args.worker_id,
+                 release=args.release)  # fmt: skip
+    try:
+        for _ in range(args.sessions):
+            s = w.run_session(seconds=args.seconds, steps=args.steps, collector_url=args.collector,
+                              token=args.token, switches=sw, switch_source=args.switch_source,
+                              cond_tokens=args.cond_tokens, realtime=not args.no_realtime)  # fmt: skip
+            if place.decodes:
+                print(f"session {s.session_id} tp={place.tp}: {s.steps} steps, {s.frames} frames, "
+                      f"avg_fps {s.avg_fps}, late {s.late_chunks}, diffusion {s.mean_diffusion_ms} ms/step, "
+                      f"buffers_registered {s.buffers_registered}, fused calls {w.tp.calls['fused']}, "
+                      f"nccl calls {w.tp.calls['nccl']}", flush=True)
+            sw = switches_from_bits(switch_bits(Switches.decode(s.switches)))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return 0

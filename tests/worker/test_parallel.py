@@ -66,6 +66,14 @@ def _rank_main(rank: int, world: int, init_file: str, out_dir: str) -> None:
             run_session(model, leak, prompt, seed=3, steps=1, tp=tp)
             res["leak_sizes"].append(tp.buffers_registered)
         res["calls"] = dict(tp.calls)
+        # the session loop on the group: rank 0 flips fused_allreduce off at step 3 (control plane)
+        control = dist.new_group(backend="gloo")
+        w = parallel.TPWorker(SHAPE, place, group, device="cpu", control=control)
+        flips = {3: {"fused_allreduce": False}}
+        s = w.run_session(steps=6, realtime=False, switches=RING.with_(fused_allreduce=True),
+                          switch_source=lambda step: flips.get(step), cond_tokens=12)
+        res["session"] = (s.session_id, s.steps, s.switches, [e["step"] for e in s.switch_events],
+                          s.buffers_registered, s.mean_decode_ms)
         torch.save(res, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
@@ -88,6 +96,11 @@ def test_tensor_parallel_equals_single_process(world, tmp_path):
         # buffer_per_shape: one more per new prompt length, none for a repeated one
         assert res["leak_sizes"] == [2, 3, 3, 4]
         assert res["calls"]["nccl"] > 0
+        _, steps, switches, flipped_at, registered, decode_ms = res["session"]
+        assert steps == 6 and flipped_at == [3] and "fused_allreduce" not in switches
+        assert registered == 1  # the steady shape only, the 12-token first forward took NCCL
+        assert (decode_ms is not None) == (rank == 0)  # only rank 0 hands chunks to the decoder
+    assert len({torch.load(tmp_path / f"rank{r}.pt")["session"][0] for r in range(world)}) == 1
 
 
 def test_rank_weights_are_slices_of_the_full_model():
@@ -101,20 +114,26 @@ def test_rank_weights_are_slices_of_the_full_model():
                     assert torch.equal(getattr(b_part, name).w, w), (tp, rank, name)
 
 
-def test_placement_decoder_on_the_last_rank():
-    four = [parallel.placement(4, r, decoder_own_gpu=True) for r in range(4)]
-    assert [p.role for p in four] == ["denoise"] * 3 + ["decode"]
-    assert {p.tp for p in four} == {3} and four[3].decoder_rank == 3
-    assert [p.tp_rank for p in four[:3]] == [0, 1, 2]
-    three = parallel.placement(3, 2, decoder_own_gpu=False)
-    assert three.role == "denoise" and three.tp == 3 and three.decodes_inline
-    one = parallel.placement(1, 0, decoder_own_gpu=True)  # one GPU: decoder on its own stream
-    assert one.tp == 1 and one.decodes_inline
-    assert parallel.launch_world(3, True) == 4 and parallel.launch_world(2, False) == 2
+def test_placement_decoder_on_the_gpu_after_the_ranks():
+    four_gpus = [parallel.placement(3, r, decoder_own_gpu=True, gpus=4) for r in range(3)]
+    assert [p.tp_rank for p in four_gpus] == [0, 1, 2] and {p.tp for p in four_gpus} == {3}
+    assert {p.decoder_gpu for p in four_gpus} == {3}
+    assert [p.decodes for p in four_gpus] == [True, False, False]  # rank 0 drives the decoder GPU
+    assert parallel.placement(2, 1, decoder_own_gpu=True, gpus=3).decoder_gpu == 2  # the B200 layout
+    assert parallel.placement(3, 0, decoder_own_gpu=True, gpus=3).decoder_gpu is None  # no spare GPU
+    assert parallel.placement(3, 0, decoder_own_gpu=False, gpus=4).decoder_gpu is None
+    assert parallel.gpus_needed(3, True) == 4 and parallel.gpus_needed(2, False) == 2
     with pytest.raises(parallel.ParallelError, match="0 <= rank < world"):
-        parallel.placement(2, 2, decoder_own_gpu=False)
+        parallel.placement(2, 2, decoder_own_gpu=False, gpus=0)
     with pytest.raises(parallel.ParallelError, match=">= 1"):
-        parallel.launch_world(0, True)
+        parallel.gpus_needed(0, True)
+    cmd = parallel.launch_command(3, ["worker", "run", "--tp", "3"])
+    assert "--nproc-per-node=3" in cmd and cmd[-4:] == ["worker", "run", "--tp", "3"]
+
+
+def test_switch_bits_round_trip():
+    for sw in (Switches(), RING.with_(fused_allreduce=True, buffer_per_shape=True), Switches.all_on()):
+        assert parallel.switches_from_bits(parallel.switch_bits(sw)) == sw
 
 
 def test_single_process_is_a_no_op(monkeypatch):
