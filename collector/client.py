@@ -13,6 +13,8 @@ keep-alive connection. Each batch gets an ``Idempotency-Key`` before its first a
 errors, 5xx and 429 (``Retry-After`` honoured) are retried under that same key with exponential
 backoff and full jitter, until ``give_up_after_s`` or ``max_attempts``; a 4xx other than 429 is never
 retried. Given-up and refused batches count in ``failed_batches`` and their rows in ``dropped``.
+Drops show up in telemetry too: at most every ``report_drops_s`` (and at close) the client ships a
+``telemetry_dropped`` event (labels of the latest record; detail: rows dropped since the last one).
 
 Imports only pyarrow, httpx, orjson and ``collector.records`` (no server code): the GPU machine has
 no fastapi/chdb. ``NullClient`` has the same interface and ships nothing ("no collector").
@@ -42,6 +44,7 @@ log = logging.getLogger("livestep.client")
 ARROW_CONTENT_TYPE = "application/vnd.apache.arrow.stream"
 INGEST_PATH = "/v1/telemetry"
 _KINDS = frozenset(records.RECORD_KINDS)
+_LABELS = ("worker_id", "session_id", "release", "gpu_kind")
 
 
 class ClientConfigError(ValueError):
@@ -110,6 +113,7 @@ class TelemetryClient:
         backoff_base_s: float = 0.1,
         backoff_max_s: float = 5.0,
         max_retry_after_s: float = 30.0,
+        report_drops_s: float | None = 10.0,
     ):
         checks = {
             "batch_rows": batch_rows >= 1,
@@ -121,6 +125,7 @@ class TelemetryClient:
             "backoff_base_s": backoff_base_s > 0,
             "backoff_max_s": backoff_max_s >= backoff_base_s,
             "max_retry_after_s": max_retry_after_s >= 0,
+            "report_drops_s": report_drops_s is None or report_drops_s > 0,
         }
         bad = [name for name, ok in checks.items() if not ok]
         if bad:
@@ -138,6 +143,7 @@ class TelemetryClient:
         self.backoff_base_s = backoff_base_s
         self.backoff_max_s = backoff_max_s
         self.max_retry_after_s = max_retry_after_s
+        self.report_drops_s = report_drops_s
 
         headers = {"Content-Type": ARROW_CONTENT_TYPE, "User-Agent": "livestep-client/1"}
         if token:
@@ -159,6 +165,9 @@ class TelemetryClient:
         self._dropped = 0
         self._failed_batches = 0
         self._retries = 0
+        self._reported_dropped = 0  # sender thread only
+        self._last_report = -math.inf
+        self._labels: dict[str, Any] | None = None  # of the latest record: who the drop event is about
 
         self._thread = threading.Thread(target=self._run, name="livestep-telemetry", daemon=True)
         self._thread.start()
@@ -286,6 +295,11 @@ class TelemetryClient:
             for kind, row in taken:
                 pending[kind].append(row)
                 first_at.setdefault(kind, now)
+            if taken and self.report_drops_s is not None:
+                self._remember_labels(taken[-1][1])
+            if self._drop_event_due(now, force=stopping):
+                pending["event"].append(self._drop_event())
+                first_at.setdefault("event", now)
             force = bool(waiters) or stopping or self._closing
             for kind in records.RECORD_KINDS:
                 rows = pending[kind]
@@ -302,6 +316,29 @@ class TelemetryClient:
                 w.set()
             if stopping:
                 return
+
+    # -- dropped records show up in telemetry ------------------------------------------------------
+    def _remember_labels(self, row: Any) -> None:
+        if isinstance(row, dict) and all(isinstance(row.get(k), str) for k in _LABELS):
+            self._labels = {k: row[k] for k in _LABELS}
+            self._labels["simulated"] = bool(row.get("simulated", False))
+
+    def _drop_event_due(self, now: float, force: bool) -> bool:
+        if self.report_drops_s is None or self._labels is None or self._dropped <= self._reported_dropped:
+            return False
+        if now >= self._deadline:  # close() ran out of time: the event could not be shipped either
+            return False
+        return force or now - self._last_report >= self.report_drops_s
+
+    def _drop_event(self) -> dict[str, Any]:
+        """A ``telemetry_dropped`` event: rows lost since the last one (it rides the same path)."""
+        with self._lock:
+            dropped, failed = self._dropped, self._failed_batches
+            self._buffered += 1
+        new = dropped - self._reported_dropped
+        self._reported_dropped, self._last_report = dropped, time.monotonic()
+        detail = {"dropped": new, "dropped_total": dropped, "failed_batches_total": failed}
+        return {**self._labels, "ts": datetime.now(UTC), "kind": "telemetry_dropped", "detail": detail}
 
     def _ship(self, kind: str, rows: list[dict[str, Any]]) -> None:
         """Send one batch until acked, refused or given up; settle the counters. Never raises."""

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import orjson
 import pyarrow as pa
 import pytest
 
@@ -165,6 +166,7 @@ def new_client(fake: FakeCollector, **kw) -> TelemetryClient:
         "flush_interval_s": 30.0,
         "backoff_base_s": 0.01,
         "backoff_max_s": 0.05,
+        "report_drops_s": None,  # exact counts below; the drop event has its own test
     }
     opts.update(kw)
     return TelemetryClient(fake.url, **opts)
@@ -313,6 +315,25 @@ def test_full_buffer_drops_new_records_and_put_returns(fake_collector):
         pa.concat_tables([r.table for r in fake_collector.acked()]).column("step").to_pylist()
     ) == list(range(50))
     c.close()
+
+
+def test_drops_are_reported_as_a_telemetry_dropped_event(fake_collector):
+    fake_collector.hold.clear()
+    c = new_client(fake_collector, max_queue=5, report_drops_s=0.01)
+    for i in range(20):
+        c.put("step", step_row(i))
+    assert c.dropped == 15
+    fake_collector.hold.set()
+    assert c.flush(10.0)
+    assert c.close(10.0)
+    events = [
+        r.table for r in fake_collector.acked() if r.table.schema.metadata[b"livestep.kind"] == b"event"
+    ]
+    rows = pa.concat_tables(events).to_pylist()
+    assert {r["kind"] for r in rows} == {"telemetry_dropped"}
+    assert sum(orjson.loads(r["detail"])["dropped"] for r in rows) == 15
+    assert all({k: r[k] for k in _LABELS} == _LABELS for r in rows)
+    assert c.sent == 5 + len(rows) and c.dropped == 15
 
 
 def test_put_never_raises_on_bad_input(fake_collector):
