@@ -106,6 +106,28 @@ TimeRangeDep = Annotated[TimeRange, Depends(time_range)]
 
 
 @dataclass
+class OptionalRange:
+    start: datetime | None
+    end: datetime | None
+
+
+def optional_range(
+    start: Annotated[datetime | None, Query(description="ISO 8601, inclusive")] = None,
+    end: Annotated[datetime | None, Query(description="ISO 8601, exclusive")] = None,
+) -> OptionalRange:
+    s, e = _utc(start), _utc(end)
+    for name, v in (("start", s), ("end", e)):
+        if v is not None and not (2000 <= v.year <= 2200):
+            raise HTTPException(422, detail=f"{name} must lie between the years 2000 and 2200")
+    if s and e and s >= e:
+        raise HTTPException(422, detail=f"start ({s.isoformat()}) must be before end ({e.isoformat()})")
+    return OptionalRange(s, e)
+
+
+OptionalRangeDep = Annotated[OptionalRange, Depends(optional_range)]
+
+
+@dataclass
 class Page:
     limit: int
     offset: int

@@ -4,11 +4,13 @@ Sign the body with HMAC-SHA256 over ``'<timestamp>.<body>'`` (api/alerts.py ``si
 ``X-Livestep-Timestamp`` and ``X-Livestep-Signature``. Unsigned, badly signed or stale deliveries
 are 401, a replayed signature 409, a malformed body 422, an unknown switch 422 (the message lists
 the valid ones); resolved, duplicate and unmapped alerts are answered 200 with recorded no-ops.
+While the app runs, api/notify.py posts the analytics' critical findings here (router lifespan).
 """
 
 from __future__ import annotations
 
 import threading
+from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, HTTPException, Request
@@ -30,7 +32,24 @@ from api.routes._common import StoreDep, SwitchSettingsDep
 from api.switchboard import get_switchboard
 from collector.records import SWITCH_NAMES
 
-router = APIRouter(prefix="/v1/alerts", tags=["alerts"])
+
+@asynccontextmanager
+async def _notify_lifespan(app):
+    """While the app runs, critical findings of the analytics jobs are posted to the webhook URLs."""
+    from api import notify
+    from api.switch_settings import env_switch_settings, from_app_settings
+
+    app_settings = getattr(app.state, "settings", None)
+    settings = from_app_settings(app_settings) if app_settings is not None else env_switch_settings()
+    notifier = notify.install(settings)
+    app.state.notifier = notifier
+    try:
+        yield
+    finally:
+        notify.uninstall(notifier)
+
+
+router = APIRouter(prefix="/v1/alerts", tags=["alerts"], lifespan=_notify_lifespan)
 MAX_BODY = 1 << 20
 _replay_lock = threading.Lock()
 

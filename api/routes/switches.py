@@ -12,14 +12,21 @@ and recorded as a no-op.
 from __future__ import annotations
 
 import hashlib
-from datetime import datetime
 from typing import Annotated, Any
 
 import orjson
 from fastapi import APIRouter, Header, HTTPException, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from api.routes._common import AdminDep, Label, PageDep, ReaderDep, StoreDep, SwitchSettingsDep
+from api.routes._common import (
+    AdminDep,
+    Label,
+    OptionalRangeDep,
+    PageDep,
+    ReaderDep,
+    StoreDep,
+    SwitchSettingsDep,
+)
 from api.switchboard import SwitchError, check_name, get_switchboard
 from collector.records import SWITCH_NAMES
 
@@ -94,20 +101,17 @@ def history(
     store: StoreDep,
     page: PageDep,
     _auth: ReaderDep,
+    tr: OptionalRangeDep,
     name: Annotated[str | None, Query(max_length=64)] = None,
     source: Annotated[str | None, Query(pattern="^(api|alert|canary)$")] = None,
     changed: bool | None = None,
-    start: datetime | None = None,
-    end: datetime | None = None,
 ) -> dict[str, Any]:
     if name is not None:
         try:
             check_name(name)
         except SwitchError as e:
             raise HTTPException(404, detail=str(e)) from e
-    if start and end and start >= end:
-        raise HTTPException(422, detail="start must be before end")
-    rows = get_switchboard(store).history(name=name, source=source, changed=changed, start=start, end=end,
+    rows = get_switchboard(store).history(name=name, source=source, changed=changed, start=tr.start, end=tr.end,
                                           limit=page.limit, offset=page.offset)
     return {"decisions": rows, "limit": page.limit, "offset": page.offset}
 

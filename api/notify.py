@@ -1,0 +1,97 @@
+"""Post critical findings to the alert webhook(s), signed like any delivery (api/alerts.py ``sign``).
+
+    notifier = install(settings)    # registers with analytics.jobs.add_findings_listener (if importable)
+    post_findings(rows, urls, secret)   # or by hand
+
+Only open, critical findings that blame a switch (``attribution``) are posted: those are the ones
+the webhook acts on. The default URL is this server's own ``/v1/alerts``. A failed post is
+retried a few times and logged; it never raises into the job that wrote the findings.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import httpx
+import orjson
+
+from api.alerts import sign
+
+log = logging.getLogger("livestep.notify")
+
+
+def actionable(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in rows if r.get("severity") == "critical" and r.get("status", "open") == "open"
+            and r.get("attribution")]
+
+
+def _jsonable(row: dict[str, Any]) -> dict[str, Any]:
+    out = {}
+    for k, v in row.items():
+        out[k] = v.isoformat() if hasattr(v, "isoformat") else v
+    return out
+
+
+def post_findings(rows: list[dict[str, Any]], urls: list[str], secret: str, *, attempts: int = 3,
+                  timeout_s: float = 5.0) -> list[dict[str, Any]]:
+    """POST ``{"source": "livestep", "findings": rows}`` to each URL; one result per URL."""
+    if not rows:
+        return []
+    body = orjson.dumps({"source": "livestep", "findings": [_jsonable(r) for r in rows]}, default=str)
+    results = []
+    for url in urls:
+        result: dict[str, Any] = {"url": url, "ok": False}
+        for attempt in range(1, attempts + 1):
+            try:
+                headers = {"Content-Type": "application/json", **sign(secret, body)}  # fresh timestamp per try
+                r = httpx.post(url, content=body, headers=headers, timeout=timeout_s)
+                result.update(status=r.status_code, ok=r.status_code < 300, attempts=attempt)
+                if r.status_code < 500 and r.status_code != 429:
+                    if not result["ok"]:
+                        log.warning("webhook %s refused %d findings: %s %s", url, len(rows), r.status_code,
+                                    r.text[:200])
+                    break
+            except httpx.HTTPError as e:
+                result.update(error=f"{type(e).__name__}: {e}", attempts=attempt)
+            time.sleep(min(2.0, 0.2 * 2**attempt))
+        if not result["ok"]:
+            log.warning("webhook %s: findings not delivered (%s)", url, result)
+        results.append(result)
+    return results
+
+
+class Notifier:
+    """The findings listener: posts actionable findings to the configured URLs."""
+
+    def __init__(self, urls: list[str], secret: str):
+        self.urls, self.secret = urls, secret
+        self.sent: list[dict[str, Any]] = []
+
+    def __call__(self, rows: list[dict[str, Any]]) -> None:
+        todo = actionable(rows)
+        if todo:
+            self.sent.extend(post_findings(todo, self.urls, self.secret))
+
+
+def install(settings) -> Notifier | None:
+    """Register a Notifier with analytics.jobs (None when the analytics are not importable)."""
+    try:
+        from analytics.jobs import add_findings_listener
+    except ImportError as e:
+        log.info("findings are not posted to the webhook: analytics.jobs unavailable (%s)", e)
+        return None
+    n = Notifier(settings.webhook_url_list, settings.webhook_secret or "")
+    add_findings_listener(n)
+    return n
+
+
+def uninstall(n: Notifier | None) -> None:
+    if n is None:
+        return
+    try:
+        from analytics.jobs import remove_findings_listener
+    except ImportError:
+        return
+    remove_findings_listener(n)
