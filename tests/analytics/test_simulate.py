@@ -1,0 +1,101 @@
+"""The fleet simulator: deterministic for a seed, marked simulated, idempotent into one store, the
+incidents visible in the raw rows, and the same rows through the real collector path."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+
+import pytest
+
+from analytics.simulate import SimulationError, simulate_fleet
+from collector.store import open_store
+
+FINGERPRINT = ("SELECT count(), sum(step_period_ms), groupBitXor(cityHash64(session_id, ts, mem_reserved_bytes, "
+               "buffers_registered, switches)) FROM steps")
+END = datetime(2026, 11, 23, tzinfo=UTC)
+
+
+def fresh(chdb_dir):
+    s = open_store(f"chdb://{chdb_dir}?database=t_{uuid.uuid4().hex[:12]}")
+    s.migrate()
+    return s
+
+
+def test_deterministic_for_a_seed_and_marked_simulated(store, small, chdb_dir):
+    a = simulate_fleet(store, weeks=1, incidents=["august"], seed=41, end=END, **small)
+    other = fresh(chdb_dir)
+    try:
+        b = simulate_fleet(other, weeks=1, incidents=["august"], seed=41, end=END, **small)
+        assert (a.sessions, a.steps, a.ooms) == (b.sessions, b.steps, b.ooms)
+        assert store.query_rows(FINGERPRINT) == other.query_rows(FINGERPRINT)
+        other.command("TRUNCATE TABLE steps")
+        simulate_fleet(other, weeks=1, incidents=["august"], seed=42, end=END, **small)
+        assert store.query_rows(FINGERPRINT) != other.query_rows(FINGERPRINT)
+    finally:
+        other.command(f"DROP DATABASE IF EXISTS {other.database}")
+    for table in ("steps", "sessions", "events"):
+        assert store.query_rows(f"SELECT DISTINCT simulated FROM {table}") == [(True,)]
+
+
+def test_rerun_into_the_same_store_lands_once(store, small):
+    a = simulate_fleet(store, weeks=1, incidents=["august"], seed=43, end=END, **small)
+    before = store.query_rows("SELECT (SELECT count() FROM steps), (SELECT count() FROM sessions), "
+                              "(SELECT count() FROM events), (SELECT countMerge(steps) FROM session_stats)")
+    simulate_fleet(store, weeks=1, incidents=["august"], seed=43, end=END, **small)
+    after = store.query_rows("SELECT (SELECT count() FROM steps), (SELECT count() FROM sessions), "
+                             "(SELECT count() FROM events), (SELECT countMerge(steps) FROM session_stats)")
+    assert before == after == [(a.steps, 2 * a.sessions, a.ooms, a.steps)]
+
+
+def test_incidents_show_in_the_raw_rows(store, small):
+    sim = simulate_fleet(store, weeks=2, incidents=[("august", 3), ("fix", 6), ("sync", 9), ("benign", 12)],
+                         seed=44, **small)
+    names = {r.kind: r.name for r in sim.releases}
+    step = dict(store.query_rows("SELECT release, median(step_period_ms) FROM steps WHERE NOT reset_step "
+                                 "GROUP BY release"))
+    assert step[names["sync"]] / step[names["fix"]] == pytest.approx(1.65, abs=0.05)
+    assert step[names["benign"]] / step[names["sync"]] == pytest.approx(1.0, abs=0.01)
+    buffers = dict(store.query_rows("SELECT release, max(buffers_registered) FROM steps GROUP BY release"))
+    assert buffers[names["august"]] > 10 and buffers[names["baseline"]] <= 1 and buffers[names["fix"]] <= 1
+    assert store.query_rows("SELECT DISTINCT release FROM events WHERE kind = 'oom'") == [(names["august"],)]
+    assert sim.ooms > 0
+    # prompt lengths vary per session
+    assert store.query_rows("SELECT uniq(first_forward_tokens) > 100 FROM sessions") == [(True,)]
+
+
+def test_bad_options_list_valid_values(store):
+    with pytest.raises(SimulationError, match="valid incidents: august, sync, benign, fix"):
+        simulate_fleet(store, incidents=["meteor"])
+    with pytest.raises(SimulationError, match="outside"):
+        simulate_fleet(store, weeks=1, incidents=[("sync", 9)])
+
+
+@pytest.mark.e2e
+def test_through_the_real_collector(small, chdb_dir, tmp_path):
+    from fastapi.testclient import TestClient
+
+    from api.app import create_app
+    from collector.client import TelemetryClient
+    from tests.api.live import serve
+    from tests.collector.helpers import chdb_dsn, drained, make_settings, wait_for
+
+    app = create_app(make_settings(chdb_dsn(chdb_dir), tmp_path))
+    small.update(workers=3, sessions_per_day=12, session_median_s=4.0)
+    with TestClient(app), serve(app) as url:  # TestClient runs the lifespan (spool, writer)
+        client = TelemetryClient(url, batch_rows=2000, max_queue=1_000_000)
+        try:
+            sim = simulate_fleet(client, weeks=0.5, incidents=["august"], seed=45, **small)
+        finally:
+            client.close(timeout_s=30)
+        assert client.dropped == 0 and client.failed_batches == 0
+        wait_for(lambda: drained(app), what="the spool to drain")
+        store = app.state.store
+        got = store.query_rows("SELECT (SELECT count() FROM steps), (SELECT count() FROM sessions), "
+                               "(SELECT count() FROM events), (SELECT countMerge(steps) FROM session_stats)")
+        assert got == [(sim.steps, 2 * sim.sessions, sim.ooms, sim.steps)]
+        direct = fresh(chdb_dir)
+        simulate_fleet(direct, weeks=0.5, incidents=["august"], seed=45, end=sim.end, **small)
+        assert store.query_rows(FINGERPRINT) == direct.query_rows(FINGERPRINT)
+        direct.command(f"DROP DATABASE IF EXISTS {direct.database}")
+        store.command(f"DROP DATABASE IF EXISTS {store.database}")
