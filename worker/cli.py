@@ -39,7 +39,9 @@ def register(subparsers) -> None:
     run.add_argument("--release", default="dev")
     run.add_argument("--worker-id", default="w0")
     run.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: cuda if present)")
-    run.add_argument("--tp", type=int, default=1, help="run one rank of a TP group of this size (its shape)")
+    run.add_argument("--tp", type=int, default=1,
+                     help="TP group size: N ranks under torchrun (re-launched under it when N GPUs exist), "
+                          "else one rank's shard alone (its shape)")
     run.add_argument("--cond-tokens", type=int, default=None, help="first-forward tokens (default: random per session)")
     run.add_argument("--no-realtime", action="store_true", help="do not wait for the player (as fast as possible)")
     run.add_argument("--json", action="store_true", help="print each session summary as JSON")
@@ -55,6 +57,10 @@ def cmd_run(args) -> int:
     from worker.session import Worker
 
     ModelShape.from_name(args.preset)  # a clear error before torch spins up
+    from worker import parallel
+
+    if parallel.wants_group(args.tp):  # a real TP group: worker/parallel.py runs each rank
+        return parallel.run_cli(args)
     switches = parse_switch_args(args.switch)
     w = Worker(args.preset, device=args.device, tp=args.tp, worker_id=args.worker_id, release=args.release)
     for _ in range(args.sessions):
