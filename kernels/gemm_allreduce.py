@@ -379,6 +379,7 @@ def symmetric_workspace(group, m: int, n: int) -> SymmetricWorkspace:
     slots = symm_mem.empty((2, world, m, n), dtype=torch.bfloat16, device=device)
     flags = symm_mem.empty((2, world, _max_tiles(m, n)), dtype=torch.int64, device=device)
     flags.zero_()
+    symm_mem.enable_symm_mem_for_group(group.group_name)  # idempotent; required before torch 2.8
     h_slots = symm_mem.rendezvous(slots, group=group)
     h_flags = symm_mem.rendezvous(flags, group=group)
     slot_ptrs = torch.tensor(list(h_slots.buffer_ptrs), dtype=torch.int64, device=device)
