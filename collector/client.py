@@ -168,6 +168,7 @@ class TelemetryClient:
         self._reported_dropped = 0  # sender thread only
         self._last_report = -math.inf
         self._labels: dict[str, Any] | None = None  # of the latest record: who the drop event is about
+        self._last_ok = True  # the latest batch was acked
 
         self._thread = threading.Thread(target=self._run, name="livestep-telemetry", daemon=True)
         self._thread.start()
@@ -326,8 +327,8 @@ class TelemetryClient:
     def _drop_event_due(self, now: float, force: bool) -> bool:
         if self.report_drops_s is None or self._labels is None or self._dropped <= self._reported_dropped:
             return False
-        if now >= self._deadline:  # close() ran out of time: the event could not be shipped either
-            return False
+        if self._closing and (not self._last_ok or now >= self._deadline):
+            return False  # closing with the collector unreachable: the event would be lost as well
         return force or now - self._last_report >= self.report_drops_s
 
     def _drop_event(self) -> dict[str, Any]:
@@ -345,7 +346,8 @@ class TelemetryClient:
         n = len(rows)
         try:
             body, n_ok = self._encode(kind, rows)
-            if body is None or self._post(kind, body, n_ok):
+            self._last_ok = body is None or self._post(kind, body, n_ok)
+            if self._last_ok:
                 self._settle(sent=n_ok, dropped=n - n_ok)
             else:
                 self._settle(sent=0, dropped=n, failed=1)
