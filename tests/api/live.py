@@ -3,7 +3,8 @@
     with serve(app) as base_url:
         httpx.get(f"{base_url}/v1/switches")
 
-In-process so the app shares the test's chDB directory (one directory per process).
+In-process so the app shares the test's chDB directory (one directory per process). ``lifespan='on'``
+runs the app's lifespan (store, spool, writer, scheduler, the webhook notifier).
 """
 
 from __future__ import annotations
@@ -16,12 +17,19 @@ import time
 import uvicorn
 
 
-@contextlib.contextmanager
-def serve(app, timeout_s: float = 20.0):
+def bound_socket() -> socket.socket:
+    """A socket bound to an ephemeral loopback port (know the port before the app is built)."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
+    return sock
+
+
+@contextlib.contextmanager
+def serve(app, timeout_s: float = 20.0, sock: socket.socket | None = None, lifespan: str = "off"):
+    if sock is None:
+        sock = bound_socket()
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan=lifespan))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + timeout_s
