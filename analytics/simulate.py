@@ -254,7 +254,8 @@ def simulate_fleet(
         [r.start + timedelta(days=r.rollout_days * float(u)) for r, u in zip(releases, rng.random(len(releases)))]
         for _ in fleet
     ]
-    mean_gap_s = 86400.0 / sessions_per_day
+    # sessions_per_day is honoured on average: the idle gap fills the period minus a mean session
+    mean_idle_s = max(86400.0 / sessions_per_day - session_median_s * np.exp(0.8**2 / 2), 1.0)
     start_ms = int(start.timestamp() * 1000)
     end_ms = int(end.timestamp() * 1000)
     expected = int(workers * days * sessions_per_day * session_median_s * 1.4 / (STEP_BUDGET_MS / 1000))
@@ -266,7 +267,7 @@ def simulate_fleet(
     for wi, w in enumerate(fleet):
         wrng = np.random.default_rng([seed, 1, wi])
         kind = GPU_KINDS[w.gpu_kind]
-        t_ms = start_ms + int(wrng.exponential(mean_gap_s) * 1000)
+        t_ms = start_ms + int(wrng.exponential(mean_idle_s) * 1000)
         proc: _Process | None = None
         seq = 0
         while True:
@@ -309,7 +310,7 @@ def simulate_fleet(
             )
             reserved = proc.reserved * float(np.exp(wrng.normal(0, 0.004))) + proc.leak_bytes
             writer.add_session(sid, wi, ri, t_ms, n_steps, period, reserved, base_buffers + proc.leaked, tokens)
-            gap_s = wrng.exponential(mean_gap_s) * 0.5 + 5.0
+            gap_s = 5.0 + wrng.exponential(mean_idle_s)
             t_ms += int((duration_s + gap_s) * 1000)
     writer.flush()
     if oom_rows:

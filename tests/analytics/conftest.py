@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 # A fleet small enough for CI (a few hundred thousand step rows), big enough for the statistics.
-SMALL = {"workers": 9, "sessions_per_day": 24, "session_median_s": 10.0, "progress": False}
+SMALL = {"workers": 9, "sessions_per_day": 48, "session_median_s": 10.0, "progress": False}
 
 
 @pytest.fixture

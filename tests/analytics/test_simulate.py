@@ -81,7 +81,7 @@ def test_through_the_real_collector(small, chdb_dir, tmp_path):
     from tests.collector.helpers import chdb_dsn, drained, make_settings, wait_for
 
     app = create_app(make_settings(chdb_dsn(chdb_dir), tmp_path))
-    small.update(workers=3, sessions_per_day=12, session_median_s=4.0)
+    small.update(workers=3, sessions_per_day=24, session_median_s=4.0)
     with TestClient(app), serve(app) as url:  # TestClient runs the lifespan (spool, writer)
         client = TelemetryClient(url, batch_rows=2000, max_queue=1_000_000)
         try:
