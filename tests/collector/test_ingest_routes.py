@@ -235,3 +235,30 @@ def test_store_outage_mid_stream_every_acked_row_stored_once(collector, tmp_path
     assert s.query_rows("SELECT count() FROM (SELECT session_id, step FROM steps GROUP BY 1, 2 HAVING count() > 1)") == [(0,)]
     assert s.query_rows("SELECT countMerge(steps) FROM session_stats") == [(sent,)]
     assert c.get("/v1/health").json()["status"] == "ok"
+
+
+def test_values_at_every_bound_are_accepted_and_stored(collector):
+    """What validation lets through, the store can hold: nothing accepted can wedge the writer."""
+    c = collector()
+    now = datetime.now(UTC) - timedelta(seconds=1)
+    step = step_rows(1, step=2**32 - 1, diffusion_ms=1e308, step_period_ms=0.0, playout_depth=65535,
+                     mem_allocated_bytes=2**63 - 1, mem_reserved_bytes=0, buffers_registered=2**32 - 1,
+                     energy_mj=0.0, switches=",".join(records.SWITCH_NAMES), worker_id="w" * 128, ts=now)
+    gpu = {"worker_id": "w", "session_id": "s", "release": "r", "gpu_kind": "g", "ts": now, "gpu_index": 1023,
+           "power_w": 1e308, "energy_mj": 1e308, "sm_clock_mhz": 2**32 - 1, "mem_used_bytes": 2**63 - 1,
+           "temp_c": -1e308, "throttle_reasons": 2**63 - 1}
+    sess = {"worker_id": "w", "session_id": "s", "release": "r", "gpu_kind": "g", "ts": now, "phase": "end",
+            "first_forward_tokens": 2**31 - 1, "streamed_s": 1e308, "frames": 2**63 - 1, "avg_fps": None,
+            "late_chunks": 2**63 - 1, "stall_ms": 0.0, "tp_size": 1024, "shape": "x" * 128, "switches": ""}
+    ev = event_row(detail={"k": "v" * 60000})
+    for kind, rows in (("step", step), ("gpu_sample", [gpu]), ("session", [sess]), ("event", [ev])):
+        r = _post_arrow(c, arrow_body(kind, rows))
+        assert r.status_code == 200, r.text
+    wait_for(lambda: drained(c.app), what="spool drained")
+    assert c.app.state.writer.last_error is None
+    s = c.app.state.store
+    assert s.query_rows("SELECT step, playout_depth, mem_allocated_bytes, buffers_registered FROM steps") == \
+        [(2**32 - 1, 65535, 2**63 - 1, 2**32 - 1)]
+    assert s.query_rows("SELECT gpu_index, sm_clock_mhz FROM gpu_samples") == [(1023, 2**32 - 1)]
+    assert s.query_rows("SELECT first_forward_tokens, tp_size, frames FROM sessions") == [(2**31 - 1, 1024, 2**63 - 1)]
+    assert s.query_rows("SELECT length(detail) FROM events") == [(len('{"k":""}') + 60000,)]
