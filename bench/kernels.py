@@ -28,9 +28,10 @@ from triton.testing import do_bench
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from kernels import fp8_attention as attn
+from kernels import rope_fp8_write as rfw
 from kernels.delta_rotate import delta_rotate, delta_rotate_ref
 from kernels.rope import dequantize_fp8, quantize_fp8, rope_at
-from kernels.rope_fp8_write import rope_fp8_write, rope_fp8_write_ref
+from kernels.rope_fp8_write import rope_fp8_write, rope_fp8_write_kv, rope_fp8_write_ref
 
 H, D, T, S = 20, 128, 757, 5788
 ROWS: list[tuple[str, str, float | None, str]] = []  # (section, what, value, unit/note)
@@ -110,11 +111,18 @@ def bench_upkeep(calls: int, blocks: int, dev) -> dict:
     row("upkeep", "check: fused K bytes differing from torch ops (fraction)", mism)
 
     out = {}
+
+    def fused_kv(i):
+        rope_fp8_write_kv(
+            k_new[i % n_inputs], v_new[i % n_inputs], pos, slots, ks, vs, kc[i % blocks], vc[i % blocks]
+        )
+
     per_call = {
         "plain": plain,
         "eager torch (write-time _ref)": eager,
         "torch.compile (same ops)": compiled,
         "triton rope_fp8_write": fused,
+        "triton rope_fp8_write_kv (one launch)": fused_kv,
     }
     for name, fn in per_call.items():
         try:
@@ -130,6 +138,18 @@ def bench_upkeep(calls: int, blocks: int, dev) -> dict:
             row("upkeep", f"{name}: one CUDA graph of {calls} calls [ms/step]", ms)
         except Exception as e:  # noqa: BLE001
             row("upkeep", f"{name} graph", None, repr(e)[:120])
+    for bt, hh in ((8, 4), (16, 2), (32, 4), (16, 5)):  # other tiles than the default (16 x 4)
+        cfg = {"BLOCK_T": bt, "HEADS": hh, "num_warps": 4}
+
+        def tiles(i, cfg=cfg):
+            j = i % n_inputs
+            rfw._launch(
+                k_new[j], pos, slots, ks, kc[i % blocks], True, 1e4, v_new[j], vs, vc[i % blocks], cfg=cfg
+            )
+
+        ms = graph_ms(tiles, calls)
+        out[f"kv tiles {bt}x{hh} graph"] = ms
+        row("upkeep", f"triton kv one launch, {bt} tokens x {hh} heads: graph [ms/step]", ms)
     return out
 
 
@@ -188,28 +208,23 @@ def bench_attention(dev) -> dict:
         ms * 1e3,
         f"{flops / ms / 1e9:7.1f} TFLOP/s  rel.err {err:.2e}",
     )
+
+    def c(bm, bn, w, st):
+        return {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": st}
+
     variants = [
-        ("fp8 QK + fp8 PV, 128x128 w8 s2 (default)", True, True, None),
-        (
-            "fp8 QK + fp8 PV, 128x128 w8 s3",
-            True,
-            True,
-            {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3},
-        ),
-        (
-            "fp8 QK + fp8 PV, 128x64 w8 s3",
-            True,
-            True,
-            {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3},
-        ),
-        (
-            "fp8 QK + fp8 PV, 64x128 w4 s3",
-            True,
-            True,
-            {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 3},
-        ),
-        ("bf16 QK + fp8 PV, 128x128 w8 s2", False, True, None),
-        ("bf16 QK + bf16 PV, 128x128 w8 s2", False, False, None),
+        ("fp8 QK + fp8 PV, default tiles", True, True, None),
+        ("fp8 QK + fp8 PV, 128x128 w8 s3", True, True, c(128, 128, 8, 3)),
+        ("fp8 QK + bf16 PV, 128x128 w8 s2", True, False, c(128, 128, 8, 2)),
+        ("fp8 QK + bf16 PV, 128x128 w8 s3", True, False, c(128, 128, 8, 3)),
+        ("fp8 QK + bf16 PV, 128x64 w8 s3", True, False, c(128, 64, 8, 3)),
+        ("fp8 QK + bf16 PV, 64x128 w4 s3", True, False, c(64, 128, 4, 3)),
+        ("fp8 QK + bf16 PV, 64x64 w4 s4", True, False, c(64, 64, 4, 4)),
+        ("bf16 QK + bf16 PV, 128x128 w8 s2", False, False, c(128, 128, 8, 2)),
+        ("bf16 QK + bf16 PV, 128x128 w8 s3", False, False, c(128, 128, 8, 3)),
+        ("bf16 QK + bf16 PV, 128x64 w8 s3", False, False, c(128, 64, 8, 3)),
+        ("bf16 QK + bf16 PV, 64x128 w4 s3", False, False, c(64, 128, 4, 3)),
+        ("bf16 QK + fp8 PV, 128x128 w8 s2", False, True, c(128, 128, 8, 2)),
     ]
     for name, qk8, pv8, cfg in variants:
         try:
@@ -256,6 +271,10 @@ def main() -> None:
     print("\nratios vs baselines measured in this run:")
     up = res.get("upkeep", {})
     fused = up.get("triton rope_fp8_write graph")
+    if up.get("triton rope_fp8_write_kv (one launch) graph"):
+        print(
+            f"  upkeep: triton K+V in one launch {up['triton rope_fp8_write_kv (one launch) graph']:.3f} ms/step"
+        )
     if fused:
         plain = up.get("plain per-call")
         comp = up.get("torch.compile (same ops) graph")

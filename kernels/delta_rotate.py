@@ -43,7 +43,9 @@ def _delta_rotate_kernel(
     s = sb * BLOCK_S + tl.arange(0, BLOCK_S)
     smask = s < S
     i = tl.arange(0, HALF)
-    angle = delta * tl.exp2(i.to(tl.float32) * -freq_exp)  # rotation by -delta: cos(a), -sin(a)
+    angle = tl.cast(delta, tl.float32) * tl.exp2(
+        i.to(tl.float32) * -tl.cast(freq_exp, tl.float32)
+    )  # rotation by -delta: cos(a), -sin(a)
     c = tl.cos(angle)[None, :]
     sn = tl.sin(angle)[None, :]
     ptr = CACHE + h * stride_ch + s[:, None].to(tl.int64) * stride_cs + i[None, :]

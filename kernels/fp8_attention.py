@@ -72,15 +72,15 @@ def _attn_block(
         v = tl.load(v_base + offs_n[:, None] * stride_vs + offs_d[None, :])
     if not QK_FP8:
         k = _bf16_operand(k, EXACT_ROUND)
-    qk = tl.dot(q, tl.trans(k))  # [M, N] fp32 (raw codes; row_c folds all scales and log2 e)
-    qk = qk * row_c[:, None]
+    qk = tl.dot(q, tl.trans(k))  # [M, N] fp32 raw codes; row_c (> 0) folds all scales and log2(e)
     if MASKED:
         qk = tl.where(nmask[None, :], qk, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    m_new = tl.maximum(m_i, tl.max(qk, 1) * row_c)
     if PV_FP8:
-        p = tl.math.exp2(qk - (m_new[:, None] - 8.0))  # [0, 256]: FP8 headroom (see module docstring)
+        m_sub = m_new - 8.0  # p in [0, 256]: FP8 headroom (see module docstring)
     else:
-        p = tl.math.exp2(qk - m_new[:, None])
+        m_sub = m_new
+    p = tl.math.exp2(qk * row_c[:, None] - m_sub[:, None])  # one FMA + exp2 per score
     alpha = tl.math.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None]
@@ -126,7 +126,7 @@ def _fp8_attention_kernel(
     q = tl.load(
         Q + h * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :], mask=mmask[:, None], other=0.0
     )
-    c = qk_scale * tl.load(KSCALE + h)
+    c = tl.cast(qk_scale, tl.float32) * tl.load(KSCALE + h)  # scalars may arrive as fp64 under inductor
     if QK_FP8:
         qf = q.to(tl.float32)
         q_row_scale = tl.maximum(tl.max(tl.abs(qf), 1), 1e-30) / 448.0  # [M]: per-row Q quantization

@@ -2,7 +2,9 @@
 
 ``rope_fp8_write(x, positions, slots, scale, cache)`` (contract 6) does, in one kernel, what the worker's
 torch path does in several ops: cache[h, slots[t]] = fp8(clamp(rope(x[h, t], positions[t]) / scale[h])).
-``apply_rope=False`` writes V (quantize only). ``rope_fp8_write_ref`` is the same in plain torch (fp32).
+``apply_rope=False`` writes V (quantize only); ``rope_fp8_write_kv`` writes K and V in one launch.
+``rope_fp8_write_ref`` is the same in plain torch (fp32). cos/sin depend only on (token, frequency), so
+each program computes them once for a block of tokens and reuses them across several heads.
 Works eagerly, under ``torch.compile`` (a ``torch.library.triton_op``) and on CPU with TRITON_INTERPRET=1.
 """
 
@@ -24,49 +26,125 @@ from kernels.rope import (
 
 
 @triton.jit
-def _rope_fp8_write_kernel(
+def _write_head(
     X,
-    POS,
-    SLOT,
     SCALE,
-    CACHE,  # x [H,T,D]; positions, slots [T]; scale [H]; cache [H,S,D] fp8
-    T,
+    CACHE,
+    h,
+    t,
+    tmask,
+    slot,
+    i,
+    c,
+    s,
     stride_xh,
     stride_xt,
     stride_ch,
     stride_cs,
-    freq_exp,  # 2*log2(base)/D: inv_freq[i] = 2**(-i*freq_exp)
-    APPLY_ROPE: tl.constexpr,
+    ROPE: tl.constexpr,
     EXACT_ROUND: tl.constexpr,
     HALF: tl.constexpr,
-    BLOCK_T: tl.constexpr,
 ):
-    tb = tl.program_id(0)
-    h = tl.program_id(1).to(tl.int64)
-    t = tb * BLOCK_T + tl.arange(0, BLOCK_T)
-    tmask = t < T
-    i = tl.arange(0, HALF)
+    """One head of one token block: load, rotate (cos/sin given), quantize, scatter to the ring slots."""
     x_ptr = X + h * stride_xh + t[:, None].to(tl.int64) * stride_xt + i[None, :]
     x1 = tl.load(x_ptr, mask=tmask[:, None], other=0.0).to(tl.float32)
     x2 = tl.load(x_ptr + HALF, mask=tmask[:, None], other=0.0).to(tl.float32)
-    if APPLY_ROPE:
-        pos = tl.load(POS + t, mask=tmask, other=0).to(tl.float32)
-        inv_freq = tl.exp2(i.to(tl.float32) * -freq_exp)
-        angle = pos[:, None] * inv_freq[None, :]
-        c = tl.cos(angle)
-        s = tl.sin(angle)
+    if ROPE:
         y1 = x1 * c - x2 * s
         y2 = x2 * c + x1 * s
     else:
         y1 = x1
         y2 = x2
     scale = tl.load(SCALE + h)
-    y1 = to_fp8_saturating(y1 / scale, EXACT_ROUND)
-    y2 = to_fp8_saturating(y2 / scale, EXACT_ROUND)
-    slot = tl.load(SLOT + t, mask=tmask, other=0).to(tl.int64)
     c_ptr = CACHE + h * stride_ch + slot[:, None] * stride_cs + i[None, :]
-    tl.store(c_ptr, y1, mask=tmask[:, None])
-    tl.store(c_ptr + HALF, y2, mask=tmask[:, None])
+    tl.store(c_ptr, to_fp8_saturating(y1 / scale, EXACT_ROUND), mask=tmask[:, None])
+    tl.store(c_ptr + HALF, to_fp8_saturating(y2 / scale, EXACT_ROUND), mask=tmask[:, None])
+
+
+@triton.jit
+def _rope_fp8_write_kernel(
+    X,
+    SCALE,
+    CACHE,  # x [H,T,D]; scale [H]; cache [H,S,D] fp8
+    X2,
+    SCALE2,
+    CACHE2,  # optional second tensor written without RoPE (V), same shapes
+    POS,
+    SLOT,  # positions, slots [T] int64
+    T,
+    H,
+    stride_xh,
+    stride_xt,
+    stride_ch,
+    stride_cs,
+    stride_x2h,
+    stride_x2t,
+    stride_c2h,
+    stride_c2s,
+    freq_exp,  # 2*log2(base)/D: inv_freq[i] = 2**(-i*freq_exp)
+    APPLY_ROPE: tl.constexpr,
+    HAS_SECOND: tl.constexpr,
+    EXACT_ROUND: tl.constexpr,
+    HALF: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    HEADS: tl.constexpr,
+):
+    # program: BLOCK_T tokens x HEADS heads; cos/sin depend on (token, freq) only: computed once here
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    tmask = t < T
+    i = tl.arange(0, HALF)
+    slot = tl.load(SLOT + t, mask=tmask, other=0).to(tl.int64)
+    if APPLY_ROPE:
+        pos = tl.load(POS + t, mask=tmask, other=0).to(tl.float32)
+        inv_freq = tl.exp2(i.to(tl.float32) * -tl.cast(freq_exp, tl.float32))
+        angle = pos[:, None] * inv_freq[None, :]
+        c = tl.cos(angle)
+        s = tl.sin(angle)
+    else:
+        c = tl.zeros([BLOCK_T, HALF], dtype=tl.float32)
+        s = c
+    for j in tl.static_range(HEADS):
+        h = (tl.program_id(1) * HEADS + j).to(tl.int64)
+        hmask = tmask & ((t * 0 + h) < H)  # a vector mask (the interpreter rejects a scalar one)
+        _write_head(
+            X,
+            SCALE,
+            CACHE,
+            h,
+            t,
+            hmask,
+            slot,
+            i,
+            c,
+            s,
+            stride_xh,
+            stride_xt,
+            stride_ch,
+            stride_cs,
+            APPLY_ROPE,
+            EXACT_ROUND,
+            HALF,
+        )
+        if HAS_SECOND:
+            _write_head(
+                X2,
+                SCALE2,
+                CACHE2,
+                h,
+                t,
+                hmask,
+                slot,
+                i,
+                c,
+                s,
+                stride_x2h,
+                stride_x2t,
+                stride_c2h,
+                stride_c2s,
+                False,
+                EXACT_ROUND,
+                HALF,
+            )
 
 
 def _check(x, positions, slots, scale, cache) -> None:
@@ -87,27 +165,58 @@ def _check(x, positions, slots, scale, cache) -> None:
     assert positions.is_contiguous() and slots.is_contiguous() and scale.is_contiguous()
 
 
-def _launch(x, positions, slots, scale, cache, apply_rope, base, wrap=lambda k: k) -> None:
+def _config(T: int, D: int) -> dict:
+    """Fixed tiles: 16 tokens x 4 heads per program on the GPU (prod: 48 x 5 = 240 programs)."""
+    if interpreting():
+        return {"BLOCK_T": 8, "HEADS": 2, "num_warps": 4}
+    return {"BLOCK_T": 16 if D <= 128 else 8, "HEADS": 4, "num_warps": 4}
+
+
+def _launch(
+    x,
+    positions,
+    slots,
+    scale,
+    cache,
+    apply_rope,
+    base,
+    v=None,
+    v_scale=None,
+    v_cache=None,
+    wrap=lambda k: k,
+    cfg=None,
+) -> None:
+    """Launch the kernel; with ``v`` given, V (no RoPE) is written in the same launch."""
     H, T, D = x.shape
-    block_t = 32 if D <= 128 else 16
-    grid = (triton.cdiv(T, block_t), H)
+    cfg = cfg or _config(T, D)
+    second = v is not None
+    v, v_scale, v_cache = (v, v_scale, v_cache) if second else (x, scale, cache)
+    grid = (triton.cdiv(T, cfg["BLOCK_T"]), triton.cdiv(H, cfg["HEADS"]))
     wrap(_rope_fp8_write_kernel)[grid](
         x,
-        positions,
-        slots,
         scale,
         cache,
+        v,
+        v_scale,
+        v_cache,
+        positions,
+        slots,
         T,
+        H,
         x.stride(0),
         x.stride(1),
         cache.stride(0),
         cache.stride(1),
+        v.stride(0),
+        v.stride(1),
+        v_cache.stride(0),
+        v_cache.stride(1),
         log2_base_term(D, base),
         APPLY_ROPE=apply_rope,
+        HAS_SECOND=second,
         EXACT_ROUND=interpreting(),
         HALF=D // 2,
-        BLOCK_T=block_t,
-        num_warps=4,
+        **cfg,
     )
 
 
@@ -144,6 +253,48 @@ def rope_fp8_write(
         torch.ops.livestep.rope_fp8_write(x, positions, slots, scale, cache, apply_rope, float(base))
     else:
         _launch(x, positions, slots, scale, cache, apply_rope, float(base))
+
+
+@torch.library.triton_op("livestep::rope_fp8_write_kv", mutates_args={"k_cache", "v_cache"})
+def _rope_fp8_write_kv_op(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    slots: torch.Tensor,
+    k_scale: torch.Tensor,
+    v_scale: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    base: float,
+) -> None:
+    _launch(
+        k, positions, slots, k_scale, k_cache, True, base, v, v_scale, v_cache, wrap=torch.library.wrap_triton
+    )
+
+
+def rope_fp8_write_kv(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    slots: torch.Tensor,
+    k_scale: torch.Tensor,
+    v_scale: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    base: float = 10000.0,
+) -> None:
+    """K with RoPE and V without, one launch: same result as two ``rope_fp8_write`` calls (K, then V)."""
+    _check(k, positions, slots, k_scale, k_cache)
+    _check(v, positions, slots, v_scale, v_cache)
+    assert k.shape == v.shape and k_cache.shape == v_cache.shape, "K and V shapes must match"
+    if k.shape[1] == 0:
+        return
+    if torch.compiler.is_compiling():
+        torch.ops.livestep.rope_fp8_write_kv(
+            k, v, positions, slots, k_scale, v_scale, k_cache, v_cache, float(base)
+        )
+    else:
+        _launch(k, positions, slots, k_scale, k_cache, True, float(base), v, v_scale, v_cache)
 
 
 def rope_fp8_write_ref(

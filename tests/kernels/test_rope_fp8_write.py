@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from kernels.rope import FP8_MAX, quantize_fp8, rope_at
-from kernels.rope_fp8_write import rope_fp8_write, rope_fp8_write_ref
+from kernels.rope_fp8_write import rope_fp8_write, rope_fp8_write_kv, rope_fp8_write_ref
 from tests.kernels.helpers import fp8_bytes, max_err, poisoned_cache, random_scale
 
 
@@ -82,3 +82,20 @@ def test_v_path_is_plain_quantization(rng, device):
     rope_fp8_write(x, torch.zeros(T, dtype=torch.int64, device=device), slots, scale, cache, apply_rope=False)
     want = quantize_fp8(x.float(), scale)
     assert torch.equal(fp8_bytes(cache[:, slots]), fp8_bytes(want)), f"seed={seed}"
+
+
+@pytest.mark.parametrize("H,T,S,D,head", [(3, 9, 14, 32, 10), (5, 17, 17, 16, 3)])
+def test_kv_in_one_launch_equals_two_writes(H, T, S, D, head, rng, device):
+    """rope_fp8_write_kv (K with RoPE, V without, one launch) writes the same bytes as two calls."""
+    g, seed = rng
+    ks, vs = random_scale(H, g, device), random_scale(H, g, device)
+    k = torch.randn(H, T, D, generator=g, device=device).bfloat16()
+    v = torch.randn(H, T, D, generator=g, device=device).bfloat16()
+    pos = torch.arange(777, 777 + T, device=device)
+    slots = (head + torch.arange(T, device=device)) % S
+    kc, vc, kc2, vc2 = (poisoned_cache(H, S, D, device) for _ in range(4))
+    rope_fp8_write_kv(k, v, pos, slots, ks, vs, kc, vc)
+    rope_fp8_write(k, pos, slots, ks, kc2)
+    rope_fp8_write(v, pos, slots, vs, vc2, apply_rope=False)
+    assert torch.equal(fp8_bytes(kc), fp8_bytes(kc2)), f"seed={seed}"
+    assert torch.equal(fp8_bytes(vc), fp8_bytes(vc2)), f"seed={seed}"
