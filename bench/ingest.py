@@ -345,6 +345,15 @@ def summarize_profile(path: Path, top: int = 14, dur_s: float = 0.0) -> str:
     return "\n".join(lines)
 
 
+def proc_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process, all its threads (Linux /proc)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return float("nan")
+
+
 # -- raw baseline (own process, own chDB directory) -------------------------------------------------
 def raw_worker(chdb_dir: str, duration_s: float, block_rows: int) -> dict:
     import pyarrow as pa
@@ -356,13 +365,15 @@ def raw_worker(chdb_dir: str, duration_s: float, block_rows: int) -> dict:
     one = arrow_table("raw")
     table = pa.concat_tables([one] * (block_rows // BATCH_ROWS)) if block_rows > BATCH_ROWS else one
     n = 0
+    cpu0 = time.process_time()
     start = time.perf_counter()
     while time.perf_counter() - start < duration_s:
         store.insert_arrow("steps", table, dedup_token=uuid.uuid4().hex)
         n += table.num_rows
     elapsed = time.perf_counter() - start
+    cpu = time.process_time() - cpu0
     stored = store.query_rows("SELECT count() FROM steps")[0][0]
-    return {"rows": n, "stored": stored, "seconds": elapsed, "rows_per_s": stored / elapsed}
+    return {"rows": n, "stored": stored, "seconds": elapsed, "rows_per_s": stored / elapsed, "cpu_s": cpu}
 
 
 def run_raw(workdir: Path, duration_s: float, block_rows: int) -> dict:
@@ -452,6 +463,7 @@ def main() -> int:
             body_file.write_bytes(body)
             spy = start_profile(server, workdir, duration) if args.profile and name == "arrow" else None
             t0 = time.monotonic()
+            cpu0 = proc_cpu_s(server.proc.pid)
             if load == "wrk":
                 res = run_wrk(server.url, body_file, ctype, duration, args.connections, args.threads)
             else:
@@ -465,10 +477,18 @@ def main() -> int:
             t_stored = wait_stored(server, stored_before + acked, args.drain_timeout)
             stored_before = server.stored_by_writer() or stored_before + acked
             elapsed = (t_stored - t0) if t_stored is not None else None
+            cpu = proc_cpu_s(server.proc.pid) - cpu0
             results.append(
                 (
                     name,
-                    {**res, "acked_rows": acked, "load_s": t_load, "stored_s": elapsed, "session": session},
+                    {
+                        **res,
+                        "acked_rows": acked,
+                        "load_s": t_load,
+                        "stored_s": elapsed,
+                        "session": session,
+                        "cpu_s": cpu,
+                    },
                 )
             )
             if res["non2xx"]:
@@ -502,24 +522,30 @@ def main() -> int:
     )
     print(
         f"{'path':<28}{'req ok':>10}{'non2xx':>8}{'acked rows':>12}{'stored rows':>13}{'seconds':>9}"
-        f"{'rows/s stored':>15}{'p99':>9}"
+        f"{'rows/s stored':>15}{'rows/CPU-s':>12}{'p99':>9}"
     )
     rates: dict[str, float] = {}
+    per_cpu: dict[str, float] = {}
     for name, r in results:
         stored = counts.get(r["session"], 0)
         secs = r["stored_s"] or r["load_s"]
         rates[name] = stored / secs
+        per_cpu[name] = stored / r["cpu_s"] if r["cpu_s"] > 0 else float("nan")
         note = "" if r["stored_s"] else " (drain not observed)"
         print(
             f"{'HTTP ' + name + ' -> chDB':<28}{r['ok']:>10}{r['non2xx']:>8}{r['acked_rows']:>12}{stored:>13}"
-            f"{secs:>9.1f}{rates[name]:>15,.0f}{r['p99']:>9}{note}"
+            f"{secs:>9.1f}{rates[name]:>15,.0f}{per_cpu[name]:>12,.0f}{r['p99']:>9}{note}"
         )
     for label, r in (("raw insert_arrow 100-row", raw100), ("raw insert_arrow 50k-row", raw_big)):
         print(
             f"{label:<28}{'':>10}{'':>8}{r['rows']:>12}{r['stored']:>13}{r['seconds']:>9.1f}{r['rows_per_s']:>15,.0f}"
+            f"{r['stored'] / r['cpu_s']:>12,.0f}"
         )
+    print("(rows/CPU-s: rows stored per CPU-second of the server process, or of the raw inserting process)")
     if "arrow" in rates:
         print(f"ratio HTTP arrow / raw 50k-row blocks: {rates['arrow'] / raw_big['rows_per_s']:.2f}")
+        raw_cpu = raw100["stored"] / raw100["cpu_s"]
+        print(f"ratio per CPU-second, HTTP arrow / raw 100-row batches: {per_cpu['arrow'] / raw_cpu:.2f}")
         if "json" in rates:
             print(f"ratio HTTP json / raw 100-row batches: {rates['json'] / raw100['rows_per_s']:.2f}")
         print(
