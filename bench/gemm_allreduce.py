@@ -80,7 +80,7 @@ def emulated_fused(m: int, world: int = 3) -> tuple[float, float, float]:
     w = torch.randn(n, k, device="cuda").to(ga.FP8)
     sa = torch.tensor(0.02, device="cuda")
     sb = torch.tensor(0.03, device="cuda")
-    cfg = ga.pick_config(m, n, k)
+    cfg = ga.FUSED_CONFIG
 
     def pushes():
         for ws in wss:

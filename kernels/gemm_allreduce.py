@@ -62,7 +62,11 @@ CONFIGS: tuple[TileConfig, ...] = (
     TileConfig(64, 256, 128, 8, 4, 4),
     TileConfig(128, 256, 128, 8, 8, 3),
 )
-# (M, N, K, fast_accum) -> the config `tune` measured fastest on this GPU (steady shapes only)
+# The fused path always uses this tiling: every rank must cut the output into the same tiles (the
+# flags are per tile), and a per-rank `tune` could disagree. It won both row-parallel shapes
+# (attn-out K=2560, FFN down K=10240) on the H200 at M=757 (bench/gemm_allreduce.py).
+FUSED_CONFIG = CONFIGS[0]
+# (M, N, K, fast_accum) -> the config `tune` measured fastest on this GPU (plain GEMMs only)
 TUNED: dict[tuple[int, int, int, bool], TileConfig] = {}
 # the same key -> [(config, ms per call under CUDA graphs)] of every candidate `tune` timed
 TUNE_LOG: dict[tuple[int, int, int, bool], list[tuple[TileConfig, float]]] = {}
@@ -402,11 +406,12 @@ def symmetric_workspace(group, m: int, n: int) -> SymmetricWorkspace:
 
 def push_partials(ws: SymmetricWorkspace, a, b, a_scale, b_scale, config: TileConfig | None = None,
                   fast_accum: bool = False):  # fmt: skip
-    """Phase 1 on one rank: the FP8 GEMM, each finished tile stored into every rank's slot + flag."""
+    """Phase 1 on one rank: the FP8 GEMM, each finished tile stored into every rank's slot + flag.
+    Every rank of a call must use the same `config` (default FUSED_CONFIG)."""
     a, b, a_scale, b_scale, m, n, k = _operands(a, b, a_scale, b_scale)
     if (m, n) != (ws.m, ws.n):
         raise GemmAllReduceError(f"workspace is for (M, N)=({ws.m}, {ws.n}); got ({m}, {n})")
-    cfg = config or pick_config(m, n, k, fast_accum)
+    cfg = config or FUSED_CONFIG
     assert cfg.block_m >= _MIN_TILE and cfg.block_n >= _MIN_TILE or not a.is_cuda
     push = (ws.slot_ptrs, ws.flag_ptrs, ws.epoch, ws.rank, ws.world, ws.max_tiles)
     _launch_gemm(a, b, a_scale, b_scale, None, m, n, k, cfg, push=push, fast_accum=fast_accum)

@@ -214,16 +214,6 @@ class TensorParallel:
         for blk in model.blocks:
             blk.row_parallel = _BoundRowParallel(self, blk)
 
-    def warmup(self, shape: ModelShape, device) -> None:
-        """Tune the fused GEMM's tiles for the steady shapes (CUDA, before the step loop: it syncs)."""
-        if torch.device(device).type != "cuda" or not self.fused:
-            return
-        from kernels.gemm_allreduce import tune
-
-        m, d = shape.new_tokens, shape.d_model
-        for k in (shape.heads * shape.head_dim, shape.ffn_local):
-            tune(m, d, k)
-
 
 class _BoundRowParallel:
     """``block.row_parallel`` replacement: calls ``tp.row_parallel(block, x, lin)``."""
