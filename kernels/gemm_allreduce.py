@@ -378,6 +378,11 @@ def symmetric_workspace(group, m: int, n: int) -> SymmetricWorkspace:
     os.environ["TORCH_SYMM_MEM_DISABLE_MULTICAST"] = "1"  # plain P2P only; never an NVLS object
     import torch.distributed._symmetric_memory as symm_mem
 
+    try:  # the CUDA (driver VMM + P2P) backend, not NVSHMEM; fixed once anything is allocated
+        symm_mem.set_backend("CUDA")
+    except RuntimeError:
+        pass
+
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     device = torch.device("cuda", torch.cuda.current_device())
     slots = symm_mem.empty((2, world, m, n), dtype=torch.bfloat16, device=device)
