@@ -22,6 +22,7 @@ World size 1 (or ``group=None``) is a plain FP8 GEMM (`fp8_gemm`).
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, field
 
@@ -31,6 +32,7 @@ import triton
 import triton.language as tl
 
 FP8 = torch.float8_e4m3fn
+log = logging.getLogger("livestep.kernels.gemm_allreduce")
 
 
 class GemmAllReduceError(ValueError):
@@ -380,7 +382,7 @@ def symmetric_workspace(group, m: int, n: int) -> SymmetricWorkspace:
 
     try:  # the CUDA (driver VMM + P2P) backend, not NVSHMEM; fixed once anything is allocated
         symm_mem.set_backend("CUDA")
-    except RuntimeError:
+    except (RuntimeError, ValueError, AttributeError):
         pass
 
     world, rank = dist.get_world_size(group), dist.get_rank(group)
@@ -490,7 +492,10 @@ class BufferRegistry:
     def _create(self, m: int, n: int, device):
         world = dist.get_world_size(self.group) if self.group is not None else 1
         if device is not None and torch.device(device).type == "cuda" and world > 1:
-            return symmetric_workspace(self.group, m, n)
+            try:
+                return symmetric_workspace(self.group, m, n)
+            except RuntimeError as e:  # no P2P here: keep the plain path (every rank fails alike)
+                log.warning("symmetric memory unavailable (%s): this shape takes NCCL", e)
         # no peer-to-peer memory here (CPU/gloo): a local stand-in of the same size, so the registry's
         # growth is real memory; the call itself takes GEMM + all_reduce
         return emulated_workspaces(1, m * world, n, device or "cpu", _MIN_TILE)[0]
