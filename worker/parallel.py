@@ -2,7 +2,7 @@
 
     rank = maybe_init_dist()                     # None below 2 ranks (torchrun: RANK, WORLD_SIZE, LOCAL_RANK)
     place = placement(world, rank, decoder_own_gpu=True)   # TP ranks 0..N-1 denoise, GPU N decodes
-    group = tp_group(place)                      # collective: every rank calls it
+    group = tp_group(place)                      # the denoising group (None when tp == 1)
     model = DiT(shard_shape(shape, place), device)          # this rank's heads / FFN chunks
     tp = TensorParallel(group, steady_tokens=shape.new_tokens); tp.apply_switches(sw); tp.install(model)
     worker = TPWorker(shape, place, group)       # the session loop (worker/session.py) on a TP group
