@@ -68,9 +68,11 @@ def _check(cache, scale) -> None:
     assert cache.stride(-1) == 1, "last dim must be contiguous"
 
 
-def _launch(cache, delta, base, wrap=lambda k: k) -> None:
+def _launch(cache, delta, base, wrap=lambda k: k, cfg=None) -> None:
+    """Launch the kernel; ``cfg`` overrides the fixed tile (bench/kernels.py compares a few)."""
     H, S, D = cache.shape
-    block_s = 64
+    cfg = cfg or {"BLOCK_S": 64, "num_warps": 4}
+    block_s = cfg["BLOCK_S"]
     grid = (triton.cdiv(S, block_s), H)
     wrap(_delta_rotate_kernel)[grid](
         cache,
@@ -82,7 +84,7 @@ def _launch(cache, delta, base, wrap=lambda k: k) -> None:
         EXACT_ROUND=interpreting(),
         HALF=D // 2,
         BLOCK_S=block_s,
-        num_warps=4,
+        num_warps=cfg["num_warps"],
     )
 
 

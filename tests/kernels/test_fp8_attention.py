@@ -37,7 +37,7 @@ def check_attention(H, Tq, S, D, n_valid, qk_fp8, pv_fp8, rng, device, rel_bound
 
 
 # (qk_fp8, pv_fp8) -> relative-error bound vs the fp64 truth: per-row FP8 Q costs ~3% on random data
-MODES = {(True, True): 0.08, (False, True): 0.03, (False, False): 0.02}
+MODES = {(True, False): 0.06, (True, True): 0.08, (False, True): 0.04, (False, False): 0.02}
 
 
 @pytest.mark.parametrize(
