@@ -205,6 +205,14 @@ class KVCache:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.k, self.v, self.k_scale, self.v_scale))
 
+    def _keep(self, name: str, value: torch.Tensor) -> None:
+        """Update a per-step index buffer in place when its shape holds (CUDA graphs read it)."""
+        old = getattr(self, name, None)
+        if old is not None and old.shape == value.shape:
+            old.copy_(value)
+        else:
+            setattr(self, name, value)
+
     def _arange(self, start: int, n: int) -> torch.Tensor:
         return torch.arange(start, start + n, dtype=torch.int64, device=self.device)
 
@@ -301,11 +309,11 @@ class PlainCache(KVCache):
             self.v[:, :, :keep] = self.v[:, :, over : over + keep].clone()
             book.n_valid = keep
         if self.rope_at_write:
-            self.positions = self._arange(book.next_pos, tokens)
+            self._keep("positions", self._arange(book.next_pos, tokens))
         else:
-            self.positions = self._arange(book.kept, tokens)  # slot order
-        self._slots = self._arange(book.kept, tokens)
-        self._window_pos = self._arange(0, book.window_after)
+            self._keep("positions", self._arange(book.kept, tokens))  # slot order
+        self._keep("_slots", self._arange(book.kept, tokens))
+        self._keep("_window_pos", self._arange(0, book.window_after))
         return did_reset
 
     def update(self, b: int, k_new: torch.Tensor, v_new: torch.Tensor) -> Window:
@@ -343,8 +351,8 @@ class RingCache(KVCache):
             self._reset_window(self.shape.window if book.wraps else book.n_valid)
             did_reset = True
         book.open(tokens)
-        self.positions = self._arange(book.next_pos, tokens)
-        self._slots = torch.remainder(self._arange(book.head, tokens), self.shape.window)
+        self._keep("positions", self._arange(book.next_pos, tokens))
+        self._keep("_slots", torch.remainder(self._arange(book.head, tokens), self.shape.window))
         return did_reset
 
     def update(self, b: int, k_new: torch.Tensor, v_new: torch.Tensor) -> Window:

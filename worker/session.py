@@ -60,6 +60,7 @@ class SessionSummary:
     telemetry_dropped: int = 0
     telemetry_failed_batches: int = 0
     wall_s: float = 0.0
+    loop_s: float = 0.0  # the step loop alone (first forward excluded), until the last record
     mean_diffusion_ms: float | None = None
     mean_upkeep_ms: float | None = None
     mean_attention_ms: float | None = None
@@ -81,17 +82,49 @@ def _mean(xs: list[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
 
+class ChunkRunner:
+    """Denoises one chunk; with ``cuda_graphs`` on CUDA, captures it once the window is full, then replays.
+
+    The graph holds the 4 passes x blocks; the cache's per-step advance / reset (``begin_step``)
+    stays eager, outside the graph, and writes the slot/position buffers the graph reads.
+    """
+
+    def __init__(self, model: DiT, use_graphs: bool):
+        self.model = model
+        self.use_graphs = use_graphs and model.device.type == "cuda"
+        self._graph = None
+
+    def __call__(self, noise: torch.Tensor, cache: KVCache, cond_kv) -> tuple[torch.Tensor, bool]:
+        if not (self.use_graphs and cache.book.n_valid == cache.shape.window):
+            return self.model.denoise_chunk(noise, cache, cond_kv), False
+        if self._graph is None or self._graph[3] is not cache:
+            static_noise = noise.clone()
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):  # warm on a side stream (compiles, autotunes, allocates)
+                self.model.denoise_chunk(static_noise, cache, cond_kv)
+            torch.cuda.current_stream().wait_stream(side)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                out = self.model.denoise_chunk(static_noise, cache, cond_kv)
+            self._graph = (g, static_noise, out, cache)
+        g, static_noise, out, _ = self._graph
+        static_noise.copy_(noise)
+        g.replay()
+        return out.clone(), True
+
+
 class Worker:
     """A model (this rank's shard) and the process-wide buffer registry; runs sessions one by one."""
 
     def __init__(self, shape: str | ModelShape = "tiny", device=None, tp: int = 1, rank: int = 0,
-                 worker_id: str = "w0", release: str = "dev"):
+                 worker_id: str = "w0", release: str = "dev", model: DiT | None = None):
         base = ModelShape.from_name(shape) if isinstance(shape, str) else shape
         self.shape = tp_rank_of(base, tp, rank) if tp > 1 else base
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.worker_id, self.release = worker_id, release
         self.gpu_kind = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
-        self.model = DiT(self.shape, self.device)
+        self.model = model if model is not None else DiT(self.shape, self.device)
         if self.device.type == "cpu" and self.shape.d_model <= 256:
             torch.set_num_threads(1)  # a tiny model is 10x slower when two threads contend per op
         self.registry = BufferRegistry(self.shape.new_tokens, self.shape.d_model, self.device, self.model.dtype)
@@ -106,8 +139,9 @@ class Session:
                  switch_source=None, session_id: str | None = None, cond_tokens: int | None = None,
                  realtime: bool = True, sink=None, seed: int | None = None, telemetry: bool = True,
                  chunk_period_s: float = CHUNK_PERIOD_S, playout_capacity: int = 4, max_in_flight: int = 3,
-                 client_kwargs: dict | None = None):
+                 client_kwargs: dict | None = None, sync_debug: bool = False):
         self.w = worker
+        self.sync_debug = sync_debug and worker.device.type == "cuda"  # error on any host sync in the loop
         shape = worker.shape
         if steps is None:
             steps = max(1, round((seconds if seconds is not None else 10.0) / chunk_period_s))
@@ -138,9 +172,10 @@ class Session:
         self.tel = Telemetry(self.sink, self.labels, worker.device, self.playout, gpus, enabled=telemetry)
         self.tel.cpu_mem = self._cpu_mem
         self.switch_events: list[dict[str, Any]] = []
+        self.loop_s = 0.0
         self.cache: KVCache | None = None
         self.decoder: Decoder | None = None
-        self._graph = None
+        self.runner: ChunkRunner | None = None
 
     def _cpu_mem(self) -> tuple[int, int]:
         held = self.w.model.nbytes + (self.cache.nbytes if self.cache else 0) + self.w.registry.nbytes
@@ -158,7 +193,7 @@ class Session:
         if "decoder_own_gpu" in changed:
             self.decoder = Decoder(self.w.shape, self.w.device, own_gpu=new.decoder_own_gpu)
             self.tel.sync_clock(self.decoder.device)
-        self._graph = None
+        self.runner = ChunkRunner(self.w.model, new.cuda_graphs)
         self.switches = new
         ev = {"step": step, "changed": changed, "switches": new.encode()}
         self.switch_events.append(ev)
@@ -186,31 +221,13 @@ class Session:
         if sw.fused_allreduce or sw.buffer_per_shape:
             self.w.registry.get(tokens, per_shape=sw.buffer_per_shape)
 
-    def _denoise(self, noise: torch.Tensor, cond_kv) -> tuple[torch.Tensor, bool]:
-        """One chunk; replays a CUDA graph once the window is full and the switch is on."""
-        model, cache = self.w.model, self.cache
-        use_graph = (self.switches.cuda_graphs and self.w.device.type == "cuda"
-                     and cache.book.n_valid == cache.shape.window)
-        if not use_graph:
-            return model.denoise_chunk(noise, cache, cond_kv), False
-        if self._graph is None:
-            static_noise = noise.clone()
-            model.denoise_chunk(static_noise, cache, cond_kv)  # warm (runs for real: this step's output)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                out = model.denoise_chunk(static_noise, cache, cond_kv)
-            self._graph = (g, static_noise, out)
-        g, static_noise, out = self._graph
-        static_noise.copy_(noise)
-        g.replay()
-        return out.clone(), True
-
     def run(self) -> SessionSummary:
         w, shape, tel = self.w, self.w.shape, self.tel
         dev = w.device
         t_wall0 = time.perf_counter()
         self.cache = make_cache(shape, self.switches, dev, w.model.dtype)
         self.decoder = Decoder(shape, dev, own_gpu=self.switches.decoder_own_gpu)
+        self.runner = ChunkRunner(w.model, self.switches.cuda_graphs)
         tel.sync_clock(dev)
         tel.sync_clock(self.decoder.device)
         gen = torch.Generator(device=dev).manual_seed(self.seed)
@@ -227,6 +244,9 @@ class Session:
             cond_kv = model.first_forward(cond, self.cache)
             tel.timer.take()  # the first forward is not a step
             T, C = shape.new_tokens, shape.latent_channels
+            t_loop = time.perf_counter()
+            if self.sync_debug:
+                torch.cuda.set_sync_debug_mode("error")
             for i in range(self.n_steps):
                 self._poll_switches(i)
                 self._wait_for_room(i)
@@ -236,7 +256,7 @@ class Session:
                     did_reset = self.cache.begin_step(T, reset=reset)
                 noise = torch.randn(T, C, generator=gen, device=dev)
                 self._buffers(T)
-                latents, graphed = self._denoise(noise, cond_kv)
+                latents, graphed = self.runner(noise, self.cache, cond_kv)
                 self.cache.end_step()
                 done = tel.diffusion_done()
                 job = self.decoder.submit(latents, i, after=done if tel.cuda else None)
@@ -245,11 +265,16 @@ class Session:
                 if did_reset:
                     tel.event("reset", step=i, resets=self.cache.book.resets)
                 tel.poll()
+            if self.sync_debug:
+                torch.cuda.set_sync_debug_mode("default")
             tel.drain()
+            self.loop_s = time.perf_counter() - t_loop
         except torch.OutOfMemoryError as e:
             tel.event("oom", error=str(e)[:500])
             raise
         finally:
+            if self.sync_debug:
+                torch.cuda.set_sync_debug_mode("default")
             model.set_timer(_null_timer())
             self.source.close()
         return self._finish(t_wall0, common)
@@ -294,7 +319,7 @@ class Session:
             telemetry_sent=int(getattr(self.sink, "sent", 0)),
             telemetry_dropped=int(getattr(self.sink, "dropped", 0)) + tel.dropped,
             telemetry_failed_batches=int(getattr(self.sink, "failed_batches", 0)),
-            wall_s=time.perf_counter() - t_wall0, mean_diffusion_ms=_mean(st.diffusion_ms),
+            wall_s=time.perf_counter() - t_wall0, loop_s=self.loop_s, mean_diffusion_ms=_mean(st.diffusion_ms),
             mean_upkeep_ms=_mean(st.upkeep_ms), mean_attention_ms=_mean(st.attention_ms),
             mean_decode_ms=_mean(st.decode_ms), power_error=tel.power.error if tel.power else None,
         )
