@@ -26,7 +26,7 @@ METRICS = {"frac_le_24fps": "n_le_24", "frac_le_23_5fps": "n_le_23_5"}
 
 def weekly_fractions(store, start: datetime, end: datetime) -> pl.DataFrame:
     """Per ISO week (Monday), release and GPU kind: counts, fractions and 95% Wilson intervals."""
-    df = queries.fps_fractions(store, start, end)
+    df = queries.fps_fractions(store, start, end, live=True)  # exact from session_stats, never stale
     out = []
     for r in df.iter_rows(named=True):
         row = dict(r)

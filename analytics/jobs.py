@@ -7,7 +7,8 @@
 
 Schedule (UTC): weekly fps fractions and the weekly report each Monday for the past ISO week;
 memory growth hourly; regressions and change points daily; a cheap release watch every few
-minutes runs the regression detector as soon as a new release shows up. A failing job is logged,
+minutes runs the regression detector as soon as a new release shows up; the fleet roll-up
+(``queries.rollup``: closed days into ``fleet_daily`` for the dashboard) every 10 minutes. A failing job is logged,
 recorded in ``job_runs`` (status 'failed', the error), retried with backoff up to
 ``MAX_ATTEMPTS`` and never raises out of the scheduler. Findings are written by
 ``analytics.findings.write_findings``: a re-run for the same window replaces its findings.
@@ -119,6 +120,11 @@ def _changepoints(store, start, end, **_):
     return changepoints.run(store, start, end)
 
 
+def _rollup(store, start, end, **_):
+    queries.rollup(store, now=end)
+    # no findings of its own: returns None
+
+
 def _weekly_report(store, start, end, week=None, out_dir=None, **_):
     from analytics.report import build_weekly_report  # written by the api helper
 
@@ -132,6 +138,7 @@ JOBS: dict[str, Callable[..., list[dict] | None]] = {
     "regressions": _regressions,
     "changepoints": _changepoints,
     "weekly_report": _weekly_report,
+    "rollup": _rollup,
 }
 
 
@@ -144,7 +151,8 @@ def window(name: str, now: datetime | None = None, week: str | None = None, star
     if name in ("weekly_fps", "weekly_report") and start is None and end is None:
         return queries.iso_week_bounds(week or past_iso_week(now))
     end = end or now
-    span = {"memory": MEMORY_WINDOW, "regressions": REGRESSION_WINDOW, "changepoints": CHANGEPOINT_WINDOW}
+    span = {"memory": MEMORY_WINDOW, "regressions": REGRESSION_WINDOW, "changepoints": CHANGEPOINT_WINDOW,
+            "rollup": timedelta(days=1)}
     start = start or end - span.get(name, timedelta(days=7))
     if start >= end:
         raise JobError(f"job window start {start} is not before end {end}; valid: start < end")
@@ -181,6 +189,7 @@ def run_all(store, now: datetime | None = None, weeks: int = 4) -> list[dict]:
     out: list[dict] = []
     for k in range(weeks, -1, -1):
         out += run_job("weekly_fps", store, week=queries.iso_week_of(now - timedelta(days=7 * k)))
+    run_job("rollup", store, now=now)
     for name in ("memory", "regressions", "changepoints"):
         out += run_job(name, store, now=now)
     if _report_available():
@@ -283,6 +292,8 @@ def start_scheduler(store, *, timezone=UTC) -> BackgroundScheduler:
         id="regressions", replace_existing=True)
     add(scheduled, CronTrigger(hour=2, minute=20, timezone=timezone), args=[s, "changepoints", store],
         id="changepoints", replace_existing=True)
+    add(scheduled, IntervalTrigger(minutes=10, timezone=timezone), args=[s, "rollup", store], id="rollup",
+        replace_existing=True, next_run_time=datetime.now(timezone))
     watch = ReleaseWatch()
     add(watch, IntervalTrigger(seconds=RELEASE_POLL.total_seconds(), timezone=timezone), args=[s, store],
         id="release_watch", replace_existing=True, next_run_time=datetime.now(timezone))

@@ -89,39 +89,148 @@ def session_frame(store, start: datetime, end: datetime, filters: dict[str, Any]
     return store.query_df(session_sql(filters, params) + " ORDER BY start_ts", params)
 
 
-def fps_fractions(store, start: datetime, end: datetime, filters: dict[str, Any] | None = None) -> pl.DataFrame:
+# Per-session aggregates of one cohort, as rows of fleet_daily (the roll-up table's shape).
+_DAILY_SQL = """
+SELECT toDate(start_ts) AS day, release, gpu_kind,
+       count() AS sessions,
+       countIf(fps <= {budget}) AS n_le_24,
+       countIf(fps <= {low}) AS n_le_23_5,
+       sum(fps) AS fps_sum,
+       sum(late_chunks) AS late_chunks,
+       sum(steps) AS chunks,
+       sum(ifNull(energy_mj, 0)) AS energy_sum,
+       quantilesTDigestState(0.05, 0.5, 0.95)(fps) AS fps_q,
+       quantilesTDigestState(0.5, 0.95, 0.99)(step_period_ms) AS period_q
+FROM ({sessions})
+WHERE streamed_s >= {{min_s:Float64}}
+GROUP BY day, release, gpu_kind
+"""
+
+
+def _daily_sql(params: dict[str, Any], prefix: str = "f") -> str:
+    return _DAILY_SQL.format(budget=FPS_BUDGET, low=FPS_LOW, sessions=session_sql(None, params, prefix))
+
+
+def _rolled_through(store) -> datetime | None:
+    """The first day not rolled up (every day before it is in fleet_daily), or None."""
+    from datetime import UTC
+
+    r = store.query_rows("SELECT max(day), count() FROM fleet_daily_marks FINAL")
+    if not r or not r[0][1]:
+        return None
+    return datetime.combine(r[0][0], datetime.min.time(), UTC) + timedelta(days=1)
+
+
+def _live_daily(params: dict[str, Any], lo: str, hi: str) -> str:
+    """fleet_daily-shaped rows computed live for sessions in [params[lo], params[hi])."""
+    return _daily_sql(params).replace("{start:", "{" + lo + ":").replace("{end:", "{" + hi + ":")
+
+
+def _daily_union(store, start: datetime, end: datetime, params: dict[str, Any], live: bool = False) -> str:
+    """SQL of fleet_daily-shaped rows for sessions in [start, end): rolled-up days from fleet_daily,
+    the rest (partial days at the edges, days not rolled yet) computed live from session_stats."""
+    params.update({"start": start, "end": end, "min_s": MIN_STREAMED_S})
+    through = None if live else _rolled_through(store)
+    r_lo = day_floor(start) + (timedelta(days=1) if day_floor(start) < start else timedelta(0))
+    r_hi = min(day_floor(end), through) if through else r_lo
+    if r_hi <= r_lo:
+        return _daily_sql(params)
+    params.update({"r_lo": r_lo, "r_hi": r_hi})
+    parts = [
+        ("SELECT day, release, gpu_kind, sessions, n_le_24, n_le_23_5, fps_sum, late_chunks, chunks, energy_sum, "
+        "fps_q, period_q FROM fleet_daily WHERE day >= toDate({r_lo:DateTime64(3, 'UTC')}) "
+        "AND day < toDate({r_hi:DateTime64(3, 'UTC')}) AND (day, rolled_at) IN "
+        "(SELECT day, rolled_at FROM fleet_daily_marks FINAL)")  # the latest roll of each day only
+    ]
+    if start < r_lo:
+        parts.append(_live_daily(params, "start", "r_lo"))
+    if r_hi < end:
+        parts.append(_live_daily(params, "r_hi", "end"))
+    return " UNION ALL ".join(f"({p})" for p in parts)
+
+
+def fps_fractions(
+    store, start: datetime, end: datetime, filters: dict[str, Any] | None = None, live: bool = False
+) -> pl.DataFrame:
     """Per ISO week (Monday), release and GPU kind: sessions that streamed >= 1 s, how many averaged
-    <= 24 fps and <= 23.5 fps, and the mean fps. The dashboard's fleet query."""
+    <= 24 fps and <= 23.5 fps, and the mean fps. The dashboard's fleet query.
+
+    Days rolled up by ``rollup`` come from ``fleet_daily``; the rest is grouped per session live
+    from ``session_stats``. ``live=True`` (or any cohort filter) computes everything live."""
     params: dict[str, Any] = {"start": start, "end": end, "min_s": MIN_STREAMED_S}
+    if filters:
+        source = session_sql(filters, params)
+        sql = f"""
+        SELECT toMonday(start_ts) AS week, release, gpu_kind, count() AS sessions,
+               countIf(fps <= {FPS_BUDGET}) AS n_le_24, countIf(fps <= {FPS_LOW}) AS n_le_23_5,
+               avg(fps) AS mean_fps
+        FROM ({source}) WHERE streamed_s >= {{min_s:Float64}}
+        GROUP BY week, release, gpu_kind ORDER BY week, release, gpu_kind
+        """
+        return store.query_df(sql, params)
     sql = f"""
-    SELECT toMonday(start_ts) AS week, release, gpu_kind,
-           count() AS sessions,
-           countIf(fps <= {FPS_BUDGET}) AS n_le_24,
-           countIf(fps <= {FPS_LOW}) AS n_le_23_5,
-           avg(fps) AS mean_fps
-    FROM ({session_sql(filters, params)})
-    WHERE streamed_s >= {{min_s:Float64}}
-    GROUP BY week, release, gpu_kind
-    ORDER BY week, release, gpu_kind
+    SELECT toMonday(day) AS week, release, gpu_kind, sum(n) AS sessions, sum(n_le_24) AS n_le_24,
+           sum(n_le_23_5) AS n_le_23_5, sum(fps_sum) / sum(n) AS mean_fps
+    FROM (SELECT *, sessions AS n FROM ({_daily_union(store, start, end, params, live)}))
+    GROUP BY week, release, gpu_kind ORDER BY week, release, gpu_kind
     """
     return store.query_df(sql, params)
 
 
-def release_distribution(store, start: datetime, end: datetime) -> pl.DataFrame:
-    """Per release and GPU kind: session count and quantiles of session fps and step period.
-    The dashboard's per-release distribution query."""
-    params: dict[str, Any] = {"start": start, "end": end, "min_s": MIN_STREAMED_S}
+def release_distribution(store, start: datetime, end: datetime, live: bool = False) -> pl.DataFrame:
+    """Per release and GPU kind: session count and quantiles (t-digest) of session fps and step period,
+    late-chunk rate and energy per chunk. The dashboard's per-release distribution query."""
+    params: dict[str, Any] = {}
     sql = f"""
-    SELECT release, gpu_kind, count() AS sessions,
-           quantiles(0.05, 0.5, 0.95)(fps) AS fps_q,
-           quantiles(0.5, 0.95, 0.99)(step_period_ms) AS step_period_q,
-           avg(late_rate) AS late_rate, avg(energy_per_chunk_mj) AS energy_per_chunk_mj
-    FROM ({session_sql(None, params)})
-    WHERE streamed_s >= {{min_s:Float64}}
-    GROUP BY release, gpu_kind
-    ORDER BY release, gpu_kind
+    SELECT release, gpu_kind, sum(sessions) AS sessions,
+           quantilesTDigestMerge(0.05, 0.5, 0.95)(fps_q) AS fps_q,
+           quantilesTDigestMerge(0.5, 0.95, 0.99)(period_q) AS step_period_q,
+           sum(late_chunks) / sum(chunks) AS late_rate, sum(energy_sum) / sum(chunks) AS energy_per_chunk_mj
+    FROM ({_daily_union(store, start, end, params, live)})
+    GROUP BY release, gpu_kind ORDER BY release, gpu_kind
     """
     return store.query_df(sql, params)
+
+
+def rollup(store, now: datetime, full: bool = False) -> list[str]:
+    """Roll finalized sessions of closed days (before ``now``'s day) into ``fleet_daily``: days never
+    rolled, the last rolled day again (sessions that crossed midnight), and any day whose step count
+    in session_stats changed since it was rolled (late rows; the day before it too). Returns the days."""
+    from datetime import UTC
+
+    today = day_floor(now.astimezone(UTC))
+    current = {
+        d: n for d, n in store.query_rows(
+            "SELECT toDate(first_ts) AS d, countMerge(steps) FROM session_stats "
+            "WHERE first_ts < {today:DateTime64(3, 'UTC')} GROUP BY d", {"today": today})
+    }
+    marks = {d: n for d, n in store.query_rows("SELECT day, steps_total FROM fleet_daily_marks FINAL")}
+    todo = set(current) if full else {d for d in current if marks.get(d) != current[d]}
+    todo |= {d - timedelta(days=1) for d in todo if d - timedelta(days=1) in current}
+    if marks:
+        last = max(marks)
+        todo |= {last} if last in current else set()
+    days = sorted(todo)
+    # contiguous runs of days -> one INSERT ... SELECT each
+    runs: list[list] = []
+    for d in days:
+        if runs and (d - runs[-1][-1]).days == 1:
+            runs[-1].append(d)
+        else:
+            runs.append([d])
+    now_utc = datetime.now(UTC)
+    for run in runs:
+        lo = datetime.combine(run[0], datetime.min.time(), UTC)
+        hi = datetime.combine(run[-1], datetime.min.time(), UTC) + timedelta(days=1)
+        params: dict[str, Any] = {"start": lo, "end": hi, "min_s": MIN_STREAMED_S, "now": now_utc}
+        store.command(
+            "INSERT INTO fleet_daily SELECT *, {now:DateTime64(3, 'UTC')} AS rolled_at FROM (" + _daily_sql(params) + ")",
+            parameters=params,
+        )
+    if days:
+        rows = [[d, current[d], now_utc] for d in days]
+        store.client().insert("fleet_daily_marks", rows, column_names=["day", "steps_total", "rolled_at"])
+    return [d.isoformat() for d in days]
 
 
 def release_first_seen(store, end: datetime) -> pl.DataFrame:

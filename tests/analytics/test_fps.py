@@ -1,9 +1,12 @@
 """Weekly fps fractions: the ClickHouse aggregation over session_stats equals a direct computation
 from the raw step rows."""
 
-import polars as pl
+from datetime import timedelta
 
-from analytics import fps
+import polars as pl
+import pytest
+
+from analytics import fps, queries
 from analytics.simulate import simulate_fleet
 
 
@@ -54,3 +57,26 @@ def test_findings_rows_carry_counts_and_intervals(store, small):
         assert r["kind"] == "fps_fraction" and r["scope"].startswith("gpu_kind=")
         assert r["window_start"].weekday() == 0
         assert '"ci_method": "wilson"' in r["evidence"]
+
+
+def test_rolled_up_fleet_queries_equal_the_live_ones(store, small):
+    sim = simulate_fleet(store, weeks=2, incidents=["august"], seed=6, **small)
+    start = sim.start + timedelta(hours=5)  # a window that does not start at midnight
+    live = queries.fps_fractions(store, start, sim.end, live=True)
+    dist_live = queries.release_distribution(store, start, sim.end, live=True)
+    rolled_days = queries.rollup(store, now=sim.end)
+    assert len(rolled_days) >= 13
+    rolled = queries.fps_fractions(store, start, sim.end)
+    counts = ["week", "release", "gpu_kind", "sessions", "n_le_24", "n_le_23_5"]
+    assert rolled.select(counts).equals(live.select(counts))
+    dist = queries.release_distribution(store, start, sim.end)
+    assert dist["sessions"].to_list() == dist_live["sessions"].to_list()
+    assert dist["late_rate"].to_list() == pytest.approx(dist_live["late_rate"].to_list())
+    # only the last closed day is rolled again (sessions crossing midnight) until late rows arrive
+    assert queries.rollup(store, now=sim.end) == [rolled_days[-1]]
+    store.command("TRUNCATE TABLE steps")
+    store.command("TRUNCATE TABLE session_stats")
+    simulate_fleet(store, weeks=2, incidents=["august"], seed=7, end=sim.end, **small)  # "late" rows
+    assert len(queries.rollup(store, now=sim.end)) >= 13
+    assert queries.fps_fractions(store, start, sim.end).select(counts).equals(
+        queries.fps_fractions(store, start, sim.end, live=True).select(counts))
