@@ -3,6 +3,8 @@ plotly chart rendered (plotly.js served locally, no network)."""
 
 from __future__ import annotations
 
+import uuid
+
 import httpx
 import pytest
 
@@ -21,12 +23,11 @@ PAGES = ("/dashboard/", "/dashboard/releases", "/dashboard/sessions/{sid}", "/da
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory):
+def site(tmp_path_factory, chdb_dir):
     from analytics.simulate import simulate_fleet
     from collector.store import open_store
-    from tests.conftest import new_dsn
 
-    store = open_store(new_dsn())
+    store = open_store(f"chdb://{chdb_dir}?database=t_{uuid.uuid4().hex[:12]}")
     store.migrate()
     simulate_fleet(store, weeks=2, incidents=[("august", 6)], workers=6, sessions_per_day=12, session_median_s=20,
                    seed=3)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from datetime import UTC, datetime
 
 import orjson
@@ -32,21 +33,20 @@ def wait_for(fn, timeout_s: float, what: str):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def test_incident_finding_webhook_switch_off_worker_applies_report_shows(tmp_path):
+def test_incident_finding_webhook_switch_off_worker_applies_report_shows(tmp_path, chdb_dir):
     from analytics.jobs import run_job
     from analytics.queries import iso_week_of
     from analytics.report import build_weekly_report
     from analytics.simulate import simulate_fleet
     from api.app import create_app
     from api.settings import Settings
-    from tests.conftest import new_dsn
     from worker.config import Switches
     from worker.session import run_session
     from worker.switches import HttpSource
 
     sock = bound_socket()
     port = sock.getsockname()[1]
-    settings = Settings(clickhouse_dsn=new_dsn(), role="all", host="127.0.0.1", port=port,
+    settings = Settings(clickhouse_dsn=f"chdb://{chdb_dir}?database=t_{uuid.uuid4().hex[:12]}", role="all", host="127.0.0.1", port=port,
                         spool_dir=tmp_path / "spool", reports_dir=tmp_path / "reports",
                         webhook_secret="e2e-webhook-secret-0123456789", flush_interval_s=0.2)
     app = create_app(settings)
