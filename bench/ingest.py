@@ -299,7 +299,20 @@ def start_profile(server: Server, workdir: Path, duration_s: float) -> subproces
         print("bench: --profile needs py-spy (pip install py-spy); not profiling", file=sys.stderr)
         return None
     secs = str(max(1, int(duration_s) - 2))
-    cmd = ["py-spy", "record", "-p", str(server.proc.pid), "-d", secs, "-r", "50", "-f", "raw", "--threads"]
+    cmd = [
+        "py-spy",
+        "record",
+        "-p",
+        str(server.proc.pid),
+        "-d",
+        secs,
+        "-r",
+        "50",
+        "-f",
+        "raw",
+        "--threads",
+        "--gil",
+    ]
     out = workdir / "profile.txt"
     return subprocess.Popen([*cmd, "-o", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
@@ -331,13 +344,12 @@ def summarize_profile(path: Path, top: int = 14, dur_s: float = 0.0) -> str:
             ) not in seen:
                 seen.add(key)
                 funcs[key] += n
-    lines = [f"\nserver profile during the Arrow load: {total} samples (50 Hz, all threads)"]
+    lines = [f"\nserver profile during the Arrow load: {total} samples (50 Hz, the thread holding the GIL)"]
     lines += [f"  {100 * n / total:5.1f}%  thread {t}" for t, n in threads.most_common(6)]
-    lines += (
-        [f"  ({total / 50 / max(dur_s, 1e-9):.2f} cores busy in Python threads of {os.cpu_count()})"]
-        if dur_s
-        else []
-    )
+    if dur_s:
+        lines += [
+            f"  (the GIL was held {100 * total / 50 / dur_s:.0f}% of the time: Python runs on one core at a time)"
+        ]
     lines += ["  project functions (inclusive):"]
     lines += [f"  {100 * n / total:5.1f}%  {f}" for f, n in funcs.most_common(top)]
     lines += ["  leaf lines (self):"]
@@ -363,7 +375,7 @@ def raw_worker(chdb_dir: str, duration_s: float, block_rows: int) -> dict:
     store = open_store(f"chdb://{chdb_dir}")
     store.migrate()
     one = arrow_table("raw")
-    table = pa.concat_tables([one] * (block_rows // BATCH_ROWS)) if block_rows > BATCH_ROWS else one
+    table = pa.concat_tables([one] * max(1, block_rows // BATCH_ROWS))
     n = 0
     cpu0 = time.process_time()
     start = time.perf_counter()
@@ -387,6 +399,8 @@ def run_raw(workdir: Path, duration_s: float, block_rows: int) -> dict:
         str(duration_s),
         "--block-rows",
         str(block_rows),
+        "--batch-rows",
+        str(BATCH_ROWS),
     ]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=REPO).stdout
     return json.loads(out.strip().splitlines()[-1])
@@ -406,6 +420,7 @@ def _count_worker(chdb_dir: str) -> None:
 
 # -- main ---------------------------------------------------------------------------------------------
 def main() -> int:
+    global BATCH_ROWS  # one setting for every phase and subprocess of this run
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--duration", type=float, default=20.0, help="seconds of Arrow load")
     ap.add_argument("--json-duration", type=float, default=8.0, help="seconds of JSON load")
@@ -422,8 +437,10 @@ def main() -> int:
     )
     ap.add_argument("--raw-worker", metavar="DIR", help=argparse.SUPPRESS)
     ap.add_argument("--count-worker", metavar="DIR", help=argparse.SUPPRESS)
-    ap.add_argument("--block-rows", type=int, default=BATCH_ROWS, help=argparse.SUPPRESS)
+    ap.add_argument("--block-rows", type=int, default=100, help=argparse.SUPPRESS)
+    ap.add_argument("--batch-rows", type=int, default=100, help="rows per request (default 100)")
     args = ap.parse_args()
+    BATCH_ROWS = args.batch_rows
 
     if args.raw_worker:
         print(json.dumps(raw_worker(args.raw_worker, args.duration, args.block_rows)))
@@ -536,7 +553,7 @@ def main() -> int:
             f"{'HTTP ' + name + ' -> chDB':<28}{r['ok']:>10}{r['non2xx']:>8}{r['acked_rows']:>12}{stored:>13}"
             f"{secs:>9.1f}{rates[name]:>15,.0f}{per_cpu[name]:>12,.0f}{r['p99']:>9}{note}"
         )
-    for label, r in (("raw insert_arrow 100-row", raw100), ("raw insert_arrow 50k-row", raw_big)):
+    for label, r in ((f"raw insert_arrow {BATCH_ROWS}-row", raw100), ("raw insert_arrow 50k-row", raw_big)):
         print(
             f"{label:<28}{'':>10}{'':>8}{r['rows']:>12}{r['stored']:>13}{r['seconds']:>9.1f}{r['rows_per_s']:>15,.0f}"
             f"{r['stored'] / r['cpu_s']:>12,.0f}"
@@ -545,11 +562,15 @@ def main() -> int:
     if "arrow" in rates:
         print(f"ratio HTTP arrow / raw 50k-row blocks: {rates['arrow'] / raw_big['rows_per_s']:.2f}")
         raw_cpu = raw100["stored"] / raw100["cpu_s"]
-        print(f"ratio per CPU-second, HTTP arrow / raw 100-row batches: {per_cpu['arrow'] / raw_cpu:.2f}")
-        if "json" in rates:
-            print(f"ratio HTTP json / raw 100-row batches: {rates['json'] / raw100['rows_per_s']:.2f}")
         print(
-            f"ratio ingest/raw (HTTP arrow / raw insert_arrow of the same 100-row batches): "
+            f"ratio per CPU-second, HTTP arrow / raw {BATCH_ROWS}-row batches: {per_cpu['arrow'] / raw_cpu:.2f}"
+        )
+        if "json" in rates:
+            print(
+                f"ratio HTTP json / raw {BATCH_ROWS}-row batches: {rates['json'] / raw100['rows_per_s']:.2f}"
+            )
+        print(
+            f"ratio ingest/raw (HTTP arrow / raw insert_arrow of the same {BATCH_ROWS}-row batches): "
             f"{rates['arrow'] / raw100['rows_per_s']:.2f}"
         )
     return 0
