@@ -277,9 +277,10 @@ class Spool:
 
     def _open_segment(self, first_seq: int):
         path = self.dir / f"{_SEG_PREFIX}{first_seq:020d}{_SEG_SUFFIX}"
-        f = open(path, "ab")  # noqa: SIM115 (the active segment, held open until rotated)
+        f = open(path, "ab", buffering=0)  # noqa: SIM115 (the active segment, held open until rotated)
         _fsync_dir(self.dir)
-        self._segments.setdefault(path, [])
+        with self._lock:
+            self._segments.setdefault(path, [])
         return path, f
 
     # -- idempotency -----------------------------------------------------------------------------
@@ -358,18 +359,19 @@ class Spool:
     def _write(self, items: list[_Pending]) -> None:
         buf = bytearray()
         new: list[Entry] = []
+        base = self._active.tell()
         try:
-            base = self._active.tell()
             seq = self._next_seq
             for it in items:
                 buf += HEADER.pack(MAGIC, len(it.payload), seq, zlib.crc32(it.payload))
                 new.append(Entry(seq, self._active_path, base + len(buf), len(it.payload), it.batch_id, it.rows))
                 buf += it.payload
                 seq += 1
-            self._active.write(buf)
-            self._active.flush()
+            view = memoryview(buf)
+            while view:  # unbuffered: a failed write leaves nothing behind in a buffer
+                view = view[self._active.write(view):]
             os.fsync(self._active.fileno())
-        except OSError as e:
+        except Exception as e:  # noqa: BLE001 (disk full, I/O error: every waiting request must get an answer)
             try:  # drop a partial write so the segment stays well-formed
                 self._active.truncate(base)
             except OSError:
@@ -394,7 +396,9 @@ class Spool:
             it.future.set_result(Ack(it.batch_id, it.rows, False, e.seq))
         if self._active.tell() >= self.segment_bytes:
             self._active.close()
-            self._active_path, self._active = self._open_segment(self._next_seq)
+            path, f = self._open_segment(self._next_seq)
+            with self._lock:
+                self._active_path, self._active = path, f
 
     # -- read and commit (the block writer) ------------------------------------------------------
     def wait(self, timeout: float) -> None:
@@ -462,13 +466,16 @@ class Spool:
             self._compact_writer_log()
 
     def _drop_committed_segments(self) -> None:
-        active = getattr(self, "_active_path", None)
-        done = [s for s, recs in self._segments.items()
-                if s != active and all(seq <= self.committed_seq for seq, _, _ in recs)]
+        with self._lock:  # the appender adds segments and records concurrently
+            active = getattr(self, "_active_path", None)
+            done = {s: recs for s, recs in self._segments.items()
+                    if s != active and all(seq <= self.committed_seq for seq, _, _ in recs)}
+            for s in done:
+                del self._segments[s]
         if not done:
             return
         lines = b"".join(
-            bid.encode() + b"\t" + orjson.dumps(rows) + b"\n" for s in done for _, bid, rows in self._segments[s]
+            bid.encode() + b"\t" + orjson.dumps(rows) + b"\n" for recs in done.values() for _, bid, rows in recs
         )
         kp = self.dir / "keys.log"
         if kp.exists() and kp.stat().st_size > 200 * self.keys_max:  # compact: keep the newest keys
@@ -481,7 +488,6 @@ class Spool:
             os.fsync(f.fileno())
         for s in done:
             s.unlink(missing_ok=True)
-            del self._segments[s]
         _fsync_dir(self.dir)
 
     # -- state -----------------------------------------------------------------------------------

@@ -69,3 +69,23 @@ def test_store_down_keeps_rows_then_stores_them_once(store, tmp_path):
     sp.close()
     assert w.last_error is None
     assert _counts(store) == ((100, 100), 100)
+
+
+def test_concurrent_appends_rotations_and_commits_lose_nothing(store, tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    sp = Spool(tmp_path, max_bytes=1 << 26, segment_bytes=64 * 1024)
+    w = BlockWriter(sp, lambda: store, flush_rows=300, flush_interval_s=0.01)
+    w.start()
+
+    def send(k):
+        for b in range(40):
+            assert not sp.submit(f"{k}-{b}", _t(20, start=1000 * k + 20 * b)).result().duplicate
+
+    with ThreadPoolExecutor(4) as ex:
+        list(ex.map(send, range(4)))
+    wait_for(lambda: sp.stats()["batches"] == 0, what="spool drained")
+    w.stop()
+    sp.close()
+    assert w.blocks > 1 and _counts(store) == ((3200, 3200), 3200)
+    assert len(list(tmp_path.glob("seg-*.log"))) <= 2  # committed segments were deleted
