@@ -21,7 +21,7 @@ import polars as pl
 PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
 PLOTLY_URL = "/static/plotly.min.js"
 NAV = (("Fleet", "/dashboard/"), ("Releases", "/dashboard/releases"), ("Memory", "/dashboard/memory"),
-       ("Findings", "/dashboard/findings"), ("Switches", "/dashboard/switches"), ("Reports", "/v1/reports"))
+       ("Findings", "/dashboard/findings"), ("Switches", "/dashboard/switches"), ("Reports", "/dashboard/reports"))
 
 _CSS = """
 body{font-family:system-ui,sans-serif;margin:0;color:#1d2330;background:#f6f7f9}

@@ -6,6 +6,7 @@
     /dashboard/memory           memory against distinct shapes (the August leak's signature)
     /dashboard/findings         findings of every kind
     /dashboard/switches         switch rules, canaries and the audit trail
+    /dashboard/reports          the weekly reports written so far
     /static/plotly.min.js       the plotly.js the plotly package ships
 """
 
@@ -19,7 +20,7 @@ from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse
 
 from api import dashboard as d
 from api.routes import queries as qr
-from api.routes._common import Label, StoreDep, TimeRangeDep, require_reader
+from api.routes._common import Label, StoreDep, SwitchSettingsDep, TimeRangeDep, require_reader
 from api.switchboard import get_switchboard
 
 router = APIRouter(tags=["dashboard pages"], dependencies=[Depends(require_reader)])
@@ -122,6 +123,22 @@ def findings_page(store: StoreDep, tr: TimeRangeDep,
         d.section("Findings", d.table(qr.finding_rows(df), ["kind", "scope", "metric", "window_start", "baseline",
                                                             "value", "effect", "confidence", "severity", "status",
                                                             "attribution"])),
+    ])
+
+
+@router.get("/dashboard/reports", response_class=HTMLResponse)
+def reports_page(settings: SwitchSettingsDep) -> str:
+    from analytics.report import list_reports
+
+    rows = list_reports(settings.reports_dir) if settings.reports_dir.exists() else []
+    table = [{"week": r["iso_week"], "html": f'<a href="/v1/reports/{r["iso_week"]}.html">report</a>',
+              "json": f'<a href="/v1/reports/{r["iso_week"]}.json">json</a>', "generated": r["generated_at"]}
+             for r in rows]
+    fig = d.fig_counts([r["iso_week"] for r in rows], [1] * len(rows), "reports written")
+    return d.page("Weekly reports", [
+        d.section("Reports", d.table(table, empty="no reports yet: POST /v1/reports/{week} builds one"),
+                  note=f"from {settings.reports_dir}"),
+        d.section("Weeks covered", d.chart(fig, "reports-weeks", 220)),
     ])
 
 

@@ -4,10 +4,12 @@ plotly chart rendered (plotly.js served locally, no network)."""
 from __future__ import annotations
 
 import uuid
+from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
 
+from analytics.queries import iso_week_of
 from tests.api import browser
 from tests.api.conftest import bare_app, make_settings
 from tests.api.live import serve
@@ -19,11 +21,12 @@ pytestmark = [
 ]
 
 PAGES = ("/dashboard/", "/dashboard/releases", "/dashboard/sessions/{sid}", "/dashboard/memory",
-         "/dashboard/findings", "/dashboard/switches")
+         "/dashboard/findings", "/dashboard/switches", "/dashboard/reports", "/v1/reports/{week}.html")
 
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory, chdb_dir):
+    from analytics.report import build_weekly_report
     from analytics.simulate import simulate_fleet
     from collector.store import open_store
 
@@ -32,24 +35,34 @@ def site(tmp_path_factory, chdb_dir):
     simulate_fleet(store, weeks=2, incidents=[("august", 6)], workers=6, sessions_per_day=12, session_median_s=20,
                    seed=3)
     sid = store.query_rows("SELECT session_id FROM session_stats ORDER BY session_id LIMIT 1")[0][0]
-    app = bare_app(store, make_settings(tmp_path_factory.mktemp("dash")))
+    settings = make_settings(tmp_path_factory.mktemp("dash"))
+    week = iso_week_of(datetime.now(UTC) - timedelta(days=7))
+    build_weekly_report(store, week, settings.reports_dir)
+    app = bare_app(store, settings)
     with serve(app) as base, browser.Chromium() as chromium:
-        yield base, sid, chromium
+        yield base, sid, week, settings.reports_dir, chromium
     store.command(f"DROP DATABASE IF EXISTS {store.database}")
 
 
 def test_every_page_renders_every_chart_without_errors(site):
-    base, sid, chromium = site
+    base, sid, week, _, chromium = site
     for path in PAGES:
-        url = base + path.format(sid=sid)
+        url = base + path.format(sid=sid, week=week)
         res = chromium.load(url)
         assert res.errors == [], (url, res.errors)
         assert res.plotly == "object", url
         assert res.charts > 0 and res.rendered == res.charts, (url, res)
 
 
+def test_report_opens_from_disk_offline(site):
+    _, _, week, reports_dir, chromium = site
+    res = chromium.load((reports_dir / f"livestep-report-{week}.html").as_uri())
+    assert res.errors == [] and res.plotly == "object"
+    assert res.charts >= 4 and res.rendered == res.charts
+
+
 def test_plotly_js_is_served_locally(site):
-    base, _, _ = site
+    base, _, _, _, _ = site
     r = httpx.get(f"{base}/static/plotly.min.js")
     assert r.status_code == 200 and len(r.content) > 1_000_000 and b"plotly" in r.content[:2000].lower()
     page = httpx.get(f"{base}/dashboard/").text
@@ -57,7 +70,7 @@ def test_plotly_js_is_served_locally(site):
 
 
 def test_checker_sees_console_errors_and_missing_charts(site):
-    _, _, chromium = site
+    chromium = site[-1]
     bad = ("data:text/html,<div class='plotly-graph-div'></div>"
            "<script>console.error('boom'); undefined_function();</script>")
     res = chromium.load(bad)
