@@ -348,7 +348,9 @@ def run(args: argparse.Namespace) -> int:
         if not complete:
             print("  WARNING: not every record was stored (see the counts above)")
         print(f"  done in {time.monotonic() - started:.1f} s")
-        if args.keep_serving:
+        if not args.keep_serving:
+            print("  the server stops now: `livestep demo --keep-serving` (or `livestep serve`) keeps it up")
+        else:
             print(f"serving on {server.url} (Ctrl-C stops)")
             try:
                 while server.thread.is_alive():
