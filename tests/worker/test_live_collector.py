@@ -88,3 +88,34 @@ def test_live_session_records_arrive_in_chdb(server):
     assert got["steps"] == 30 and got["sessions"] == 2
     assert got["fps"] == pytest.approx(s.avg_fps) and s.avg_fps == pytest.approx(24.0)
     assert "switch_applied" in got["kinds"] and "session_end" in got["kinds"]
+
+
+def test_control_plane_flip_reaches_a_running_session(server):
+    import threading
+
+    from worker.switches import HttpSource
+    from worker.telemetry import ListSink
+
+    url, _, _ = server
+    sink = ListSink()
+    source = HttpSource(url, worker_id="w-cp", release="v-cp", gpu_kind="cpu", interval_s=0.1)
+    result = {}
+    t = threading.Thread(target=lambda: result.setdefault("s", run_session(
+        "tiny", steps=60, sink=sink, switch_source=source, chunk_period_s=0.05, worker_id="w-cp", release="v-cp")))
+    t.start()
+    deadline = time.monotonic() + 30
+    while not any(e["kind"] == "switch_applied" for e in sink.rows["event"]):  # the fleet defaults arrive
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    r = httpx.put(f"{url}/v1/switches/delta_rotation", timeout=10,
+                  json={"value": False, "scope": "worker_id=w-cp", "who": "test", "why": "e2e flip"})
+    assert r.status_code == 200, r.text
+    t.join(60)
+    s = result["s"]
+    applied = [e["detail"] for e in sink.rows["event"] if e["kind"] == "switch_applied"]
+    assert len(applied) == 2 and applied[1]["changed"] == {"delta_rotation": False}
+    k = applied[1]["step"]
+    assert 0 < k < 60 and s.steps == 60
+    states = [r["switches"] for r in sink.rows["step"]]
+    assert all("delta_rotation" in st for st in states[applied[0]["step"]:k])
+    assert all("delta_rotation" not in st.split(",") for st in states[k:])
