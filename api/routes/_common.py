@@ -142,4 +142,6 @@ def page(
 
 PageDep = Annotated[Page, Depends(page)]
 
-Label = Annotated[str | None, Query(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:\-/+]+$")]
+# a record label (worker_id, release, gpu_kind): as collector/records.py, 1-128 characters, any text
+# (CUDA names a GPU kind "NVIDIA H200", with a space)
+Label = Annotated[str | None, Query(min_length=1, max_length=128)]

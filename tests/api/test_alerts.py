@@ -150,3 +150,22 @@ def test_already_off_switch_alert_is_noop(client, admin):
     r = post(client, am())
     assert r.status_code == 200 and r.json()["flipped"] == 0
     assert r.json()["decisions"][0]["action"] == "noop"
+
+
+def test_ten_concurrent_deliveries_on_a_real_server_flip_once(app):
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+
+    from tests.api.live import serve
+
+    body = orjson.dumps(am(fingerprint="concurrent"))
+    now = int(time.time())
+    with serve(app) as base, ThreadPoolExecutor(10) as pool:
+        results = list(pool.map(lambda i: httpx.post(f"{base}/v1/alerts", content=body, timeout=30,
+                                                     headers={"Content-Type": "application/json",
+                                                              **sign(SECRET, body, now - i)}), range(10)))
+        assert [r.status_code for r in results] == [200] * 10
+        assert sum(r.json()["flipped"] for r in results) == 1
+        hist = httpx.get(f"{base}/v1/switches/history", params={"name": "fused_allreduce"}).json()["decisions"]
+    assert sum(d["changed"] for d in hist) == 1 and len(hist) == 10

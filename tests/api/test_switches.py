@@ -73,3 +73,12 @@ def test_unknown_switch_and_bad_scope_list_valid_values(client, admin):
     assert r.status_code == 422 and "release" in r.json()["detail"]
     r = client.get("/v1/switches/history", params={"name": "warp_drive"})
     assert r.status_code == 404
+
+
+def test_cuda_gpu_kind_names_with_spaces_are_valid_scopes(client, admin):
+    r = client.put("/v1/switches/cuda_graphs", headers=admin,
+                   json={"value": False, "scope": "gpu_kind=NVIDIA H200", "who": "a", "why": "b"})
+    assert r.status_code == 200 and r.json()["scope"] == "gpu_kind=NVIDIA H200"
+    got = client.get("/v1/switches", params={"worker_id": "w1", "release": "v7", "gpu_kind": "NVIDIA H200"})
+    assert got.status_code == 200 and got.json()["switches"]["cuda_graphs"] is False
+    assert client.get("/v1/switches", params={"gpu_kind": "cpu"}).json()["switches"]["cuda_graphs"] is True
