@@ -11,7 +11,9 @@ least ``MIN_BYTES_PER_SHAPE``. Time to OOM = headroom / (bytes per shape x new s
 
 Attribution: among processes of the same release, the switch that is on in the flagged processes
 and off in the healthy ones (largest difference in the share of processes running it; Fisher's
-exact test in the evidence).
+exact test in the evidence). Early in a rollout there may be no healthy process on the release to
+contrast with: then, if ``buffers_registered`` (the fused kernel's registry) grows per shape in every
+flagged process and all of them run ``fused_allreduce``, the blame goes to it.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ MIN_BYTES_PER_SHAPE = 64 * 2**20
 MAX_P = 1e-3
 CRITICAL_HOURS_TO_OOM = 24.0
 ATTRIBUTION_MIN_DIFF = 0.5
+# ``buffers_registered`` is the fused all-reduce kernel's buffer registry (records.StepRecord)
+REGISTRY_OWNER = "fused_allreduce"
 
 
 def sessions_with_processes(store, start: datetime, end: datetime) -> pl.DataFrame:
@@ -155,14 +159,23 @@ def attribute(procs: list[dict]) -> dict[str, dict]:
         diff = scores[best]["on_in_affected"] - scores[best]["on_in_healthy"]
         # one affected process cannot separate the switches it ran with: blame needs two or more
         clear = len(bad) >= 2 and scores[best]["on_in_affected"] >= 0.9 and diff >= ATTRIBUTION_MIN_DIFF
-        blamed = best if clear else ""
+        blamed, method = (best, "switch on in affected, off in healthy processes") if clear else ("", "")
+        if not blamed and _registry_grows(bad) and scores[REGISTRY_OWNER]["on_in_affected"] >= 0.9:
+            # no healthy process to contrast with yet (e.g. early in a rollout), but the growing count
+            # is the fused kernel's own buffer registry, and every affected process runs that kernel
+            blamed, method = REGISTRY_OWNER, "buffers_registered (the fused kernel's registry) grows per shape"
         out[release] = {
             "attribution": blamed,
+            "attribution_method": method,
             "affected_processes": len(bad),
             "healthy_processes": len(good),
             "switches": {n: v for n, v in scores.items() if v["on_in_affected"] != v["on_in_healthy"]},
         }
     return out
+
+
+def _registry_grows(bad: list[dict]) -> bool:
+    return bool(bad) and all(p["buffers_per_shape"] >= 0.5 and p["buffers_p"] < MAX_P for p in bad)
 
 
 def _findings(procs: list[dict], oom_counts: pl.DataFrame, start: datetime, end: datetime) -> list[dict]:
