@@ -112,18 +112,17 @@ def check_table(kind: str, table: pa.Table) -> None:
         what = check[0]
         if what == "float":
             a = _np(col, 0.0)
-            row = _first(~np.isfinite(a))
-            if row is not None:
+            if not np.isfinite(a).all():
+                row = _first(~np.isfinite(a))
                 raise _bad(kind, name, row, col[row].as_py(), "a finite number (NaN and infinity are not valid)")
-            if check[1] is not None:
+            if check[1] is not None and len(a) and a.min() < check[1]:
                 row = _first(a < check[1])
-                if row is not None:
-                    raise _bad(kind, name, row, col[row].as_py(), f"a number >= {check[1]:g} (a duration or amount)")
+                raise _bad(kind, name, row, col[row].as_py(), f"a number >= {check[1]:g} (a duration or amount)")
         elif what == "int":
             lo, hi = check[1], check[2]
             a = _np(col, lo)
-            row = _first((a < lo) | (a > hi))
-            if row is not None:
+            if len(a) and (a.min() < lo or a.max() > hi):
+                row = _first((a < lo) | (a > hi))
                 raise _bad(kind, name, row, col[row].as_py(), f"an integer in [{lo}, {hi}]")
         elif what == "label":
             for v in pc.unique(col).to_pylist():

@@ -76,14 +76,14 @@ class Entry:
     batch_id: str
     rows: dict[str, int]
     appended_at: float = field(default_factory=time.monotonic)
+    nrows: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.nrows = sum(self.rows.values())
 
     @property
     def nbytes(self) -> int:
         return HEADER.size + self.length
-
-    @property
-    def nrows(self) -> int:
-        return sum(self.rows.values())
 
 
 @dataclass
