@@ -212,14 +212,35 @@ class Switchboard:
         return version
 
     def record(self, d: Decision) -> Decision:
-        """Append a decision to the audit table (applied or not)."""
+        """Append a decision to the audit table (applied or not); changes also become control-plane
+        events (``rollback`` for an alert's flip, ``canary_*`` for canaries) next to the workers' own."""
         self.store.client().insert(
             "switch_audit",
             [[d.ts, d.source, d.action, d.name, d.scope, d.cohort, d.old_value, d.new_value, d.changed,
               d.version, d.actor, d.reason, d.ref, orjson.dumps(d.evidence, default=str).decode()]],
             column_names=_AUDIT_COLS,
         )
+        kind = "rollback" if d.source == "alert" else d.action if d.action.startswith("canary_") else None
+        if d.changed and kind:
+            self._event(kind, d)
         return d
+
+    def _event(self, kind: str, d: Decision) -> None:
+        from collector.records import to_arrow
+
+        scope = parse_scope(d.scope)
+        row = {"worker_id": "control-plane", "session_id": d.ref or d.cohort or "-",
+               "release": scope.get("release", "*"), "gpu_kind": scope.get("gpu_kind", "*"), "ts": d.ts,
+               "simulated": False, "kind": kind,
+               "detail": {"switch": d.name, "scope": d.scope, "cohort": d.cohort, "old": d.old_value,
+                          "new": d.new_value, "who": d.actor, "why": d.reason, "version": d.version}}
+        try:
+            self.store.insert_arrow("events", to_arrow("event", [row]),
+                                    dedup_token=f"control-plane-{kind}-{d.version}-{d.ts.timestamp()}")
+        except Exception:  # the audit row is the record; the event is a convenience for dashboards
+            import logging
+
+            logging.getLogger("livestep.switchboard").exception("control-plane event not stored")
 
     def set(self, name: str, value: bool, scope: str | dict[str, str] | None = None, *, actor: str, reason: str,
             source: str = "api", ref: str = "", evidence: dict[str, Any] | None = None,

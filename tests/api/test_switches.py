@@ -82,3 +82,14 @@ def test_cuda_gpu_kind_names_with_spaces_are_valid_scopes(client, admin):
     got = client.get("/v1/switches", params={"worker_id": "w1", "release": "v7", "gpu_kind": "NVIDIA H200"})
     assert got.status_code == 200 and got.json()["switches"]["cuda_graphs"] is False
     assert client.get("/v1/switches", params={"gpu_kind": "cpu"}).json()["switches"]["cuda_graphs"] is True
+
+
+def test_alert_flips_and_canaries_become_control_plane_events(store):
+    from api.switchboard import get_switchboard
+
+    board = get_switchboard(store, cache_s=0)
+    board.set("compile", False, "release=v7", actor="alert:alertmanager", reason="r", source="alert", ref="k1")
+    board.set("compile", False, "release=v7", actor="alert:alertmanager", reason="r", source="alert", ref="k2")
+    board.set("cuda_graphs", False, "", actor="alice", reason="r")  # an admin change: audit only
+    rows = store.query_rows("SELECT kind, worker_id, release, session_id FROM events ORDER BY ts")
+    assert rows == [("rollback", "control-plane", "v7", "k1")]

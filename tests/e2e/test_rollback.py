@@ -53,6 +53,7 @@ def test_incident_finding_webhook_switch_off_worker_applies_report_shows(tmp_pat
     with serve(app, sock=sock, lifespan="on") as base:
         store = app.state.store
         assert app.state.notifier is not None, "the webhook notifier was not installed"
+        assert app.state.scheduler.get_job("canaries") is not None, "the canary job was not scheduled"
         sim = simulate_fleet(store, weeks=1, incidents=[("august", 2)], workers=6, sessions_per_day=24,
                              session_median_s=20, seed=1)
         leaking = sim.releases[-1].name
@@ -104,6 +105,8 @@ def test_incident_finding_webhook_switch_off_worker_applies_report_shows(tmp_pat
         assert any(c["name"] == "fused_allreduce" and c["source"] == "alert" and c["scope"] == f"release={leaking}"
                    for c in report["switch_changes"])
         assert any(e["kind"] == "switch_applied" and e["worker_id"] == "live-1" for e in report["switch_events"])
+        assert any(e["kind"] == "rollback" and e["worker_id"] == "control-plane" and e["release"] == leaking
+                   for e in report["switch_events"])
 
 
 def httpx_get(base: str, params: dict) -> dict:
