@@ -263,6 +263,25 @@ class Switchboard:
             return self.record(Decision(name, scope_s, "", old, value, True, version, action, source, actor,
                                         reason, ref, ev))
 
+    def clear(self, name: str, scope: str | dict[str, str] | None = None, *, actor: str, reason: str,
+              source: str = "api") -> Decision:
+        """Remove the scope's own rule: the switch inherits from broader rules (or the default) again."""
+        check_name(name)
+        scope_s = canonical_scope(scope)
+        with self.lock:
+            self.invalidate()
+            old = self.effective(name, scope_s)
+            own = [r for r in self.snapshot()[0] if (r.name, r.scope, r.cohort) == (name, scope_s, "")]
+            if not own:
+                _, version = self.snapshot()
+                return self.record(Decision(name, scope_s, "", old, old, False, version, "noop", source, actor,
+                                            reason, "", {"noop": "no rule of its own in this scope"}))
+            r = own[0]
+            version = self._write_rule(name, scope_s, "", r.value, False, r.bucket_lo, r.bucket_hi, actor, reason)
+            new = self.effective(name, scope_s)
+            return self.record(Decision(name, scope_s, "", old, new, old != new, version, "clear", source, actor,
+                                        reason, "", {"rule_removed": True}))
+
     def _withdraw_cohorts(self, name: str, scope_s: str, actor: str, reason: str) -> list[str]:
         want = parse_scope(scope_s)
         gone = []

@@ -88,11 +88,11 @@ class TimeRange:
 
 
 def time_range(
-    start: Annotated[datetime | None, Query(description="ISO 8601, inclusive; default end - 28 days")] = None,
+    start: Annotated[datetime | None, Query(description="ISO 8601, inclusive; default end - 56 days")] = None,
     end: Annotated[datetime | None, Query(description="ISO 8601, exclusive; default now")] = None,
 ) -> TimeRange:
     end_ = _utc(end) or datetime.now(UTC) + timedelta(minutes=5)
-    start_ = _utc(start) or end_ - timedelta(days=28)
+    start_ = _utc(start) or end_ - timedelta(days=56)
     if start_ >= end_:
         raise HTTPException(422, detail=f"start ({start_.isoformat()}) must be before end ({end_.isoformat()})")
     if end_ - start_ > MAX_RANGE:

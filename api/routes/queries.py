@@ -1,7 +1,7 @@
 """Dashboard REST (``/v1/...``): fleet fps fractions, per-release distributions and comparison,
 session drill-down (events, memory; raw steps are api/routes/sessions.py's), memory growth against distinct shapes, findings.
 
-Every list takes ``start``/``end`` (ISO 8601, default the last 28 days, at most 400 days) and the
+Every list takes ``start``/``end`` (ISO 8601, default the last 56 days, at most 400 days) and the
 list endpoints ``limit``/``offset``; bad values are 422 with the reason. Fleet figures come from the
 ``session_stats`` view through ``analytics.queries`` (never raw steps); drill-down reads raw rows of
 one session.

@@ -2,6 +2,8 @@
 
     GET  /v1/switches?worker_id=w3&release=v7&gpu_kind=h200   -> {"switches": {...}, "version": n} + ETag
     PUT  /v1/switches/{name}   {"value": false, "scope": "release=v7", "who": "...", "why": "..."}  (admin)
+    POST /v1/switches/{name}/clear  {"scope": "release=v7", "who": "...", "why": "..."}  (admin): the scope
+         inherits again
     GET  /v1/switches/rules    the active rules;   GET /v1/switches/history   the audit trail
 
 An ``If-None-Match`` equal to the current ETag answers 304 (an unchanged poll costs nothing).
@@ -37,6 +39,14 @@ class SwitchesOut(BaseModel):
     switches: dict[str, bool]
     version: int
     poll_interval_s: float
+
+
+class SwitchClear(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    scope: str = Field(default="", max_length=400, description="the scope whose own rule is removed")
+    who: str = Field(min_length=1, max_length=200)
+    why: str = Field(min_length=1, max_length=2000)
 
 
 class SwitchWrite(BaseModel):
@@ -126,6 +136,22 @@ def put_switch(name: str, body: SwitchWrite, store: StoreDep, settings: SwitchSe
     board = get_switchboard(store, settings.switch_cache_s)
     try:
         d = board.set(name, body.value, body.scope, actor=body.who, reason=body.why, source="api")
+    except SwitchError as e:
+        raise HTTPException(422, detail=str(e)) from e
+    return d.to_dict()
+
+
+@router.post("/{name}/clear")
+def clear_switch(name: str, body: SwitchClear, store: StoreDep, settings: SwitchSettingsDep,
+                 _admin: AdminDep) -> dict[str, Any]:
+    """Remove a scope's own rule (the switch inherits again); a no-op (recorded) when there is none."""
+    try:
+        check_name(name)
+    except SwitchError as e:
+        raise HTTPException(404, detail=str(e)) from e
+    board = get_switchboard(store, settings.switch_cache_s)
+    try:
+        d = board.clear(name, body.scope, actor=body.who, reason=body.why)
     except SwitchError as e:
         raise HTTPException(422, detail=str(e)) from e
     return d.to_dict()

@@ -93,3 +93,15 @@ def test_alert_flips_and_canaries_become_control_plane_events(store):
     board.set("cuda_graphs", False, "", actor="alice", reason="r")  # an admin change: audit only
     rows = store.query_rows("SELECT kind, worker_id, release, session_id FROM events ORDER BY ts")
     assert rows == [("rollback", "control-plane", "v7", "k1")]
+
+
+def test_clear_removes_the_scopes_own_rule(client, admin):
+    w = {"who": "a", "why": "b"}
+    client.put("/v1/switches/compile", headers=admin, json={**w, "value": False, "scope": "release=v7"})
+    r = client.post("/v1/switches/compile/clear", headers=admin, json={**w, "scope": "release=v7"})
+    assert r.status_code == 200 and r.json()["changed"] is True and r.json()["new_value"] is True
+    assert client.get("/v1/switches", params={"release": "v7"}).json()["switches"]["compile"] is True
+    again = client.post("/v1/switches/compile/clear", headers=admin, json={**w, "scope": "release=v7"}).json()
+    assert again["changed"] is False and again["action"] == "noop"
+    assert client.post("/v1/switches/warp/clear", headers=admin, json=w).status_code == 404
+    assert client.post("/v1/switches/compile/clear", json=w).status_code == 401
