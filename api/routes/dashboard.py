@@ -57,11 +57,24 @@ def fleet_page(store: StoreDep, tr: TimeRangeDep, gpu_kind: Label = None) -> str
 
 
 @router.get("/dashboard/releases", response_class=HTMLResponse)
-def releases_page(store: StoreDep, tr: TimeRangeDep, gpu_kind: Label = None) -> str:
+def releases_page(store: StoreDep, tr: TimeRangeDep, gpu_kind: Label = None, baseline: Label = None,
+                  candidate: Label = None) -> str:
     df = qr.sessions_in(store, tr.start, tr.end, gpu_kind=gpu_kind)
-    sections = []
+    seen = sorted(set(df["release"].to_list())) if df.height else []
+    base = baseline or (seen[-2] if len(seen) >= 2 else None)
+    cand = candidate or (seen[-1] if seen else None)
+    compare_rows = []
+    per_metric = {m.value: {r["release"]: r for r in qr.quantile_rows(df, m.value)} for m in qr.Metric}
+    if base and cand:
+        for m, by in per_metric.items():
+            b, c = by.get(base), by.get(cand)
+            compare_rows.append({"metric": m, f"{base} p50": b and b["p50"], f"{cand} p50": c and c["p50"],
+                                 "median change": (c["p50"] / b["p50"] - 1) if b and c and b["p50"] else None})
+    sections = [d.section(f"{cand} against {base}" if base and cand else "Comparison",
+                          d.table(compare_rows, empty="needs two releases with sessions in the range"),
+                          note="choose with ?baseline=&candidate=; medians of per-session values")]
     for i, m in enumerate(qr.Metric):
-        qrows = qr.quantile_rows(df, m.value)
+        qrows = list(per_metric[m.value].values())
         sections.append(d.section(m.value, d.chart(d.fig_quantiles(qrows, m.value), f"dist-{i}", 320)
                                   + d.table(qrows, ["release", "sessions", "p5", "p50", "p95", "p99", "mean"])))
     reg = qr.finding_rows(qr.findings_frame(store, kind="regression", start=tr.start, end=tr.end, limit=100))
