@@ -2,7 +2,7 @@
 
 Shape: 20 heads x 128, 757 new tokens, 5,788-slot window. Errors are bounded by the reference's own
 error against the fp64 truth (FA3 rule: err <= 2 * err_ref + atol). The chain is write -> attention ->
-write (across the ring wrap) -> attention -> delta rotation -> attention; compiled and graph-replayed
+write (across the ring wrap, K+V in one launch) -> attention -> delta rotation -> attention; compiled and graph-replayed
 results must equal the eager chain bit for bit.
 """
 
@@ -13,7 +13,7 @@ import torch
 
 from kernels.delta_rotate import delta_rotate
 from kernels.fp8_attention import fp8_attention
-from kernels.rope_fp8_write import rope_fp8_write
+from kernels.rope_fp8_write import rope_fp8_write, rope_fp8_write_kv
 from tests.kernels.helpers import poisoned_cache, random_fp8_window, random_scale
 from tests.kernels.test_delta_rotate import test_matches_reference as _delta_case
 from tests.kernels.test_fp8_attention import MODES, check_attention
@@ -60,8 +60,7 @@ class _Chain(torch.nn.Module):
         rope_fp8_write(k1, pos1, slots1, ks, kc)
         rope_fp8_write(v1, pos1, slots1, vs, vc, apply_rope=False)
         o1 = fp8_attention(q1, kc, vc, ks, vs, self.n_first)
-        rope_fp8_write(k2, pos2, slots2, ks, kc)
-        rope_fp8_write(v2, pos2, slots2, vs, vc, apply_rope=False)
+        rope_fp8_write_kv(k2, v2, pos2, slots2, ks, vs, kc, vc)  # the one-launch K+V entry point
         o2 = fp8_attention(q2, kc, vc, ks, vs, kc.shape[1])
         delta_rotate(kc, ks, self.delta)
         o3 = fp8_attention(q3, kc, vc, ks, vs, kc.shape[1])
