@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from worker.config import ModelShape, Switches
 from worker.fp8 import FP8, dequantize, head_scale, quantize
-from worker.rope import apply_rope, rotate_by
+from worker.rope import apply_rope, apply_rope_tables, rope_tables, rotate_by
 
 # Calibration margin: rotation can grow a component by sqrt(2); later tokens get 25% headroom.
 CALIBRATION_MARGIN = math.sqrt(2.0) * 1.25
@@ -87,21 +87,27 @@ class Window:
 # The ops, torch first; Triton kernels (kernels/*) behind the triton_kernels switch on CUDA.
 
 
-def rope_write_torch(x, positions, slots, scale, cache, apply_rope_: bool = True, base: float = 10000.0):
-    """x: [H, T, D] -> RoPE at positions [T] -> FP8 (if cache is FP8) -> cache[:, slots] in place."""
-    y = apply_rope(x, positions, base) if apply_rope_ else x
+def rope_write_torch(x, cos, sin, slots, scale, cache, apply_rope_: bool = True):
+    """x: [H, T, D] -> RoPE (the step's tables [T, D]) -> FP8 (if cache is FP8) -> cache[:, slots] in place."""
+    y = apply_rope_tables(x, cos, sin) if apply_rope_ else x
     if cache.dtype == FP8:  # index_copy_ has no float8 kernel on CPU: copy the bytes
         cache.view(torch.uint8).index_copy_(1, slots, quantize(y, scale).view(torch.uint8))
     else:
         cache.index_copy_(1, slots, y.to(cache.dtype))
 
 
-def reread_torch(k, v, n, positions, fp8: bool, rope: bool):
+def write_pair_torch(k, v, cos, sin, slots, k_scale, v_scale, k_cache, v_cache, rope_k: bool = True):
+    """K (RoPE'd when rope_k) and V of the new tokens into their slots: the upkeep of one attention call."""
+    rope_write_torch(k, cos, sin, slots, k_scale, k_cache, rope_k)
+    rope_write_torch(v, cos, sin, slots, v_scale, v_cache, False)
+
+
+def reread_torch(k, v, n, cos, sin, fp8: bool, rope: bool):
     """The plain path's read: RoPE over the whole window (slot order) and a fresh FP8 quantization."""
     k = k[:, :n]
     v = v[:, :n]
     if rope:
-        k = apply_rope(k, positions)
+        k = apply_rope_tables(k, cos, sin)
     if not fp8:
         return k, v, None, None
     ks, vs = head_scale(k), head_scale(v)
@@ -148,21 +154,27 @@ class CacheOps:
         cuda = device.type == "cuda"
         k = _kernels() if (switches.triton_kernels and cuda) else None
         self.triton = k is not None
-        self.write = rope_write_torch
+        self.write_pair = write_pair_torch
         self.reread = reread_torch
         self._attention = attention_torch
-        self._rw = self._fa = self._dr = None
+        self._rw = self._rwkv = self._fa = self._dr = None
         if k is not None:
             self._rw, self._dr, self._fa = k[0].rope_fp8_write, k[1].delta_rotate, k[2].fp8_attention
+            self._rwkv = getattr(k[0], "rope_fp8_write_kv", None)
         if switches.compile and cuda:
-            self.write = torch.compile(rope_write_torch, dynamic=False)
-            self.reread = torch.compile(reread_torch, dynamic=None)
+            self.write_pair = torch.compile(write_pair_torch)
+            self.reread = torch.compile(reread_torch)
 
-    def write_kv(self, x, positions, slots, scale, cache, apply_rope_: bool) -> None:
-        if self._rw is not None and cache.dtype == FP8:
-            self._rw(x, positions, slots, scale, cache, apply_rope=apply_rope_)
+    def write_kv(self, k, v, positions, cos, sin, slots, k_scale, v_scale, k_cache, v_cache, rope_k: bool) -> None:
+        """Write the new K and V (one fused launch with the kernels when the cache is FP8)."""
+        if self._rw is not None and k_cache.dtype == FP8:
+            if self._rwkv is not None and rope_k:
+                self._rwkv(k, v, positions, slots, k_scale, v_scale, k_cache, v_cache)
+            else:
+                self._rw(k, positions, slots, k_scale, k_cache, apply_rope=rope_k)
+                self._rw(v, positions, slots, v_scale, v_cache, apply_rope=False)
         else:
-            self.write(x, positions, slots, scale, cache, apply_rope_)
+            self.write_pair(k, v, cos, sin, slots, k_scale, v_scale, k_cache, v_cache, rope_k)
 
     def attention(self, q, win: Window) -> torch.Tensor:
         if self._fa is not None and win.k_scale is not None:
@@ -194,16 +206,19 @@ class KVCache:
         self.fp8_read = shape.fp8_attention or switches.fp8_cache
         self.rope_at_write = switches.rope_at_write
         store = FP8 if self.fp8_store else dtype
-        self.k = torch.zeros(nb, h, s, d, dtype=store, device=self.device)  # [blocks, heads, slots, head_dim]
-        self.v = torch.zeros(nb, h, s, d, dtype=store, device=self.device)
+        # one [heads, slots, head_dim] tensor per block (not views of one tensor: compiled ops and
+        # kernels see the same tensor layout for every block)
+        self.k = [torch.zeros(h, s, d, dtype=store, device=self.device) for _ in range(nb)]
+        self.v = [torch.zeros(h, s, d, dtype=store, device=self.device) for _ in range(nb)]
         self.k_scale = torch.ones(nb, h, dtype=torch.float32, device=self.device)
         self.v_scale = torch.ones(nb, h, dtype=torch.float32, device=self.device)
         self.calibrated = [False] * nb
-        self.positions = torch.zeros(0, dtype=torch.int64, device=self.device)  # new tokens' positions
+        self.positions = torch.zeros(0, dtype=torch.int64, device=self.device)  # new tokens' positions [T]
+        self.cos = self.sin = torch.zeros(0, d, device=self.device)  # their RoPE tables [T, head_dim]
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.k, self.v, self.k_scale, self.v_scale))
+        return sum(t.numel() * t.element_size() for t in (*self.k, *self.v, self.k_scale, self.v_scale))
 
     def _keep(self, name: str, value: torch.Tensor) -> None:
         """Update a per-step index buffer in place when its shape holds (CUDA graphs read it)."""
@@ -212,6 +227,13 @@ class KVCache:
             old.copy_(value)
         else:
             setattr(self, name, value)
+
+    def _set_positions(self, positions: torch.Tensor) -> None:
+        """The step's positions and their RoPE tables, once per step (every block and pass reuses them)."""
+        self._keep("positions", positions)
+        cos, sin = rope_tables(positions, self.shape.head_dim, self.shape.rope_base)
+        self._keep("cos", cos)
+        self._keep("sin", sin)
 
     def _arange(self, start: int, n: int) -> torch.Tensor:
         return torch.arange(start, start + n, dtype=torch.int64, device=self.device)
@@ -243,11 +265,11 @@ class KVCache:
             return
         if self.switches.delta_rotation:
             for b in range(self.shape.n_blocks):
-                self.ops.delta_rotate(self.k[b, :, :n_slots], self.k_scale[b], delta)
+                self.ops.delta_rotate(self.k[b][:, :n_slots], self.k_scale[b], delta)
         else:
             old = self.slot_positions()[:n_slots]
             for b in range(self.shape.n_blocks):
-                rerotate_from_raw_torch(self.k[b, :, :n_slots], self.k_scale[b], old, old - delta)
+                rerotate_from_raw_torch(self.k[b][:, :n_slots], self.k_scale[b], old, old - delta)
         self.book.next_pos -= delta
         self.book.resets += 1
 
@@ -257,8 +279,8 @@ class KVCache:
         """Committed window in time order, un-rotated and dequantized: (k_raw, v [nb,H,n,D], next_pos)."""
         n = self.book.n_valid
         order = self._time_order()
-        k = self.k[:, :, order]
-        v = self.v[:, :, order]
+        k = torch.stack([kb[:, order] for kb in self.k])
+        v = torch.stack([vb[:, order] for vb in self.v])
         if self.fp8_store:
             k = (k.float() * self.k_scale[:, :, None, None]).to(self.dtype)
             v = (v.float() * self.v_scale[:, :, None, None]).to(self.dtype)
@@ -305,28 +327,30 @@ class PlainCache(KVCache):
         over = book.n_valid - book.kept
         if over > 0:  # advance by copying: shift the kept tokens to the front
             keep = book.kept
-            self.k[:, :, :keep] = self.k[:, :, over : over + keep].clone()
-            self.v[:, :, :keep] = self.v[:, :, over : over + keep].clone()
+            for buf in (*self.k, *self.v):
+                buf[:, :keep] = buf[:, over : over + keep].clone()
             book.n_valid = keep
         if self.rope_at_write:
-            self._keep("positions", self._arange(book.next_pos, tokens))
+            self._set_positions(self._arange(book.next_pos, tokens))
         else:
-            self._keep("positions", self._arange(book.kept, tokens))  # slot order
+            self._set_positions(self._arange(book.kept, tokens))  # slot order
+            wcos, wsin = rope_tables(self._arange(0, book.window_after), self.shape.head_dim, self.shape.rope_base)
+            self._keep("_win_cos", wcos)
+            self._keep("_win_sin", wsin)
         self._keep("_slots", self._arange(book.kept, tokens))
-        self._keep("_window_pos", self._arange(0, book.window_after))
         return did_reset
 
     def update(self, b: int, k_new: torch.Tensor, v_new: torch.Tensor) -> Window:
         n = self.book.window_after
         self.calibrate(b, k_new, v_new)
         ks, vs = self.k_scale[b], self.v_scale[b]
-        self.ops.write_kv(k_new, self.positions, self._slots, ks, self.k[b], self.rope_at_write)
-        self.ops.write_kv(v_new, self.positions, self._slots, vs, self.v[b], False)
+        self.ops.write_kv(k_new, v_new, self.positions, self.cos, self.sin, self._slots, ks, vs, self.k[b], self.v[b],
+                          self.rope_at_write)
         if self.fp8_store:
             return Window(self.k[b], self.v[b], ks, vs, n)
-        k, v, ks, vs = self.ops.reread(
-            self.k[b], self.v[b], n, self._window_pos, self.fp8_read, not self.rope_at_write
-        )
+        rope = not self.rope_at_write
+        k, v, ks, vs = self.ops.reread(self.k[b], self.v[b], n, self._win_cos if rope else None,
+                                       self._win_sin if rope else None, self.fp8_read, rope)
         return Window(k, v, ks, vs, n)
 
 
@@ -351,7 +375,7 @@ class RingCache(KVCache):
             self._reset_window(self.shape.window if book.wraps else book.n_valid)
             did_reset = True
         book.open(tokens)
-        self._keep("positions", self._arange(book.next_pos, tokens))
+        self._set_positions(self._arange(book.next_pos, tokens))
         self._keep("_slots", torch.remainder(self._arange(book.head, tokens), self.shape.window))
         return did_reset
 
@@ -359,11 +383,11 @@ class RingCache(KVCache):
         n = self.book.window_after
         self.calibrate(b, k_new, v_new)
         ks, vs = self.k_scale[b], self.v_scale[b]
-        self.ops.write_kv(k_new, self.positions, self._slots, ks, self.k[b], True)
-        self.ops.write_kv(v_new, self.positions, self._slots, vs, self.v[b], False)
+        self.ops.write_kv(k_new, v_new, self.positions, self.cos, self.sin, self._slots, ks, vs, self.k[b], self.v[b],
+                          True)
         if self.fp8_store or not self.fp8_read:
             return Window(self.k[b], self.v[b], ks if self.fp8_store else None, vs if self.fp8_store else None, n)
-        k, v, ks, vs = self.ops.reread(self.k[b], self.v[b], n, None, True, False)  # re-quantize per read
+        k, v, ks, vs = self.ops.reread(self.k[b], self.v[b], n, None, None, True, False)  # re-quantize per read
         return Window(k, v, ks, vs, n)
 
 

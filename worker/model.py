@@ -33,8 +33,8 @@ import torch.nn.functional as F
 
 from worker.cache import KVCache
 from worker.config import ModelShape
-from worker.fp8 import fp8_linear, quantize_weight
-from worker.rope import apply_rope
+from worker.fp8 import fp8_linear, quantize_act, quantize_weight
+from worker.rope import apply_rope_tables
 
 
 class _NullSpan:
@@ -69,10 +69,11 @@ class Linear:
 
     w: torch.Tensor
     scale: torch.Tensor | None = None
+    quant: Callable = quantize_act  # the activation quantizer (compiled under the compile switch)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.scale is not None:
-            return fp8_linear(x, self.w, self.scale)
+            return fp8_linear(x, self.w, self.scale, self.quant)
         return x @ self.w.t()
 
     @property
@@ -151,7 +152,7 @@ class Block:
         # self-attention over the window + this chunk's tokens
         h = F.layer_norm(x, (d,)) * (1 + sc1) + sh1
         q, k, v = self.qkv(h).view(T, 3, H, hd).permute(1, 2, 0, 3).unbind(0)  # [H, T, hd] each
-        q = apply_rope(q, cache.positions)
+        q = apply_rope_tables(q, cache.cos, cache.sin)  # the step's tables, built once in begin_step
         with self.timer.span("upkeep"):
             win = cache.update(b, k, v)
         with self.timer.span("attention"):
@@ -192,6 +193,13 @@ class DiT:
     def set_allreduce(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
         for b in self.blocks:
             b.allreduce = fn
+
+    def set_compile(self, on: bool) -> None:
+        """The compile switch's share in the model: the FP8 activation quantizer, compiled (CUDA only)."""
+        quant = torch.compile(quantize_act) if (on and self.device.type == "cuda") else quantize_act
+        for b in self.blocks:
+            for lin in (b.qkv, b.cq, b.ckv, b.up, b.o, b.co, b.down):
+                lin.quant = quant
 
     def set_timer(self, timer) -> None:
         self.timer = timer

@@ -22,6 +22,19 @@ def rope_cos_sin(positions: torch.Tensor, head_dim: int, base: float = ROPE_BASE
     return ang.cos().to(dtype), ang.sin().to(dtype)
 
 
+def rope_tables(positions: torch.Tensor, head_dim: int, base: float = ROPE_BASE):
+    """(cos, signed sin) [T, head_dim] for ``apply_rope_tables``: built once per step, used by every call."""
+    cos, sin = rope_cos_sin(positions, head_dim, base)
+    h = head_dim // 2
+    return cos, torch.cat([-sin[:, :h], sin[:, h:]], dim=-1)
+
+
+def apply_rope_tables(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """RoPE with precomputed tables: x*cos + roll(x, D/2)*signed_sin (= rotate_half form), fp32 math."""
+    xf = x.float()
+    return torch.addcmul(xf * cos, xf.roll(x.shape[-1] // 2, dims=-1), sin_signed).to(x.dtype)
+
+
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat([-x2, x1], dim=-1)

@@ -190,6 +190,8 @@ class Session:
             return
         if any(k in CACHE_SWITCHES for k in changed):
             self.cache = rebuild_cache(self.cache, new)
+        if "compile" in changed:
+            self.w.model.set_compile(new.compile)
         if "decoder_own_gpu" in changed:
             self.decoder = Decoder(self.w.shape, self.w.device, own_gpu=new.decoder_own_gpu)
             self.tel.sync_clock(self.decoder.device)
@@ -238,6 +240,7 @@ class Session:
                   switches=self.switches.encode())
         model = w.model
         model.set_timer(tel.timer)
+        model.set_compile(self.switches.compile)
         try:
             cond = torch.randn(self.cond_tokens, shape.d_model, generator=gen, device=dev)
             self._buffers(self.cond_tokens)

@@ -331,7 +331,7 @@ class Telemetry:
         self.timer = CudaTimer() if self.cuda else CpuTimer()
         if not enabled and self.cuda:
             self.timer.enabled = False
-        self._refs: dict[torch.device, tuple[torch.cuda.Event, float]] = {}
+        self._refs: dict[int, tuple[torch.cuda.Event, float]] = {}  # GPU index -> (event, perf_counter)
         self._step_start: Any = None
         self.power = PowerSampler(list(gpu_indices), self._put) if (sample_power and self.cuda) else None
         self.cpu_mem = lambda: (0, 0)
@@ -341,19 +341,23 @@ class Telemetry:
     def now_dt(self, perf: float | None = None) -> datetime:
         return self._wall0 + timedelta(seconds=(time.perf_counter() if perf is None else perf) - self._perf0)
 
+    @staticmethod
+    def _gpu(device) -> int:
+        device = torch.device(device)
+        return device.index if device.index is not None else torch.cuda.current_device()
+
     def sync_clock(self, device) -> None:
         """Once, before the loop: an event whose wall time is known maps GPU events to perf_counter."""
-        device = torch.device(device)
-        if device.type != "cuda" or device in self._refs:
+        if torch.device(device).type != "cuda" or self._gpu(device) in self._refs:
             return
-        with torch.cuda.device(device):
+        with torch.cuda.device(self._gpu(device)):
             ev = torch.cuda.Event(enable_timing=True)
             ev.record()
             ev.synchronize()
-        self._refs[device] = (ev, time.perf_counter())
+        self._refs[self._gpu(device)] = (ev, time.perf_counter())
 
     def _wall(self, ev: torch.cuda.Event, device) -> float:
-        ref, t = self._refs[torch.device(device)]
+        ref, t = self._refs[self._gpu(device)]
         return t + ref.elapsed_time(ev) / 1e3
 
     # -- records -------------------------------------------------------------------------------
