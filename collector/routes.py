@@ -10,7 +10,6 @@ type, 422 values or schema; 429 + Retry-After while the spool is over its bound.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import hmac
 from datetime import UTC, datetime
@@ -391,7 +390,7 @@ async def ingest(request: Request) -> IngestAck:
     if not tables:
         return IngestAck(batch_id=batch_id, rows={}, duplicate=False)
     try:
-        ack = await asyncio.wrap_future(spool.submit(batch_id, tables))
+        ack = await spool.submit_async(batch_id, tables)
     except SpoolFullError as e:
         raise HTTPException(429, str(e), headers={"Retry-After": str(e.retry_after_s)}) from e
     except SpoolError as e:

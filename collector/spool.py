@@ -17,6 +17,7 @@ it was never acked.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import io
 import os
@@ -27,7 +28,7 @@ import time
 import uuid
 import zlib
 from collections import OrderedDict, deque
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -192,6 +193,10 @@ class Spool:
         self._compact_writer_log()
         self._drop_committed_segments()
         self._active_path, self._active = self._open_segment(self._next_seq)
+        self._io_lock = threading.Lock()
+        self._io = ThreadPoolExecutor(1, thread_name_prefix="spool-io")
+        self._loop_pending: list[tuple[_Pending, asyncio.Future]] = []
+        self._loop_flushing = False
         self._appender = threading.Thread(target=self._append_loop, name="spool-append", daemon=True)
         self._appender.start()
 
@@ -298,25 +303,61 @@ class Spool:
     def submit(self, batch_id: str, tables: dict[str, pa.Table]) -> Future:
         """Queue a batch; the future resolves to an ``Ack`` once it is fsync'd (or a duplicate is seen).
 
-        Raises ``SpoolFullError`` when the spool is over its bound.
+        Raises ``SpoolFullError`` when the spool is over its bound. For threads; the collector's event
+        loop uses ``submit_async``.
         """
+        fut, pending = self._register(batch_id, tables)
+        if pending is not None:
+            self._queue.put(pending)
+        return fut
+
+    async def submit_async(self, batch_id: str, tables: dict[str, pa.Table]) -> Ack:
+        """``submit`` for an event loop: batches queued meanwhile share one write + fsync, done in the
+        spool's I/O thread, and the loop is woken once per group (not once per batch)."""
+        fut, pending = self._register(batch_id, tables)
+        if pending is None:  # a duplicate: answered now, or when its first copy lands
+            return fut.result() if fut.done() else await asyncio.wrap_future(fut)
+        loop = asyncio.get_running_loop()
+        waiter = loop.create_future()
+        self._loop_pending.append((pending, waiter))
+        if not self._loop_flushing:
+            self._loop_flushing = True
+            loop.create_task(self._flush_loop_pending(loop))
+        return await waiter
+
+    async def _flush_loop_pending(self, loop: asyncio.AbstractEventLoop) -> None:
+        try:
+            while self._loop_pending:
+                group, self._loop_pending = self._loop_pending, []
+                await loop.run_in_executor(self._io, self._write, [p for p, _ in group])
+                for p, waiter in group:
+                    if waiter.done():  # the request was cancelled (client gone): the batch is stored anyway
+                        continue
+                    if p.future.exception() is not None:
+                        waiter.set_exception(p.future.exception())
+                    else:
+                        waiter.set_result(p.future.result())
+        finally:
+            self._loop_flushing = False
+
+    def _register(self, batch_id: str, tables: dict[str, pa.Table]) -> tuple[Future, _Pending | None]:
+        """Duplicate check, bound check, and the record to write (None for a duplicate)."""
         with self._lock:
             if self._closed:
                 raise SpoolError("spool is closed (server shutting down); retry")
             if batch_id in self._keys or batch_id in self._inflight:
-                return self._dup_future(batch_id)
+                return self._dup_future(batch_id), None
         payload, rows = encode_payload(batch_id, tables)
         fut: Future = Future()
         with self._lock:
             if batch_id in self._keys or batch_id in self._inflight:  # a twin request won the race
-                return self._dup_future(batch_id)
+                return self._dup_future(batch_id), None
             size = HEADER.size + len(payload)
             if self._depth_bytes > 0 and self._depth_bytes + size > self.max_bytes:
                 raise SpoolFullError(self._depth_bytes, self.max_bytes, retry_after_s=1)
             self._depth_bytes += size
             self._inflight[batch_id] = fut
-        self._queue.put(_Pending(batch_id, payload, rows, fut))
-        return fut
+        return fut, _Pending(batch_id, payload, rows, fut)
 
     def _dup_future(self, batch_id: str) -> Future:
         """(under the lock) An ack marked duplicate: now if stored, else when the first copy lands."""
@@ -357,6 +398,10 @@ class Spool:
                 return
 
     def _write(self, items: list[_Pending]) -> None:
+        with self._io_lock:  # the appender thread and the I/O executor both append
+            self._write_locked(items)
+
+    def _write_locked(self, items: list[_Pending]) -> None:
         buf = bytearray()
         new: list[Entry] = []
         base = self._active.tell()
@@ -517,5 +562,6 @@ class Spool:
             self._closed = True
         self._queue.put(None)
         self._appender.join()
+        self._io.shutdown(wait=True)
         self._active.close()
         self._wlog.close()

@@ -91,3 +91,23 @@ def test_over_bound_is_refused_with_retry_after(tmp_path):
     assert e.value.retry_after_s >= 1
     assert 0 < sp.stats()["bytes"] <= 64 * 1024
     sp.close()
+
+
+def test_async_submits_share_writes_and_twins_are_acked_once(tmp_path):
+    import asyncio
+
+    sp = Spool(tmp_path, max_bytes=1 << 24)
+
+    async def main():
+        unique = [sp.submit_async(f"u{i}", _t(2, start=2 * i)) for i in range(20)]
+        twins = [sp.submit_async("twin", _t(3, start=100)) for _ in range(5)]
+        return await asyncio.gather(*unique, *twins)
+
+    acks = asyncio.run(main())
+    assert [a.duplicate for a in acks[20:]].count(False) == 1
+    assert all(a.rows == {"step": 3} for a in acks[20:])
+    assert sorted(a.seq for a in acks if not a.duplicate) == list(range(1, 22))
+    sp.close()
+    sp = Spool(tmp_path, max_bytes=1 << 24)
+    assert len(sp.take(10_000)) == 21
+    sp.close()
