@@ -245,7 +245,8 @@ class TelemetryClient:
         """Ship what is buffered (retrying until ``timeout_s`` at most), stop the thread.
 
         Rows still buffered when the time runs out are counted in ``dropped``. Later ``put``s are
-        dropped and counted. Returns True when everything put was acked. Idempotent; never raises.
+        dropped and counted. Returns True when every row ever put was acked (``dropped == 0``).
+        Idempotent; never raises.
         """
         try:
             with self._lock:
@@ -253,9 +254,7 @@ class TelemetryClient:
                 self._closing = True
                 self._deadline = min(self._deadline, time.monotonic() + max(0.0, timeout_s))
             if not already:
-                ok = self.flush(timeout_s)
-            else:
-                ok = False
+                self.flush(timeout_s)
             with self._lock:
                 self._stopped = True
             self._interrupt.set()
@@ -266,7 +265,7 @@ class TelemetryClient:
                     self._dropped += self._buffered
                     self._buffered = 0
                     self._queue.clear()
-                ok = ok and self._buffered == 0
+                ok = self._buffered == 0 and self._dropped == 0
             if not self._thread.is_alive():
                 self._http.close()
             return ok

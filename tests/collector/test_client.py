@@ -8,6 +8,7 @@ live in tests/e2e); it stands in for the network peer only.
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import threading
@@ -19,6 +20,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import orjson
 import pyarrow as pa
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from collector import client as client_mod
 from collector.client import (
@@ -75,6 +78,7 @@ class FakeCollector:
 def _handler(fake: FakeCollector):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive, as the client expects
+        disable_nagle_algorithm = True  # headers and body go out in two writes
 
         def log_message(self, *args):  # quiet
             pass
@@ -106,8 +110,8 @@ def _handler(fake: FakeCollector):
     return Handler
 
 
-@pytest.fixture
-def fake_collector():
+@contextlib.contextmanager
+def running_fake():
     fake = FakeCollector(url="")
     fake.hold.set()
     server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(fake))
@@ -115,10 +119,18 @@ def fake_collector():
     fake.url = f"http://127.0.0.1:{server.server_address[1]}"
     t = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     t.start()
-    yield fake
-    fake.hold.set()
-    server.shutdown()
-    server.server_close()
+    try:
+        yield fake
+    finally:
+        fake.hold.set()
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def fake_collector():
+    with running_fake() as fake:
+        yield fake
 
 
 # ---------------------------------------------------------------------------------------------
@@ -325,7 +337,7 @@ def test_drops_are_reported_as_a_telemetry_dropped_event(fake_collector):
     assert c.dropped == 15
     fake_collector.hold.set()
     assert c.flush(10.0)
-    assert c.close(10.0)
+    assert not c.close(10.0)  # 15 rows were dropped
     events = [
         r.table for r in fake_collector.acked() if r.table.schema.metadata[b"livestep.kind"] == b"event"
     ]
@@ -431,3 +443,31 @@ def test_import_pulls_no_server_code():
     subprocess.run(
         [sys.executable, "-c", code], check=True, cwd=client_mod.__file__.rsplit("/collector/", 1)[0]
     )
+
+
+_ANSWERS = st.sampled_from([200, 200, 200, 500, 502, 503, 429, 400, 413, 422])
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(answers=st.lists(_ANSWERS, max_size=30), n_rows=st.integers(0, 120), batch_rows=st.integers(1, 40))
+def test_every_row_is_accounted_for_whatever_the_collector_answers(answers, n_rows, batch_rows):
+    with running_fake() as fake:
+        fake.answer(*[(a, {"Retry-After": "0"}) if a == 429 else a for a in answers])
+        c = new_client(fake, batch_rows=batch_rows, max_attempts=3, max_queue=10_000)
+        for i in range(n_rows):
+            c.put("step", step_row(i))
+        c.flush(20.0)
+        assert c.close(5.0) == (c.dropped == 0)
+        assert c.sent + c.dropped == n_rows and c.buffered == 0
+        acked = [r.table for r in fake.acked()]
+        steps = pa.concat_tables(acked).column("step").to_pylist() if acked else []
+        assert len(steps) == len(set(steps)) == c.sent  # acked once each, nothing acked twice
+        by_key: dict[str, list[Received]] = {}
+        for r in fake.received:
+            by_key.setdefault(r.headers["Idempotency-Key"], []).append(r)
+        for tries in by_key.values():
+            assert all(t.table.equals(tries[0].table) for t in tries)  # a retry resends the same batch
+            assert [t.status for t in tries[:-1]] == [
+                t.status for t in tries[:-1] if t.status in (429, 500, 502, 503)
+            ]
+            assert len(tries) <= 3
