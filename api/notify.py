@@ -4,14 +4,16 @@
     post_findings(rows, urls, secret)   # or by hand
 
 Only open, critical findings that blame a switch (``attribution``) are posted: those are the ones
-the webhook acts on. The default URL is this server's own ``/v1/alerts``. A failed post is
-retried a few times and logged; it never raises into the job that wrote the findings.
+the webhook acts on. The default URL is this server's own ``/v1/alerts``; when its port is 0 (chosen
+by the OS, unknown here) the signed body goes to this process's webhook handler directly. A failed
+post is retried a few times and logged; it never raises into the job that wrote the findings.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -62,27 +64,48 @@ def post_findings(rows: list[dict[str, Any]], urls: list[str], secret: str, *, a
     return results
 
 
-class Notifier:
-    """The findings listener: posts actionable findings to the configured URLs."""
+def deliver_locally(deliver: Callable[[bytes, dict[str, str]], Any], rows: list[dict[str, Any]],
+                    secret: str) -> dict[str, Any]:
+    """The same signed body handed to this process's webhook handler (no network: when the server's
+    port is only known to the OS, e.g. ``--port 0``)."""
+    body = orjson.dumps({"source": "livestep", "findings": [_jsonable(r) for r in rows]}, default=str)
+    try:
+        out = deliver(body, sign(secret, body))
+        return {"url": "local", "ok": True, "status": 200, "flipped": out.get("flipped")}
+    except Exception as e:  # noqa: BLE001 - refused (HTTPException) or failed: never into the job
+        log.warning("local webhook delivery refused: %s", e)
+        return {"url": "local", "ok": False, "error": f"{type(e).__name__}: {e}"}
 
-    def __init__(self, urls: list[str], secret: str):
-        self.urls, self.secret = urls, secret
+
+class Notifier:
+    """The findings listener: posts actionable findings to the configured URLs (or hands them to
+    ``local``, this process's own webhook handler, when no URL can be known)."""
+
+    def __init__(self, urls: list[str], secret: str, local: Callable[[bytes, dict[str, str]], Any] | None = None):
+        self.urls, self.secret, self.local = urls, secret, local
         self.sent: list[dict[str, Any]] = []
 
     def __call__(self, rows: list[dict[str, Any]]) -> None:
         todo = actionable(rows)
-        if todo:
+        if not todo:
+            return
+        if self.local is not None:
+            self.sent.append(deliver_locally(self.local, todo, self.secret))
+        else:
             self.sent.extend(post_findings(todo, self.urls, self.secret))
 
 
-def install(settings) -> Notifier | None:
-    """Register a Notifier with analytics.jobs (None when the analytics are not importable)."""
+def install(settings, local: Callable[[bytes, dict[str, str]], Any] | None = None) -> Notifier | None:
+    """Register a Notifier with analytics.jobs (None when the analytics are not importable).
+
+    ``local`` is used instead of HTTP when no webhook URL is configured and the port is 0 (unknown)."""
     try:
         from analytics.jobs import add_findings_listener
     except ImportError as e:
         log.info("findings are not posted to the webhook: analytics.jobs unavailable (%s)", e)
         return None
-    n = Notifier(settings.webhook_url_list, settings.webhook_secret or "")
+    use_local = local is not None and not settings.webhook_urls.strip() and settings.port == 0
+    n = Notifier(settings.webhook_url_list, settings.webhook_secret or "", local if use_local else None)
     add_findings_listener(n)
     return n
 

@@ -41,7 +41,12 @@ async def _notify_lifespan(app):
 
     app_settings = getattr(app.state, "settings", None)
     settings = from_app_settings(app_settings) if app_settings is not None else env_switch_settings()
-    notifier = notify.install(settings)
+    store = getattr(app.state, "store", None)
+
+    def local(body: bytes, headers: dict[str, str]):
+        return _act(store, settings, body, headers.get(TS_HEADER), headers.get(SIG_HEADER))
+
+    notifier = notify.install(settings, local if store is not None else None)
     app.state.notifier = notifier
     try:
         yield

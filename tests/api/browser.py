@@ -81,7 +81,7 @@ class Chromium:
                 self.proc.kill()
         shutil.rmtree(getattr(self, "profile", ""), ignore_errors=True)
 
-    def load(self, url: str, settle_s: float = 4.0) -> PageResult:
+    def load(self, url: str, settle_s: float = 8.0) -> PageResult:
         return asyncio.run(self._load(url, settle_s))
 
     async def _load(self, url: str, settle_s: float) -> PageResult:

@@ -73,6 +73,6 @@ def test_checker_sees_console_errors_and_missing_charts(site):
     chromium = site[-1]
     bad = ("data:text/html,<div class='plotly-graph-div'></div>"
            "<script>console.error('boom'); undefined_function();</script>")
-    res = chromium.load(bad)
+    res = chromium.load(bad, settle_s=1.0)
     assert any("boom" in e for e in res.errors) and any("undefined_function" in e for e in res.errors)
     assert res.charts == 1 and res.rendered == 0
