@@ -24,7 +24,7 @@ from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from collector import records
-from collector.spool import SpoolError, SpoolFullError
+from collector.spool import IpcStream, SpoolError, SpoolFullError
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 JSON = "application/json"
@@ -106,8 +106,11 @@ def check_table(kind: str, table: pa.Table) -> None:
             row = _first(np.asarray(col.is_null().to_numpy(zero_copy_only=False)))
             raise _bad(kind, f.name, row, None, "this column is required (no nulls)")
     now_ms = int((datetime.now(UTC) + records.MAX_FUTURE_SKEW).timestamp() * 1000)
+    n = table.num_rows
     for name, check in CHECKS[kind].items():
         col = table.column(name)
+        if col.null_count == n:  # all null (an optional field not measured here): nothing to check
+            continue
         what = check[0]
         if what == "float":
             a = _np(col, 0.0)
@@ -163,7 +166,7 @@ def _schema_text(schema: pa.Schema) -> str:
     return ", ".join(f"{f.name}: {f.type}" for f in schema)
 
 
-def parse_arrow(body: bytes) -> dict[str, pa.Table]:
+def parse_arrow(body: bytes) -> dict[str, pa.Table | IpcStream]:
     if len(body) < 8 or body[-8:] != _EOS:
         raise BadBatchError(400, "truncated Arrow IPC stream: it must end with the end-of-stream marker "
                                  "(close the stream writer); send one record kind per body")
@@ -189,7 +192,8 @@ def parse_arrow(body: bytes) -> dict[str, pa.Table]:
         raise BadBatchError(422, f"livestep.schema_version {version!r} is not supported; valid: "
                                  f"{records.SCHEMA_VERSION}")
     want = records.ARROW_SCHEMAS[kind]
-    if not schema.equals(want):  # the shipping client sends exactly ``want``; anything else is checked here
+    canonical = schema.equals(want, check_metadata=True)
+    if not canonical:  # the shipping client sends exactly ``want``; anything else is checked here
         names, want_names = schema.names, want.names
         missing = [n for n in want_names if n not in names]
         extra = [n for n in names if n not in want_names]
@@ -204,7 +208,10 @@ def parse_arrow(body: bytes) -> dict[str, pa.Table]:
         table = table.select(want_names)
         table = pa.Table.from_arrays(table.columns, schema=want)
     check_table(kind, table)
-    return {kind: table} if table.num_rows else {}
+    if not table.num_rows:
+        return {}
+    # the shipping client's exact schema: spool the validated body as is (no re-encoding)
+    return {kind: IpcStream(body, table.num_rows) if canonical else table}
 
 
 def _loc(loc: tuple) -> str:
@@ -262,7 +269,7 @@ def parse_json(body: bytes) -> dict[str, pa.Table]:
     return out
 
 
-def parse_body(content_type: str, body: bytes) -> dict[str, pa.Table]:
+def parse_body(content_type: str, body: bytes) -> dict[str, pa.Table | IpcStream]:
     try:
         return parse_arrow(body) if content_type == ARROW_STREAM else parse_json(body)
     except BadBatchError:

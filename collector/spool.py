@@ -31,6 +31,7 @@ from collections import OrderedDict, deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import orjson
 import pyarrow as pa
@@ -114,7 +115,14 @@ def _write_durable(path: Path, data: bytes) -> None:
     _fsync_dir(path.parent)
 
 
-def encode_payload(batch_id: str, tables: dict[str, pa.Table]) -> tuple[bytes, dict[str, int]]:
+class IpcStream(NamedTuple):
+    """An already-encoded Arrow IPC stream of a kind's canonical schema (spooled as is, not re-encoded)."""
+
+    data: bytes
+    num_rows: int
+
+
+def encode_payload(batch_id: str, tables: dict[str, pa.Table | IpcStream]) -> tuple[bytes, dict[str, int]]:
     """Batch id + one Arrow IPC stream per kind -> payload bytes, rows per kind."""
     bid = batch_id.encode()
     out = io.BytesIO()
@@ -125,14 +133,17 @@ def encode_payload(batch_id: str, tables: dict[str, pa.Table]) -> tuple[bytes, d
     rows = {}
     for kind in kinds:
         t = tables[kind]
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, t.schema) as w:
-            w.write_table(t)
-        ipc = sink.getvalue()
+        if isinstance(t, IpcStream):
+            ipc = t.data
+        else:
+            sink = pa.BufferOutputStream()
+            with pa.ipc.new_stream(sink, t.schema) as w:
+                w.write_table(t)
+            ipc = sink.getvalue().to_pybytes()
         kb = kind.encode()
         out.write(struct.pack("<B", len(kb)))
         out.write(kb)
-        out.write(struct.pack("<II", t.num_rows, ipc.size))
+        out.write(struct.pack("<II", t.num_rows, len(ipc)))
         out.write(ipc)
         rows[kind] = t.num_rows
     return out.getvalue(), rows
@@ -300,7 +311,7 @@ class Spool:
             return self._keys.get(batch_id)
 
     # -- append (request threads) ----------------------------------------------------------------
-    def submit(self, batch_id: str, tables: dict[str, pa.Table]) -> Future:
+    def submit(self, batch_id: str, tables: dict[str, pa.Table | IpcStream]) -> Future:
         """Queue a batch; the future resolves to an ``Ack`` once it is fsync'd (or a duplicate is seen).
 
         Raises ``SpoolFullError`` when the spool is over its bound. For threads; the collector's event
@@ -311,7 +322,7 @@ class Spool:
             self._queue.put(pending)
         return fut
 
-    async def submit_async(self, batch_id: str, tables: dict[str, pa.Table]) -> Ack:
+    async def submit_async(self, batch_id: str, tables: dict[str, pa.Table | IpcStream]) -> Ack:
         """``submit`` for an event loop: batches queued meanwhile share one write + fsync, done in the
         spool's I/O thread, and the loop is woken once per group (not once per batch)."""
         fut, pending = self._register(batch_id, tables)
@@ -340,7 +351,7 @@ class Spool:
         finally:
             self._loop_flushing = False
 
-    def _register(self, batch_id: str, tables: dict[str, pa.Table]) -> tuple[Future, _Pending | None]:
+    def _register(self, batch_id: str, tables: dict[str, pa.Table | IpcStream]) -> tuple[Future, _Pending | None]:
         """Duplicate check, bound check, and the record to write (None for a duplicate)."""
         with self._lock:
             if self._closed:
