@@ -5,7 +5,8 @@
     fmt, alerts = parse_payload(body)                 # livestep findings | Alertmanager v4 | Grafana
 
 The signature is HMAC-SHA256 over ``f"{timestamp}.".encode() + body`` (hex, ``sha256=`` prefix
-optional); a timestamp outside the replay window is refused. Every format becomes a list of
+optional); a timestamp outside the replay window is refused. Grafana's native signing is accepted too
+(``X-Grafana-Alert-Signature`` over ``'<timestamp>:<body>'``, timestamp in ``X-Grafana-Alert-Timestamp``). Every format becomes a list of
 ``Alert``: a dedup key (the same alert delivered again has the same key), firing or not, the
 switch it names (label ``switch``/``attribution`` or the finding's ``attribution``) and its scope
 (labels ``release``/``gpu_kind``/``worker_id`` or ``scope``, or the finding's ``scope``).
@@ -24,6 +25,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 TS_HEADER = "X-Livestep-Timestamp"
 SIG_HEADER = "X-Livestep-Signature"
+# Grafana's own webhook signing (contact point ``hmacConfig``): hex HMAC-SHA256 of '<timestamp>:<body>';
+# set its timestampHeader to GRAFANA_TS_HEADER so deliveries carry the timestamp the replay window needs.
+GRAFANA_SIG_HEADER = "X-Grafana-Alert-Signature"
+GRAFANA_TS_HEADER = "X-Grafana-Alert-Timestamp"
 FORMATS = ("livestep", "alertmanager", "grafana")
 
 
@@ -35,8 +40,8 @@ class PayloadError(ValueError):
     """A body that is none of the accepted formats; the message says what was wrong and what is valid."""
 
 
-def signature(secret: str, body: bytes, ts: int) -> str:
-    return hmac.new(secret.encode(), f"{ts}.".encode() + body, hashlib.sha256).hexdigest()
+def signature(secret: str, body: bytes, ts: int, sep: str = ".") -> str:
+    return hmac.new(secret.encode(), f"{ts}{sep}".encode() + body, hashlib.sha256).hexdigest()
 
 
 def sign(secret: str, body: bytes, ts: int | None = None) -> dict[str, str]:
@@ -45,8 +50,14 @@ def sign(secret: str, body: bytes, ts: int | None = None) -> dict[str, str]:
     return {TS_HEADER: str(ts), SIG_HEADER: f"sha256={signature(secret, body, ts)}"}
 
 
+def sign_grafana(secret: str, body: bytes, ts: int | None = None) -> dict[str, str]:
+    """The headers Grafana's HMAC webhook signing sends (for tests and tools)."""
+    ts = int(time.time()) if ts is None else ts
+    return {GRAFANA_TS_HEADER: str(ts), GRAFANA_SIG_HEADER: signature(secret, body, ts, ":")}
+
+
 def verify(secret: str, body: bytes, ts_header: str | None, sig_header: str | None, *, window_s: int,
-           now: float | None = None) -> str:
+           now: float | None = None, sep: str = ".") -> str:
     """Check a delivery's signature; return the hex digest (the replay key) or raise SignatureError."""
     if not ts_header or not sig_header:
         raise SignatureError(f"missing signature: send {TS_HEADER} (unix seconds) and {SIG_HEADER} "
@@ -60,9 +71,9 @@ def verify(secret: str, body: bytes, ts_header: str | None, sig_header: str | No
         raise SignatureError(f"stale timestamp: {TS_HEADER} is {int(now - ts)} s from the server's clock; "
                              f"the replay window is {window_s} s")
     got = sig_header.strip().removeprefix("sha256=").lower()
-    want = signature(secret, body, ts)
+    want = signature(secret, body, ts, sep)
     if not hmac.compare_digest(got.encode(), want.encode()):
-        raise SignatureError("bad signature: HMAC-SHA256 of '<timestamp>.<body>' with the webhook secret "
+        raise SignatureError(f"bad signature: HMAC-SHA256 of '<timestamp>{sep}<body>' with the webhook secret "
                              "does not match")
     return want
 

@@ -1,7 +1,8 @@
 """Alert webhook ``POST /v1/alerts``: signed findings, Alertmanager v4 or Grafana payloads -> switch off.
 
 Sign the body with HMAC-SHA256 over ``'<timestamp>.<body>'`` (api/alerts.py ``sign``): headers
-``X-Livestep-Timestamp`` and ``X-Livestep-Signature``. Unsigned, badly signed or stale deliveries
+``X-Livestep-Timestamp`` and ``X-Livestep-Signature``; or Grafana's contact-point HMAC signing
+(``X-Grafana-Alert-Signature``, timestamp header set to ``X-Grafana-Alert-Timestamp``). Unsigned, badly signed or stale deliveries
 are 401, a replayed signature 409, a malformed body 422, an unknown switch 422 (the message lists
 the valid ones); resolved, duplicate and unmapped alerts are answered 200 with recorded no-ops.
 While the app runs, api/notify.py posts the analytics' critical findings here (router lifespan).
@@ -17,6 +18,8 @@ from fastapi import APIRouter, Header, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
 
 from api.alerts import (
+    GRAFANA_SIG_HEADER,
+    GRAFANA_TS_HEADER,
     SIG_HEADER,
     TS_HEADER,
     PayloadError,
@@ -78,9 +81,9 @@ def _check_replay(store, digest: str) -> None:
         remember(store, key, "signature", "accepted")
 
 
-def _act(store, settings, body: bytes, ts: str | None, sig: str | None) -> dict[str, Any]:
+def _act(store, settings, body: bytes, ts: str | None, sig: str | None, sep: str = ".") -> dict[str, Any]:
     try:
-        digest = verify(settings.webhook_secret or "", body, ts, sig, window_s=settings.webhook_window_s)
+        digest = verify(settings.webhook_secret or "", body, ts, sig, window_s=settings.webhook_window_s, sep=sep)
     except SignatureError as e:
         raise HTTPException(401, detail=str(e)) from e
     try:
@@ -106,8 +109,13 @@ async def post_alerts(
     settings: SwitchSettingsDep,
     x_livestep_timestamp: Annotated[str | None, Header(alias=TS_HEADER, max_length=64)] = None,
     x_livestep_signature: Annotated[str | None, Header(alias=SIG_HEADER, max_length=200)] = None,
+    x_grafana_alert_timestamp: Annotated[str | None, Header(alias=GRAFANA_TS_HEADER, max_length=64)] = None,
+    x_grafana_alert_signature: Annotated[str | None, Header(alias=GRAFANA_SIG_HEADER, max_length=200)] = None,
 ) -> dict[str, Any]:
     body = await request.body()
     if len(body) > MAX_BODY:
         raise HTTPException(413, detail=f"body of {len(body)} bytes is over the {MAX_BODY}-byte limit")
+    if x_livestep_signature is None and x_grafana_alert_signature is not None:  # Grafana's own signing
+        return await run_in_threadpool(_act, store, settings, body, x_grafana_alert_timestamp,
+                                       x_grafana_alert_signature, ":")
     return await run_in_threadpool(_act, store, settings, body, x_livestep_timestamp, x_livestep_signature)

@@ -169,3 +169,18 @@ def test_ten_concurrent_deliveries_on_a_real_server_flip_once(app):
         assert sum(r.json()["flipped"] for r in results) == 1
         hist = httpx.get(f"{base}/v1/switches/history", params={"name": "fused_allreduce"}).json()["decisions"]
     assert sum(d["changed"] for d in hist) == 1 and len(hist) == 10
+
+
+def test_grafana_native_hmac_signing_is_accepted(client):
+    from api.alerts import sign_grafana
+
+    body = orjson.dumps(grafana())
+    r = post(client, None, raw=body, headers=sign_grafana(SECRET, body))
+    assert r.status_code == 200 and r.json()["flipped"] == 1
+    stale = sign_grafana(SECRET, body, int(time.time()) - 3600)
+    assert post(client, None, raw=body, headers=stale).status_code == 401
+    bad = sign_grafana("nope", body)
+    assert post(client, None, raw=body, headers=bad).status_code == 401
+    no_ts = {"X-Grafana-Alert-Signature": sign_grafana(SECRET, body)["X-Grafana-Alert-Signature"]}
+    r = post(client, None, raw=body, headers=no_ts)
+    assert r.status_code == 401 and "missing" in r.json()["detail"]
