@@ -78,7 +78,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             spool = Spool(settings.spool_dir, settings.spool_max_bytes, settings.spool_segment_bytes,
                           settings.idempotency_keys)
             writer = BlockWriter(spool, get_store, settings.flush_rows, settings.flush_interval_s,
-                                 settings.retry_max_s, settings.fault_store_down_file)
+                                 settings.retry_max_s, settings.fault_store_down_file,
+                                 settings.poison_after_failures)
             writer.start()
         app.state.spool, app.state.writer = spool, writer
         if "scheduler" in settings.roles and app.state.store is not None:

@@ -92,6 +92,13 @@ class CollectorSettings(BaseSettings):
         le=300,
         description="the writer's retry backoff (exponential, jittered) while the store is down never exceeds this",
     )
+    poison_after_failures: int = Field(
+        default=20,
+        ge=2,
+        le=100_000,
+        description="a block the store refuses this many times while answering pings is retried batch by batch; "
+        "batches still refused go to <spool_dir>/quarantine (Arrow IPC, re-sendable) instead of blocking the rest",
+    )
     idempotency_keys: int = Field(
         default=1_000_000,
         ge=1000,

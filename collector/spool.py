@@ -498,6 +498,18 @@ class Spool:
                     out.setdefault(kind, []).append(t)
         return out
 
+    def quarantine(self, entry: Entry, kind: str, table: pa.Table, error: str) -> Path:
+        """Keep a batch's ``kind`` rows the store refuses aside (an Arrow IPC stream + the error)."""
+        qdir = self.dir / "quarantine"
+        qdir.mkdir(exist_ok=True)
+        path = qdir / f"{entry.seq:020d}-{kind}.arrow"
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, table.schema) as w:
+            w.write_table(table)
+        _write_durable(path, sink.getvalue().to_pybytes())
+        _write_durable(path.with_suffix(".error.txt"), f"batch {entry.batch_id}\n{error}\n".encode())
+        return path
+
     def _log(self, line: str) -> None:
         self._wlog.write(line.encode())
         self._wlog.flush()

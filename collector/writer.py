@@ -9,7 +9,10 @@ range (intent), inserts one Arrow table per kind with the deduplication token
 ``<spool id>:<first seq>-<last seq>:<kind>``, then marks the range committed. A crash between
 insert and commit replays the same range with the same tokens, which ClickHouse deduplicates.
 While the store is down the writer retries with jittered exponential backoff; the spool keeps
-the rows (and answers 429 once full).
+the rows (and answers 429 once full). A block the store keeps refusing while it answers pings
+(``poison_after`` failures: data it cannot take, e.g. a dropped table) is retried batch by batch,
+and a batch still refused is quarantined (``<spool>/quarantine/<seq>-<kind>.arrow``, an Arrow IPC
+stream that can be POSTed again) so it cannot hold up the batches behind it.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ class BlockWriter:
         flush_interval_s: float = 0.5,
         retry_max_s: float = 5.0,
         fault_store_down_file: Path | None = None,
+        poison_after: int = 20,
     ):
         self.spool = spool
         self.get_store = get_store
@@ -52,6 +56,8 @@ class BlockWriter:
         self.flush_interval_s = flush_interval_s
         self.retry_max_s = retry_max_s
         self.fault_file = fault_store_down_file
+        self.poison_after = poison_after
+        self.quarantined = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.blocks = 0
@@ -83,6 +89,7 @@ class BlockWriter:
             "blocks": self.blocks,
             "rows": self.rows,
             "failures": self.failures,
+            "quarantined": self.quarantined,
             "last_error": self.last_error,
             "last_insert_at": self.last_insert_at,
         }
@@ -119,32 +126,80 @@ class BlockWriter:
         return []
 
     def _insert_with_retry(self, entries: list[Entry]) -> bool:
+        done: set[str] = set()  # kinds of this block already in the store (their token is spent)
         attempt = 0
         while not self._stop.is_set():
             try:
-                self._insert(entries)
+                self._insert(entries, done)
                 self.last_error = None
                 return True
             except Exception as e:  # noqa: BLE001 (store down, network, chDB: keep the rows, retry)
                 self.failures += 1
                 self.last_error = f"{type(e).__name__}: {e}"[:500]
-                delay = min(self.retry_max_s, 0.05 * 2**attempt) * (0.5 + random.random() / 2)
                 if attempt == 0:
                     log.warning("insert of spool %d-%d failed, retrying: %s",
                                 entries[0].seq, entries[-1].seq, self.last_error)
                 attempt += 1
+                if attempt >= self.poison_after and self._store_answers():
+                    return self._insert_one_by_one(entries, done)
+                delay = min(self.retry_max_s, 0.05 * 2**attempt) * (0.5 + random.random() / 2)
                 self._stop.wait(delay)
         return False
 
-    def _insert(self, entries: list[Entry]) -> None:
+    def _store_answers(self) -> bool:
+        """The store is up (so repeated failures are about the data, not the store)."""
+        if self.fault_file is not None and self.fault_file.exists():
+            return False
+        try:
+            return self.get_store().ping()
+        except Exception:  # noqa: BLE001 (an unreachable store is a plain "no")
+            return False
+
+    def _insert_one_by_one(self, entries: list[Entry], done: set[str]) -> bool:
+        """The store is up but refuses this block: insert its remaining kinds batch by batch (own
+        deterministic tokens, so a replay after a crash here is deduplicated too) and quarantine the
+        batches the store still refuses, so one bad batch cannot hold up the rest."""
+        for e in entries:
+            for kind, tables in self.spool.read([e]).items():
+                if kind in done:
+                    continue
+                table = tables[0]
+                for attempt in range(3):
+                    if self._stop.is_set():
+                        return False
+                    try:
+                        self.get_store().insert_arrow(TABLES[kind], table,
+                                                      dedup_token=f"{self.spool.uid}:{e.seq}-{e.seq}:{kind}")
+                        self.rows += table.num_rows
+                        break
+                    except Exception as err:  # noqa: BLE001
+                        error = f"{type(err).__name__}: {err}"
+                        if attempt == 2:
+                            if not self._store_answers():
+                                return False  # the store went away meanwhile: retry the block later
+                            path = self.spool.quarantine(e, kind, table, error)
+                            self.quarantined += 1
+                            log.error("spool batch %d (%s, %d rows) refused by the store, quarantined in %s: %s",
+                                      e.seq, kind, table.num_rows, path, error[:300])
+                        else:
+                            self._stop.wait(0.05)
+        self.blocks += 1
+        self.last_insert_at = time.time()
+        self.last_error = None
+        return True
+
+    def _insert(self, entries: list[Entry], done: set[str]) -> None:
         if self.fault_file is not None and self.fault_file.exists():
             raise StoreUnavailableError(f"store held down by the fault hook file {self.fault_file}")
         store = self.get_store()
         first, last = entries[0].seq, entries[-1].seq
         for kind, tables in self.spool.read(entries).items():
+            if kind in done:
+                continue
             block = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
             block = block.cast(ARROW_SCHEMAS[kind]) if block.schema != ARROW_SCHEMAS[kind] else block
             store.insert_arrow(TABLES[kind], block, dedup_token=f"{self.spool.uid}:{first}-{last}:{kind}")
+            done.add(kind)
         self.blocks += 1
         self.rows += sum(e.nrows for e in entries)
         self.last_insert_at = time.time()

@@ -37,7 +37,7 @@ def test_replay_after_crash_between_insert_and_commit_is_stored_once(store, tmp_
     crashed = BlockWriter(sp, lambda: store, flush_rows=1000)
     entries = sp.take(1000)
     sp.log_intent(entries[0].seq, entries[-1].seq)
-    crashed._insert(entries)  # the insert lands, then the process dies before the commit is logged
+    crashed._insert(entries, set())  # the insert lands, then the process dies before the commit is logged
     sp.close()
     assert _counts(store) == ((50, 50), 50)
 
@@ -89,3 +89,24 @@ def test_concurrent_appends_rotations_and_commits_lose_nothing(store, tmp_path):
     sp.close()
     assert w.blocks > 1 and _counts(store) == ((3200, 3200), 3200)
     assert len(list(tmp_path.glob("seg-*.log"))) <= 2  # committed segments were deleted
+
+
+def test_a_batch_the_store_refuses_is_quarantined_and_the_rest_stored(store, tmp_path):
+    import pyarrow as pa
+
+    from tests.collector.helpers import event_row
+
+    store.command("DROP TABLE events")  # the store answers, but cannot take event rows
+    sp = Spool(tmp_path, max_bytes=1 << 24)
+    sp.submit("s1", _t(10)).result()
+    sp.submit("e1", {"event": records.to_arrow("event", [event_row(), event_row()])}).result()
+    sp.submit("s2", _t(10, start=10)).result()
+    w = BlockWriter(sp, lambda: store, flush_rows=1000, flush_interval_s=0.01, retry_max_s=0.01, poison_after=3)
+    w.start()
+    wait_for(lambda: sp.stats()["batches"] == 0, what="spool drained")
+    w.stop()
+    sp.close()
+    assert _counts(store) == ((20, 20), 20) and w.quarantined == 1 and w.last_error is None
+    q = tmp_path / "quarantine" / f"{2:020d}-event.arrow"
+    assert pa.ipc.open_stream(q.read_bytes()).read_all().num_rows == 2
+    assert "e1" in q.with_suffix(".error.txt").read_text()
