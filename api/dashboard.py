@@ -20,7 +20,8 @@ import polars as pl
 
 PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
 PLOTLY_URL = "/static/plotly.min.js"
-NAV = (("Fleet", "/dashboard/"), ("Releases", "/dashboard/releases"), ("Memory", "/dashboard/memory"),
+NAV = (("Fleet", "/dashboard/"), ("Releases", "/dashboard/releases"), ("Sessions", "/dashboard/sessions"),
+       ("Memory", "/dashboard/memory"),
        ("Findings", "/dashboard/findings"), ("Switches", "/dashboard/switches"), ("Reports", "/dashboard/reports"))
 
 _CSS = """
@@ -120,4 +121,10 @@ def fig_series(x: list, ys: dict[str, list], title: str, y_title: str = "") -> g
 def fig_counts(labels: list[str], counts: list[int], title: str) -> go.Figure:
     fig = go.Figure(go.Bar(x=labels, y=counts))
     fig.update_layout(title=title, xaxis={"type": "category"})
+    return fig
+
+
+def fig_hist(values: list[float], title: str, x_title: str) -> go.Figure:
+    fig = go.Figure(go.Histogram(x=values, nbinsx=60))
+    fig.update_layout(title=title, xaxis_title=x_title, yaxis_title="sessions")
     return fig

@@ -2,6 +2,7 @@
 
     /dashboard/                 fleet overview: fps fractions per week and release, switch state
     /dashboard/releases         release comparison: per-session distributions per release
+    /dashboard/sessions         sessions: the fps histogram and the slowest sessions (links)
     /dashboard/sessions/{id}    one session: step time, upkeep, memory per step, events
     /dashboard/memory           memory against distinct shapes (the August leak's signature)
     /dashboard/findings         findings of every kind
@@ -81,6 +82,24 @@ def releases_page(store: StoreDep, tr: TimeRangeDep, gpu_kind: Label = None, bas
     sections.append(d.section("Regression findings", d.table(
         reg, ["scope", "metric", "baseline", "value", "effect", "confidence", "severity", "attribution"])))
     return d.page("Release comparison", sections)
+
+
+@router.get("/dashboard/sessions", response_class=HTMLResponse)
+def sessions_page(store: StoreDep, tr: TimeRangeDep, release: Label = None, gpu_kind: Label = None,
+                  worker_id: Label = None) -> str:
+    df = qr.sessions_in(store, tr.start, tr.end, release=release, gpu_kind=gpu_kind, worker_id=worker_id)
+    slow = []
+    if df.height:
+        slow = qr.rows(df.sort("fps").head(50).with_columns(
+            pl.format('<a href="/dashboard/sessions/{}">{}</a>', "session_id", "session_id").alias("session_id")))
+    fig = d.fig_hist(df["fps"].to_list() if df.height else [], "session fps (sessions that streamed >= 1 s)", "fps")
+    return d.page("Sessions", [
+        d.section("fps of every session", d.chart(fig, "sessions-fps", 300),
+                  note="filter with ?release=&gpu_kind=&worker_id=&start=&end="),
+        d.section("The 50 slowest sessions", d.table(slow, ["session_id", "worker_id", "release", "gpu_kind",
+                                                            "first_ts", "steps", "fps", "step_period_ms",
+                                                            "late_rate", "mem_reserved_max"])),
+    ])
 
 
 @router.get("/dashboard/sessions/{session_id}", response_class=HTMLResponse)

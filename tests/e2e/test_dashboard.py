@@ -20,7 +20,7 @@ pytestmark = [
                        "(Debian: apt-get install chromium; ./dev test installs it)"),
 ]
 
-PAGES = ("/dashboard/", "/dashboard/releases", "/dashboard/sessions/{sid}", "/dashboard/memory",
+PAGES = ("/dashboard/", "/dashboard/releases", "/dashboard/sessions", "/dashboard/sessions/{sid}", "/dashboard/memory",
          "/dashboard/findings", "/dashboard/switches", "/dashboard/reports", "/v1/reports/{week}.html")
 
 
