@@ -15,6 +15,7 @@ backoff and full jitter, until ``give_up_after_s`` or ``max_attempts``; a 4xx ot
 retried. Given-up and refused batches count in ``failed_batches`` and their rows in ``dropped``.
 Drops show up in telemetry too: at most every ``report_drops_s`` (and at close) the client ships a
 ``telemetry_dropped`` event (labels of the latest record; detail: rows dropped since the last one).
+A client still open when the interpreter exits is closed then (atexit, ``AT_EXIT_TIMEOUT_S``).
 
 Imports only pyarrow, httpx, orjson and ``collector.records`` (no server code): the GPU machine has
 no fastapi/chdb. ``NullClient`` has the same interface and ships nothing ("no collector").
@@ -22,6 +23,7 @@ no fastapi/chdb. ``NullClient`` has the same interface and ships nothing ("no co
 
 from __future__ import annotations
 
+import atexit
 import email.utils
 import logging
 import math
@@ -29,6 +31,7 @@ import random
 import threading
 import time
 import uuid
+import weakref
 from collections import deque
 from datetime import UTC, datetime
 from typing import Any, Self
@@ -45,6 +48,17 @@ ARROW_CONTENT_TYPE = "application/vnd.apache.arrow.stream"
 INGEST_PATH = "/v1/telemetry"
 _KINDS = frozenset(records.RECORD_KINDS)
 _LABELS = ("worker_id", "session_id", "release", "gpu_kind")
+
+
+_LIVE: weakref.WeakSet[TelemetryClient] = weakref.WeakSet()
+AT_EXIT_TIMEOUT_S = 2.0
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    """A process that exits without ``close()`` still ships what it buffered (briefly, bounded)."""
+    for client in list(_LIVE):
+        client.close(timeout_s=AT_EXIT_TIMEOUT_S)
 
 
 class ClientConfigError(ValueError):
@@ -172,6 +186,7 @@ class TelemetryClient:
 
         self._thread = threading.Thread(target=self._run, name="livestep-telemetry", daemon=True)
         self._thread.start()
+        _LIVE.add(self)
 
     # -- the worker's side: never blocks, never raises -----------------------------------------
     def put(self, kind: str, row: dict[str, Any]) -> None:

@@ -137,6 +137,7 @@ def fake_collector():
 # the tests
 
 
+REPO = client_mod.__file__.rsplit("/collector/", 1)[0]
 T0 = datetime(2026, 11, 29, 10, 0, 0, tzinfo=UTC)
 _LABELS = {"worker_id": "w1", "session_id": "s1", "release": "v1", "gpu_kind": "H200"}
 
@@ -434,15 +435,24 @@ def test_retry_after_parsing():
     assert 20 < retry_after_s(later) <= 30
 
 
+def test_a_process_that_exits_without_close_still_ships_its_tail(fake_collector):
+    code = (
+        "import sys; from tests.collector.test_client import step_row; "
+        "from collector.client import TelemetryClient; "
+        f"c = TelemetryClient({fake_collector.url!r}, batch_rows=1000, flush_interval_s=60); "
+        "[c.put('step', step_row(i)) for i in range(7)]; sys.exit(0)"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, timeout=60)
+    assert fake_collector.acked_rows("step") == 7
+
+
 def test_import_pulls_no_server_code():
     code = (
         "import sys, collector.client; "
         "bad = [m for m in ('fastapi', 'chdb', 'clickhouse_connect', 'uvicorn', 'polars') if m in sys.modules]; "
         "assert not bad, bad"
     )
-    subprocess.run(
-        [sys.executable, "-c", code], check=True, cwd=client_mod.__file__.rsplit("/collector/", 1)[0]
-    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
 
 
 _ANSWERS = st.sampled_from([200, 200, 200, 500, 502, 503, 429, 400, 413, 422])
