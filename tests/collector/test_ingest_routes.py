@@ -221,6 +221,7 @@ def test_store_outage_mid_stream_every_acked_row_stored_once(collector, tmp_path
         if i == 10:
             down.touch()  # the store goes away mid-stream
         if i == 20:
+            wait_for(lambda: c.app.state.writer.failures > 0, what="the writer meeting the outage")
             h = c.get("/v1/health").json()
             assert h["status"] == "degraded" and "fault hook" in h["writer"]["last_error"]
             assert h["spool"]["batches"] >= 1
