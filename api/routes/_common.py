@@ -1,7 +1,7 @@
 """Shared dependencies of the api's query, switch, alert, canary and report routes (no router here).
 
-``StoreDep`` reads ``app.state.store``; ``SwitchSettingsDep`` the cached switch settings (override
-``get_switch_settings`` in ``app.dependency_overrides`` in tests); ``AdminDep`` requires the admin
+``StoreDep`` is api/deps.py's (``app.state.store``, 503 + Retry-After while unreachable);
+``SwitchSettingsDep`` the switch settings (override ``get_switch_settings`` in tests); ``AdminDep`` requires the admin
 bearer token; ``TimeRange``/``Page`` validate the common query parameters with clear 4xx messages.
 """
 
@@ -12,21 +12,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Annotated
 
-from fastapi import Depends, Header, HTTPException, Query, Request
+from fastapi import Depends, Header, HTTPException, Query
 
+from api.deps import StoreDep, get_store  # noqa: F401 - the server's store dependency, re-exported
 from api.switch_settings import SwitchSettings, get_switch_settings, is_loopback
 
 MAX_RANGE = timedelta(days=400)
-
-
-def get_store(request: Request):
-    store = getattr(request.app.state, "store", None)
-    if store is None:
-        raise HTTPException(503, detail="the store is not open yet (app.state.store is unset)")
-    return store
-
-
-StoreDep = Annotated[object, Depends(get_store)]
 SwitchSettingsDep = Annotated[SwitchSettings, Depends(get_switch_settings)]
 
 
