@@ -1,6 +1,9 @@
 """SQL -> polars: every query the analytics (and the dashboard's fleet views) run against the store.
 
-Fleet-wide figures read ``session_stats`` (the per-session materialized view), never raw steps:
+Fleet-wide figures read the per-session materialized views, never raw steps: ``session_stats``
+(every per-session aggregate; the analytics jobs) and, for the dashboard's fleet queries over long
+windows, the ``fleet_daily`` roll-up of closed days plus the time-ordered ``session_fleet`` view
+for the hours not rolled up yet (sql/012, sql/013):
 
     df = session_frame(store, start, end)                  # one row per session, finalized
     df = fps_fractions(store, start, end)                   # per ISO week, release, GPU kind
@@ -107,8 +110,36 @@ GROUP BY day, release, gpu_kind
 """
 
 
-def _daily_sql(params: dict[str, Any], prefix: str = "f") -> str:
-    return _DAILY_SQL.format(budget=FPS_BUDGET, low=FPS_LOW, sessions=session_sql(None, params, prefix))
+# The same per-session counters from the time-ordered ``session_fleet`` view (sql/013): a window of
+# hours reads only its parts. {lo}/{hi} name the query parameters of the window's bounds.
+MAX_SESSION_HOURS = 6
+_FLEET_SESSIONS_SQL = """
+SELECT release, gpu_kind, session_id,
+       min(first_ts) AS start_ts, sum(steps) AS steps, sum(late_chunks) AS late_chunks,
+       sum(period_ms_sum) AS period_ms_sum, sum(energy_mj_sum) AS energy_mj
+FROM session_fleet
+WHERE hour >= toStartOfHour({{{lo}:DateTime64(3, 'UTC')}}) - INTERVAL {slack} HOUR
+  AND hour < {{{hi}:DateTime64(3, 'UTC')}} + INTERVAL {slack} HOUR
+GROUP BY release, gpu_kind, session_id
+HAVING start_ts >= {{{lo}:DateTime64(3, 'UTC')}} AND start_ts < {{{hi}:DateTime64(3, 'UTC')}}
+"""
+_FLEET_METRICS_SQL = f"""
+SELECT *, period_ms_sum / 1000 AS streamed_s,
+       steps * {FRAMES_PER_STEP} / greatest(period_ms_sum / 1000, 1e-9) AS fps,
+       period_ms_sum / steps AS step_period_ms
+FROM ({{sessions}})
+"""
+
+
+def _daily_sql(params: dict[str, Any], lo: str = "start", hi: str = "end", live_stats: bool = False) -> str:
+    """fleet_daily-shaped rows for sessions starting in [params[lo], params[hi]): from session_fleet,
+    or (``live_stats``) from session_stats — the same numbers, the reference path."""
+    if live_stats:
+        sessions = session_sql(None, params).replace("{start:", "{" + lo + ":").replace("{end:", "{" + hi + ":")
+    else:
+        inner = _FLEET_SESSIONS_SQL.format(lo=lo, hi=hi, slack=MAX_SESSION_HOURS)
+        sessions = _FLEET_METRICS_SQL.replace("{sessions}", inner)
+    return _DAILY_SQL.format(budget=FPS_BUDGET, low=FPS_LOW, sessions=sessions)
 
 
 def _rolled_through(store) -> datetime | None:
@@ -121,16 +152,14 @@ def _rolled_through(store) -> datetime | None:
     return datetime.combine(r[0][0], datetime.min.time(), UTC) + timedelta(days=1)
 
 
-def _live_daily(params: dict[str, Any], lo: str, hi: str) -> str:
-    """fleet_daily-shaped rows computed live for sessions in [params[lo], params[hi])."""
-    return _daily_sql(params).replace("{start:", "{" + lo + ":").replace("{end:", "{" + hi + ":")
-
-
 def _daily_union(store, start: datetime, end: datetime, params: dict[str, Any], live: bool = False) -> str:
     """SQL of fleet_daily-shaped rows for sessions in [start, end): rolled-up days from fleet_daily,
-    the rest (partial days at the edges, days not rolled yet) computed live from session_stats."""
+    the rest (partial days at the edges, days not rolled yet) computed live from session_fleet
+    (``live``: everything from session_stats)."""
     params.update({"start": start, "end": end, "min_s": MIN_STREAMED_S})
-    through = None if live else _rolled_through(store)
+    if live:
+        return _daily_sql(params, live_stats=True)
+    through = _rolled_through(store)
     r_lo = day_floor(start) + (timedelta(days=1) if day_floor(start) < start else timedelta(0))
     r_hi = min(day_floor(end), through) if through else r_lo
     if r_hi <= r_lo:
@@ -143,9 +172,9 @@ def _daily_union(store, start: datetime, end: datetime, params: dict[str, Any], 
         "(SELECT day, rolled_at FROM fleet_daily_marks FINAL)")  # the latest roll of each day only
     ]
     if start < r_lo:
-        parts.append(_live_daily(params, "start", "r_lo"))
+        parts.append(_daily_sql(params, "start", "r_lo"))
     if r_hi < end:
-        parts.append(_live_daily(params, "r_hi", "end"))
+        parts.append(_daily_sql(params, "r_hi", "end"))
     return " UNION ALL ".join(f"({p})" for p in parts)
 
 
@@ -195,14 +224,14 @@ def release_distribution(store, start: datetime, end: datetime, live: bool = Fal
 def rollup(store, now: datetime, full: bool = False) -> list[str]:
     """Roll finalized sessions of closed days (before ``now``'s day) into ``fleet_daily``: days never
     rolled, the last rolled day again (sessions that crossed midnight), and any day whose step count
-    in session_stats changed since it was rolled (late rows; the day before it too). Returns the days."""
+    in session_fleet changed since it was rolled (late rows; the day before it too). Returns the days."""
     from datetime import UTC
 
     today = day_floor(now.astimezone(UTC))
     current = {
         d: n for d, n in store.query_rows(
-            "SELECT toDate(first_ts) AS d, countMerge(steps) FROM session_stats "
-            "WHERE first_ts < {today:DateTime64(3, 'UTC')} GROUP BY d", {"today": today})
+            "SELECT toDate(hour) AS d, sum(steps) FROM session_fleet "
+            "WHERE hour < {today:DateTime64(3, 'UTC')} GROUP BY d", {"today": today})
     }
     marks = {d: n for d, n in store.query_rows("SELECT day, steps_total FROM fleet_daily_marks FINAL")}
     todo = set(current) if full else {d for d in current if marks.get(d) != current[d]}

@@ -125,15 +125,22 @@ class DirectSink:
 
 
 class ClientSink:
-    """The real collector path: every row through ``collector.client.TelemetryClient.put``."""
+    """The real collector path: every row through ``collector.client.TelemetryClient.put``.
 
-    def __init__(self, client, flush_timeout_s: float = 60.0):
+    ``put`` never blocks (it drops when the client's queue is full), so the simulator, which produces
+    rows far faster than a worker, waits for the client to ship every ``backpressure_rows`` rows."""
+
+    def __init__(self, client, flush_timeout_s: float = 60.0, backpressure_rows: int = 20_000):
         self.client = client
         self.flush_timeout_s = flush_timeout_s
+        self.backpressure_rows = backpressure_rows
 
     def write(self, kind: str, table: pa.Table, token: str) -> None:
-        for row in table.to_pylist():
-            self.client.put(kind, row)
+        for batch in table.to_batches(max_chunksize=self.backpressure_rows):
+            for row in batch.to_pylist():
+                self.client.put(kind, row)
+            if getattr(self.client, "buffered", 0) >= self.backpressure_rows:
+                self.client.flush(timeout_s=self.flush_timeout_s)
 
     def close(self) -> None:
         if not self.client.flush(timeout_s=self.flush_timeout_s):

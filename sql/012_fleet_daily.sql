@@ -1,8 +1,8 @@
--- Fleet roll-up per day, release and GPU kind of *finalized* sessions (from session_stats), so the
+-- Fleet roll-up per day, release and GPU kind of *finalized* sessions (from the session_fleet view), so the
 -- dashboard's fleet queries read a few hundred rows instead of grouping a million sessions.
 -- A session's fps needs its total over all its step blocks, so this cannot be an insert-time MV:
 -- analytics.queries.rollup() recomputes closed days (INSERT ... SELECT) and re-rolls a day when its
--- step count in session_stats (steps_total) changed; days not rolled yet are computed live.
+-- step count in session_fleet (steps_total) changed; days not rolled yet are computed live.
 -- A roll writes every key of a day with one rolled_at and then its mark; readers take the rows whose
 -- (day, rolled_at) is the day's latest mark, so keys a re-roll no longer has drop out at once.
 
@@ -25,7 +25,7 @@ CREATE TABLE IF NOT EXISTS fleet_daily
 ENGINE = ReplacingMergeTree(rolled_at)
 ORDER BY (day, release, gpu_kind);
 
--- Per day: the step count of session_stats rows whose first_ts falls on it when the day was rolled
+-- Per day: the step count of session_fleet rows whose hour falls on it when the day was rolled
 -- (a change means late rows arrived: the day and the one before are rolled again).
 CREATE TABLE IF NOT EXISTS fleet_daily_marks
 (

@@ -76,6 +76,7 @@ def test_rolled_up_fleet_queries_equal_the_live_ones(store, small):
     assert queries.rollup(store, now=sim.end) == [rolled_days[-1]]
     store.command("TRUNCATE TABLE steps")
     store.command("TRUNCATE TABLE session_stats")
+    store.command("TRUNCATE TABLE session_fleet")
     simulate_fleet(store, weeks=2, incidents=["august"], seed=7, end=sim.end, **small)  # "late" rows
     assert len(queries.rollup(store, now=sim.end)) >= 13
     assert queries.fps_fractions(store, start, sim.end).select(counts).equals(
