@@ -11,7 +11,9 @@ No host-device synchronisation in the step loop: on CUDA every timing is a pair 
 CPU the ops are synchronous and ``perf_counter`` measures them. Cache-upkeep ms is the sum of the
 event pairs the model records around each cache update (and the step's advance / reset); when a
 step replays a CUDA graph, events cannot sit inside the graph, so upkeep and attention are null
-for graphed steps (the waterfall bench measures them with graphs off and on separately). Energy is
+for graphed steps (the waterfall bench measures them with graphs off). On CUDA those spans are
+recorded on every 8th step only (``detail_every``; null on the others): at prod shape they are
+~1,000 event records per step, host time an eager, launch-bound loop pays for. Energy is
 the NVML cumulative-energy counter (``nvmlDeviceGetTotalEnergyConsumption``), sampled at ~10 Hz
 by a thread that also ships ``gpu_sample`` records, interpolated at each step's start and end;
 without NVML (no driver: ``NVMLError_LibraryNotFound``) energy and power are null. A telemetry
@@ -128,8 +130,13 @@ class _CpuSpan:
 class CpuTimer:
     def __init__(self):
         self.ms: dict[str, float] = {}
+        self.enabled = True
 
     def span(self, kind: str):
+        if not self.enabled:
+            from worker.model import _NULL_SPAN
+
+            return _NULL_SPAN
         return _CpuSpan(self, kind)
 
     def take(self) -> dict[str, float]:
@@ -295,7 +302,7 @@ class _Pending:
     buffers: int
     switches: str
     graphed: bool = False
-    extra: dict = field(default_factory=dict)
+    detail: bool = True  # upkeep / attention / all-reduce spans were recorded in this step
 
 
 @dataclass
@@ -314,13 +321,16 @@ class Telemetry:
     """Turns the step loop's marks into step/session/event records, without blocking the loop."""
 
     def __init__(self, sink, labels: dict[str, str], device, playout: Playout, gpu_indices=(),
-                 enabled: bool = True, sample_power: bool = True):
+                 enabled: bool = True, sample_power: bool = True, detail_every: int | None = None):
         self.sink = sink
         self.labels = dict(labels)
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
         self.playout = playout
         self.enabled = enabled
+        # spans around every cache update / attention call cost host time (~1,000 event records a
+        # step at prod shape): on CUDA they are recorded on every 8th step, other steps report null
+        self.detail_every = detail_every or (8 if self.cuda else 1)
         self.dropped = 0
         self.emitted: dict[str, int] = {"step": 0, "session": 0, "event": 0, "gpu_sample": 0}
         self.stats = StepStats()
@@ -379,6 +389,7 @@ class Telemetry:
     # -- the step loop's marks -----------------------------------------------------------------
 
     def begin_step(self, step: int) -> None:
+        self.timer.enabled = self.enabled and step % self.detail_every == 0
         if self.cuda:
             ev = self.timer._event()
             ev.record()
@@ -396,7 +407,7 @@ class Telemetry:
     def end_step(self, step: int, diffusion_end, job, reset: bool, mem: tuple[int, int], buffers: int,
                  switches: str, graphed: bool = False) -> None:
         self._pending.append(_Pending(step, self._step_start, diffusion_end, job, self.timer.take(), reset,
-                                      mem[0], mem[1], buffers, switches, graphed))
+                                      mem[0], mem[1], buffers, switches, graphed, self.timer.enabled))
 
     def in_flight(self) -> int:
         return len(self._pending)
@@ -450,8 +461,9 @@ class Telemetry:
         late, depth = self.playout.deliver(p.step, t_done)
         period_ms = (t_done - self._last_delivery) * 1e3 if self._last_delivery is not None else diffusion_ms
         self._last_delivery = t_done
-        upkeep = None if p.graphed else sums.get("upkeep", 0.0)
-        attention = None if p.graphed else sums.get("attention", 0.0)
+        timed = p.detail and not p.graphed
+        upkeep = sums.get("upkeep", 0.0) if timed else None
+        attention = sums.get("attention", 0.0) if timed else None
         energy = self.power.energy_between(t_start, t_done) if self.power else None
         st = self.stats
         st.steps += 1
@@ -472,7 +484,7 @@ class Telemetry:
             "decode_ms": decode_ms,
             "cache_upkeep_ms": upkeep,
             "attention_ms": attention,
-            "allreduce_ms": sums.get("allreduce") if not p.graphed else None,
+            "allreduce_ms": sums.get("allreduce") if timed else None,
             "late": late,
             "playout_depth": max(0, depth),
             "reset_step": p.reset,

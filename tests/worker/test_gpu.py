@@ -31,7 +31,8 @@ def test_step_loop_has_no_host_sync(small_worker, switches):
     s = small_worker.run_session(steps=12, realtime=False, switches=switches, sink=sink, sync_debug=True,
                                  cond_tokens=300)
     assert s.steps == 12 and len(sink.rows["step"]) == 12
-    assert all(r["diffusion_ms"] > 0 and r["cache_upkeep_ms"] is not None for r in sink.rows["step"])
+    assert all(r["diffusion_ms"] > 0 for r in sink.rows["step"])
+    assert [r["step"] for r in sink.rows["step"] if r["cache_upkeep_ms"] is not None] == [0, 8]  # sampled
     assert s.buffers_registered == (1 if switches.fused_allreduce else 0)
 
 
