@@ -39,8 +39,8 @@ def free_port() -> int:
 class Serve:
     """``livestep serve`` on ``workdir`` (chdb/, spool/) and ``port``; restartable on the same both."""
 
-    def __init__(self, workdir: Path, port: int):
-        self.workdir, self.port = workdir, port
+    def __init__(self, workdir: Path, port: int, **env: str):
+        self.workdir, self.port, self.env = workdir, port, env
         self.url = f"http://127.0.0.1:{port}"
         self.proc: subprocess.Popen | None = None
         self.starts = 0
@@ -53,6 +53,7 @@ class Serve:
             LIVESTEP_SPOOL_DIR=str(self.workdir / "spool"),
             LIVESTEP_FLUSH_INTERVAL_S="0.1",
             PYTHONPATH=str(REPO),
+            **self.env,
         )
         log = open(self.workdir / f"serve-{self.starts}.log", "wb")  # noqa: SIM115 - the child owns it
         cmd = [sys.executable, "-m", "api.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port)]
@@ -213,3 +214,35 @@ def test_collector_killed_mid_stream_then_back_every_row_once(serve):
     assert sorted(s["step"] for s in stored) == list(range(1500))  # every acked row, exactly once
     serve.stop()
     assert serve.count_stored(spec.session_id)["steps"] == 1500
+
+
+def test_spool_full_429_is_retried_until_the_store_is_back(tmp_path):
+    down = tmp_path / "store-down"
+    serve = Serve(
+        tmp_path, free_port(), LIVESTEP_SPOOL_MAX_BYTES=str(1 << 20), LIVESTEP_FAULT_STORE_DOWN_FILE=str(down)
+    )
+    try:
+        serve.start()
+        down.touch()  # the writer now treats the store as down: the spool fills to its 1 MiB bound
+        spec = SessionSpec(steps=12_000, seed=5)
+        steps = [row for kind, row in session_records(spec) if kind == "step"]
+        c = TelemetryClient(
+            serve.url, batch_rows=500, flush_interval_s=0.05, max_attempts=100_000, backoff_max_s=0.5
+        )
+        for row in steps:
+            c.put("step", row)
+        end = time.monotonic() + 60
+        while c.retries == 0 and time.monotonic() < end:
+            time.sleep(0.05)
+        health = httpx.get(serve.url + "/v1/health", timeout=5).json()
+        assert c.retries > 0 and c.sent < 12_000  # 429: the spool is over its bound
+        assert health["spool"]["bytes"] >= health["spool"]["max_bytes"] * 0.5
+        down.unlink()  # the store is back: the spool drains, the retries get in
+        assert c.flush(timeout_s=120.0)
+        assert (c.sent, c.dropped, c.failed_batches) == (12_000, 0, 0)
+        c.close()
+        assert serve.wait_drained(60)["spool"]["batches"] == 0
+        stored = serve.steps(spec.session_id)
+        assert sorted(s["step"] for s in stored) == list(range(12_000))
+    finally:
+        serve.stop()
