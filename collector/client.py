@@ -400,6 +400,8 @@ class TelemetryClient:
         started = time.monotonic()
         attempt = 0
         while True:
+            if time.monotonic() >= self._deadline:  # close() ran out of time: not even one more try
+                return False
             attempt += 1
             end = min(started + self.give_up_after_s, self._deadline)
             retry_after = None

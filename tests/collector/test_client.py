@@ -375,13 +375,15 @@ def test_close_ships_what_is_left_and_later_puts_are_dropped(fake_collector):
 
 def test_close_with_collector_down_is_bounded_and_counts_the_rest():
     c = TelemetryClient(
-        f"http://127.0.0.1:{closed_port()}", batch_rows=1000, backoff_base_s=0.05, give_up_after_s=3600
+        f"http://127.0.0.1:{closed_port()}", batch_rows=2, backoff_base_s=0.05, give_up_after_s=3600
     )
-    for i in range(4):
+    for i in range(40):  # 20 step batches and 2 event batches, none of which can be shipped
         c.put("step", step_row(i))
+        if i % 10 == 0:
+            c.put("event", event_row(i))
     assert c.close(timeout_s=0.5) is False
     assert not c._thread.is_alive()
-    assert (c.sent, c.dropped, c.buffered) == (0, 4, 0)
+    assert (c.sent, c.dropped, c.buffered) == (0, 44, 0)
 
 
 def test_concurrent_puts_are_all_accounted_for(fake_collector):
