@@ -78,8 +78,8 @@ def test_realtime_playout_counts_late_chunks():
     s = run_session("tiny", steps=10, sink=sink, chunk_period_s=1e-5)  # a period no step can meet
     assert s.late_chunks >= 5 and s.stall_ms > 0 and s.avg_fps < 4 / 1e-5
     assert sum(r["late"] for r in sink.rows["step"]) == s.late_chunks
-    ok = run_session("tiny", steps=8, chunk_period_s=0.02)
-    assert ok.late_chunks == 0 and ok.avg_fps == pytest.approx(4 / 0.02)
+    ok = run_session("tiny", steps=8, chunk_period_s=0.1)  # 3-4 periods of slack per chunk
+    assert ok.late_chunks == 0 and ok.avg_fps == pytest.approx(4 / 0.1)
 
 
 def test_playout_clock_literal_times():
