@@ -49,7 +49,8 @@ def post_findings(rows: list[dict[str, Any]], urls: list[str], secret: str, *, a
             try:
                 headers = {"Content-Type": "application/json", **sign(secret, body)}  # fresh timestamp per try
                 r = httpx.post(url, content=body, headers=headers, timeout=timeout_s)
-                result.update(status=r.status_code, ok=r.status_code < 300, attempts=attempt)
+                # 409: this exact signed body was accepted already (same body within the same second)
+                result.update(status=r.status_code, ok=r.status_code < 300 or r.status_code == 409, attempts=attempt)
                 if r.status_code < 500 and r.status_code != 429:
                     if not result["ok"]:
                         log.warning("webhook %s refused %d findings: %s %s", url, len(rows), r.status_code,
