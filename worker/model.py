@@ -125,6 +125,14 @@ class Block:
         self.table = self.table.to(wm.dtype)
         self.allreduce: Callable[[torch.Tensor], torch.Tensor] = _identity
         self.timer = NullTimer()
+        self.mods: dict[float, tuple[torch.Tensor, ...]] = {}
+
+    def prepare(self, temb: dict[float, torch.Tensor]) -> None:
+        """Modulation per timestep, once: (shift1, 1+scale1, gate1, shift2, 1+scale2, gate2), so a
+        block's LayerNorm + modulation is one ``layer_norm`` call with weight and bias."""
+        for t, e in temb.items():
+            sh1, sc1, g1, sh2, sc2, g2 = (self.table + e).unbind(0)
+            self.mods[t] = (sh1, 1 + sc1, g1, sh2, 1 + sc2, g2)
 
     @property
     def nbytes(self) -> int:
@@ -145,26 +153,26 @@ class Block:
         kv = self.ckv(cond).view(L, 2, H, hd).permute(1, 2, 0, 3)
         return kv[0].contiguous(), kv[1].contiguous()
 
-    def __call__(self, x, temb, cache: KVCache, ckv, b: int) -> torch.Tensor:
+    def __call__(self, x, t: float, cache: KVCache, ckv, b: int) -> torch.Tensor:
         T, d = x.shape
         H, hd = self.shape.heads, self.shape.head_dim
-        sh1, sc1, g1, sh2, sc2, g2 = (self.table + temb).unbind(0)
+        sh1, sc1, g1, sh2, sc2, g2 = self.mods[t]  # timestep modulation (scales already 1 + scale)
         # self-attention over the window + this chunk's tokens
-        h = F.layer_norm(x, (d,)) * (1 + sc1) + sh1
+        h = F.layer_norm(x, (d,), sc1, sh1)
         q, k, v = self.qkv(h).view(T, 3, H, hd).permute(1, 2, 0, 3).unbind(0)  # [H, T, hd] each
         q = apply_rope_tables(q, cache.cos, cache.sin)  # the step's tables, built once in begin_step
         with self.timer.span("upkeep"):
             win = cache.update(b, k, v)
         with self.timer.span("attention"):
             o = cache.ops.attention(q, win)  # [H, T, hd]
-        x = x + g1 * self.row_parallel(o.transpose(0, 1).reshape(T, H * hd), self.o)
+        x = torch.addcmul(x, g1, self.row_parallel(o.transpose(0, 1).reshape(T, H * hd), self.o))
         # cross-attention to the conditioning
         cq = self.cq(F.layer_norm(x, (d,))).view(T, H, hd).transpose(0, 1)
         o = F.scaled_dot_product_attention(cq[None], ckv[0][None], ckv[1][None])[0]
         x = x + self.row_parallel(o.transpose(0, 1).reshape(T, H * hd), self.co)
         # MLP
-        h = F.layer_norm(x, (d,)) * (1 + sc2) + sh2
-        return x + g2 * self.row_parallel(F.gelu(self.up(h), approximate="tanh"), self.down)
+        h = F.layer_norm(x, (d,), sc2, sh2)
+        return torch.addcmul(x, g2, self.row_parallel(F.gelu(self.up(h), approximate="tanh"), self.down))
 
 
 class DiT:
@@ -184,6 +192,8 @@ class DiT:
         self.blocks = [Block(shape, i, wm) for i in range(shape.n_blocks)]
         self.timesteps = [1.0 - i / shape.passes for i in range(shape.passes)]
         self._temb = {t: self._time_embedding(t) for t in [*self.timesteps, 0.0]}
+        for blk in self.blocks:
+            blk.prepare(self._temb)
         self.timer = NullTimer()
 
     @property
@@ -214,9 +224,8 @@ class DiT:
         return F.silu(self.t_embed @ emb)  # [d]
 
     def forward_tokens(self, x: torch.Tensor, t: float, cache: KVCache, cond_kv) -> torch.Tensor:
-        temb = self._temb[t]
         for b, blk in enumerate(self.blocks):
-            x = blk(x, temb, cache, cond_kv[b], b)
+            x = blk(x, t, cache, cond_kv[b], b)
         return x
 
     def first_forward(self, cond: torch.Tensor, cache: KVCache):
