@@ -340,7 +340,12 @@ class Spool:
         try:
             while self._loop_pending:
                 group, self._loop_pending = self._loop_pending, []
-                await loop.run_in_executor(self._io, self._write, [p for p, _ in group])
+                try:
+                    await loop.run_in_executor(self._io, self._write, [p for p, _ in group])
+                except Exception as e:  # noqa: BLE001 (executor gone at shutdown: every waiter gets an answer)
+                    for p, _ in group:
+                        if not p.future.done():
+                            p.future.set_exception(SpoolError(f"spool write not done: {e}"))
                 for p, waiter in group:
                     if waiter.done():  # the request was cancelled (client gone): the batch is stored anyway
                         continue
