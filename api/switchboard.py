@@ -18,7 +18,7 @@ import hashlib
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
@@ -148,6 +148,7 @@ class Switchboard:
         self.cache_s = cache_s
         self.lock = threading.RLock()
         self._cached: tuple[float, list[Rule], int] | None = None
+        self._last_ts: datetime | None = None
 
     # -- reads -----------------------------------------------------------------------------------
     def _load(self) -> tuple[list[Rule], int]:
@@ -214,6 +215,11 @@ class Switchboard:
     def record(self, d: Decision) -> Decision:
         """Append a decision to the audit table (applied or not); changes also become control-plane
         events (``rollback`` for an alert's flip, ``canary_*`` for canaries) next to the workers' own."""
+        with self.lock:  # decisions of this process are strictly ordered in time (ms resolution)
+            d.ts = d.ts.replace(microsecond=d.ts.microsecond // 1000 * 1000)
+            if self._last_ts is not None and d.ts <= self._last_ts:
+                d.ts = self._last_ts + timedelta(milliseconds=1)
+            self._last_ts = d.ts
         self.store.client().insert(
             "switch_audit",
             [[d.ts, d.source, d.action, d.name, d.scope, d.cohort, d.old_value, d.new_value, d.changed,
