@@ -28,7 +28,7 @@ import torch
 
 from worker.buffers import BufferRegistry
 from worker.cache import CACHE_SWITCHES, KVCache, make_cache, rebuild_cache
-from worker.config import ModelShape, SwitchError, Switches, parse_switch_args, tp_rank_of
+from worker.config import ModelShape, ShapeError, SwitchError, Switches, parse_switch_args, tp_rank_of
 from worker.decoder import Decoder
 from worker.model import DiT
 from worker.switches import SwitchSource, make_source
@@ -152,7 +152,7 @@ class Session:
         lo, hi = shape.cond_tokens
         self.cond_tokens = cond_tokens if cond_tokens is not None else rng.randint(lo, hi)
         if not 1 <= self.cond_tokens <= shape.window - shape.new_tokens:
-            raise SwitchError(f"cond_tokens {self.cond_tokens} out of range; valid: 1..{shape.window - shape.new_tokens}")
+            raise ShapeError(f"cond_tokens {self.cond_tokens} out of range; valid: 1..{shape.window - shape.new_tokens}")
         self.seed = rng.randrange(2**31)
         self.realtime = realtime
         self.max_in_flight = max_in_flight
