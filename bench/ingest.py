@@ -133,6 +133,7 @@ class Server:
             os.environ,
             LIVESTEP_CLICKHOUSE_DSN=f"chdb://{self.chdb_dir}",
             LIVESTEP_SPOOL_DIR=str(workdir / "spool"),
+            LIVESTEP_INGEST_TOKENS=TOKEN,  # the load sends it: auth is in the measured path
             PYTHONPATH=str(REPO),
         )
         cmd = [sys.executable, "-m", "api.cli", "serve", "--host", "127.0.0.1", "--port", str(port)]
