@@ -109,5 +109,7 @@ def _analyze(args) -> int:
         rows = jobs.run_all(store, now=args.end)
     else:
         rows = jobs.run_job(args.job, store, week=args.week, start=args.start, end=args.end)
+    if args.job in ("weekly_report", "all"):
+        print(f"weekly report (HTML + JSON) under {jobs._report_dir()}")
     print_findings(rows)
     return 0

@@ -126,9 +126,14 @@ def _rollup(store, start, end, **_):
 
 
 def _weekly_report(store, start, end, week=None, out_dir=None, **_):
-    from analytics.report import build_weekly_report  # written by the api helper
+    try:
+        from analytics.report import build_weekly_report  # written by the api helper
+    except ImportError as e:
+        raise JobError(f"the weekly report is not available ({e}); valid jobs here: "
+                       f"{', '.join(n for n in JOBS if n != 'weekly_report')}") from e
 
-    build_weekly_report(store, week or queries.iso_week_of(start), Path(out_dir or _report_dir()))
+    paths = build_weekly_report(store, week or queries.iso_week_of(start), Path(out_dir or _report_dir()))
+    log.info("weekly report written: %s", ", ".join(str(p) for p in paths))
     # no findings of its own: returns None
 
 
