@@ -139,7 +139,7 @@ class Session:
                  switch_source=None, session_id: str | None = None, cond_tokens: int | None = None,
                  realtime: bool = True, sink=None, seed: int | None = None, telemetry: bool = True,
                  chunk_period_s: float = CHUNK_PERIOD_S, playout_capacity: int = 4, max_in_flight: int = 3,
-                 client_kwargs: dict | None = None, sync_debug: bool = False):
+                 client_kwargs: dict | None = None, sync_debug: bool = False, detail_every: int | None = None):
         self.w = worker
         self.sync_debug = sync_debug and worker.device.type == "cuda"  # error on any host sync in the loop
         shape = worker.shape
@@ -169,7 +169,8 @@ class Session:
         self.playout = Playout(chunk_period_s, capacity=playout_capacity)
         gpus = sorted({i for i in (worker.device.index or 0, torch.cuda.device_count() - 1)
                        if worker.device.type == "cuda"})
-        self.tel = Telemetry(self.sink, self.labels, worker.device, self.playout, gpus, enabled=telemetry)
+        self.tel = Telemetry(self.sink, self.labels, worker.device, self.playout, gpus, enabled=telemetry,
+                             detail_every=detail_every)
         self.tel.cpu_mem = self._cpu_mem
         self.switch_events: list[dict[str, Any]] = []
         self.loop_s = 0.0

@@ -91,3 +91,11 @@ def test_playout_clock_literal_times():
     assert p.deliver(4, 4.2) == (False, 1)  # due at 0.5 + 4 + 0.5 (the stall shifted the clock)
     assert (p.late_chunks, p.stall_s, p.streamed_s) == (1, 0.5, 5.5)
     assert p.room(6, 4.2) and not p.room(7, 4.2)  # 4 chunks started, at most 3 ahead
+
+
+def test_upkeep_spans_sampled_every_nth_step():
+    sink = ListSink()
+    run_session("tiny", steps=10, realtime=False, sink=sink, detail_every=4)
+    timed = [r["step"] for r in sink.rows["step"] if r["cache_upkeep_ms"] is not None]
+    assert timed == [0, 4, 8]
+    assert all(r["attention_ms"] is None for r in sink.rows["step"] if r["step"] not in timed)
