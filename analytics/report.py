@@ -127,7 +127,7 @@ def _html(store, data: dict[str, Any]) -> str:
         d.section("Canaries", d.table(data["canaries"], ["id", "name", "scope", "fraction", "status", "started_at",
                                                          "decided_at", "reason"], empty="no canaries")
             + d.table(data["canary_findings"], findings_cols, empty="")),
-    ], plotly_src=PLOTLY_NAME)
+    ], plotly_src=PLOTLY_NAME, nav=False)
 
 
 def build_weekly_report(store, iso_week: str, out_dir) -> tuple[Path, Path]:

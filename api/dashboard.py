@@ -30,7 +30,8 @@ header{background:#1d2330;color:#fff;padding:.6rem 1.2rem;display:flex;gap:1.2re
 header a{color:#cfe0ff;text-decoration:none} header b{margin-right:1rem}
 main{padding:1rem 1.2rem;max-width:1400px} section{background:#fff;border-radius:6px;padding:.8rem 1rem;margin:0 0 1rem;
 box-shadow:0 1px 2px #0002} h2{font-size:1.05rem;margin:.2rem 0 .6rem} table{border-collapse:collapse;font-size:.85rem}
-td,th{border-bottom:1px solid #e3e6ea;padding:.25rem .6rem;text-align:left} .muted{color:#6b7280}
+td,th{border-bottom:1px solid #e3e6ea;padding:.25rem .6rem;text-align:left;vertical-align:top}
+td{max-width:36rem;overflow-wrap:anywhere} .muted{color:#6b7280}
 .on{color:#0a7a2f;font-weight:600} .off{color:#b42318;font-weight:600}
 """
 
@@ -69,12 +70,14 @@ def _cell(v: Any) -> str:
     return esc(v)
 
 
-def page(title: str, sections: list[str], plotly_src: str = PLOTLY_URL, inline_js: str | None = None) -> str:
-    nav = "".join(f'<a href="{href}">{esc(name)}</a>' for name, href in NAV)
+def page(title: str, sections: list[str], plotly_src: str = PLOTLY_URL, inline_js: str | None = None,
+         nav: bool = True) -> str:
+    """The page shell; ``nav=False`` for a standalone document (a report opened from disk)."""
+    nav_html = "".join(f'<a href="{href}">{esc(name)}</a>' for name, href in NAV) if nav else ""
     script = f"<script>{inline_js}</script>" if inline_js else f'<script src="{esc(plotly_src)}"></script>'
     return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{esc(title)} · livestep</title>'
             f'<link rel="icon" href="data:,">{script}<style>{_CSS}</style></head><body>'
-            f"<header><b>livestep</b>{nav}</header><main><h1>{esc(title)}</h1>{''.join(sections)}</main></body></html>")
+            f"<header><b>livestep</b>{nav_html}</header><main><h1>{esc(title)}</h1>{''.join(sections)}</main></body></html>")
 
 
 # -- figures ------------------------------------------------------------------------------------------
