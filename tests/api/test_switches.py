@@ -105,3 +105,25 @@ def test_clear_removes_the_scopes_own_rule(client, admin):
     assert again["changed"] is False and again["action"] == "noop"
     assert client.post("/v1/switches/warp/clear", headers=admin, json=w).status_code == 404
     assert client.post("/v1/switches/compile/clear", json=w).status_code == 401
+
+
+def test_cohort_buckets_are_stable_and_uniform():
+    from api.switchboard import bucket
+
+    # pinned: every server and every release must put a worker in the same bucket
+    assert (bucket("w0001"), bucket("live-1")) == (95, 73)
+    ids = [f"worker-{i}" for i in range(10_000)]
+    share = sum(bucket(w) < 30 for w in ids) / len(ids)
+    assert 0.28 < share < 0.32 and {bucket(w) for w in ids} == set(range(100))
+
+
+def test_scope_parsing_is_canonical_and_strict():
+    import pytest
+
+    from api.switchboard import SwitchError, canonical_scope
+
+    assert canonical_scope("release=v7, gpu_kind=NVIDIA H200") == "gpu_kind=NVIDIA H200,release=v7"
+    assert canonical_scope({"worker_id": "w1"}) == "worker_id=w1" and canonical_scope("") == ""
+    for bad in ("release", "release=", "planet=mars", "release=v7,release=v8", "release=" + "x" * 200):
+        with pytest.raises(SwitchError):
+            canonical_scope(bad)
