@@ -52,7 +52,7 @@ class SwitchSettings(BaseSettings):
     switch_cache_s: float = Field(default=0.5, ge=0, le=60, description="how long resolved rules are cached")
     switch_poll_s: float = Field(default=1.0, gt=0, le=3600, description="poll interval hinted to workers")
     reports_dir: Path = REPO_DIR / "var" / "reports"
-    canary_min_sessions: int = Field(default=20, ge=1)
+    canary_min_sessions: int = Field(default=30, ge=1, description="sessions per side before a canary is judged")
 
     @field_validator("admin_tokens", "read_tokens", "ingest_tokens", mode="before")
     @classmethod

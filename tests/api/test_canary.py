@@ -66,6 +66,15 @@ def test_pending_until_enough_sessions(store, running):
     assert r["status"] == "running" and r["pending"] and r["evidence"]["sessions_cohort"] < 30
 
 
+def test_pending_while_the_judges_lack_samples_even_if_min_sessions_is_lower(store):
+    get_switchboard(store, cache_s=0).set("fused_allreduce", False, "release=v7", actor="a", reason="b")
+    c = canary.start_canary(store, "fused_allreduce", "release=v7", fraction=0.3, actor="a", reason="b",
+                            min_sessions=5, now=T0)
+    stream(store, c["bucket_hi"], sessions=1)  # ~18 cohort sessions: above 5, below the judges' 30
+    r = canary.evaluate(store, c["id"], now=T0 + timedelta(hours=1))
+    assert r["status"] == "running" and r["pending"] and r["evidence"]["judges_short_of_samples"]
+
+
 def test_promote_when_the_cohort_is_no_worse(store, running):
     stream(store, running["bucket_hi"])
     r = canary.evaluate(store, running["id"], now=T0 + timedelta(hours=1))
