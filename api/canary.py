@@ -161,7 +161,8 @@ def evaluate(store, canary_id: str, now: datetime | None = None) -> dict[str, An
     else:
         n_t = n_c = 0
     evidence.update(sessions_cohort=n_t, sessions_rest=n_c, min_sessions=c["min_sessions"])
-    short = [v["metric"] for v in verdicts if not v.get("enough_samples")]  # the judges' own minimum too
+    # the judges' own minimum too (a metric nobody reports, e.g. energy without NVML, has no say)
+    short = [v["metric"] for v in verdicts if not v.get("enough_samples") and (v["n_treatment"] or v["n_control"])]
     if min(n_t, n_c) < c["min_sessions"] or short:
         evidence["judges_short_of_samples"] = short
         return {"id": canary_id, "status": "running", "decided": False, "pending": True, "evidence": evidence}
