@@ -15,6 +15,7 @@ weekly report shows both). A switch turned off in the scope meanwhile cancels th
 
 from __future__ import annotations
 
+import math
 import uuid
 from datetime import UTC, datetime
 from typing import Any
@@ -127,6 +128,17 @@ def _memory_judge(store, treatment: dict, control: dict, start: datetime, end: d
                             min_samples=min_samples).as_dict()
 
 
+def _finite(v: Any) -> Any:
+    """Evidence as strict JSON: NaN/inf (a judge without samples) become null."""
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, dict):
+        return {k: _finite(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [_finite(x) for x in v]
+    return v
+
+
 def evaluate(store, canary_id: str, now: datetime | None = None) -> dict[str, Any]:
     """Judge a running canary: pending (too few sessions), promoted, rolled back or cancelled."""
     from analytics.findings import finding, write_findings
@@ -168,7 +180,7 @@ def evaluate(store, canary_id: str, now: datetime | None = None) -> dict[str, An
         return {"id": canary_id, "status": "running", "decided": False, "pending": True, "evidence": evidence}
     verdicts.append(_memory_judge(store, treatment, control, start, now, c["min_sessions"]))
     regressed = [v["metric"] for v in verdicts if v.get("regressed")]
-    evidence.update(verdicts=verdicts, regressed=regressed)
+    evidence.update(verdicts=_finite(verdicts), regressed=regressed)
     reason = (f"canary {canary_id}: cohort regressed on {', '.join(regressed)}" if regressed
               else f"canary {canary_id}: no regression in {n_t} cohort vs {n_c} other sessions")
     with board.lock:
@@ -185,8 +197,8 @@ def evaluate(store, canary_id: str, now: datetime | None = None) -> dict[str, An
     _write(store, c)
     worst = max((v for v in verdicts if v.get("regressed")), key=lambda v: v.get("effect") or 0, default=None)
     f = finding("canary", c["scope"] or {}, f"canary_{status}", start, now,
-                value=1.0 if regressed else 0.0, effect=worst["effect"] if worst else None,
-                confidence=(1 - worst["p_value"]) if worst else None,
+                value=1.0 if regressed else 0.0, effect=_finite(worst["effect"]) if worst else None,
+                confidence=_finite(1 - worst["p_value"]) if worst else None,
                 severity="warning" if regressed else "info", attribution=c["name"],
                 evidence={"canary": canary_id, **evidence})
     f["status"] = "resolved"  # a decided canary needs no action: never re-posted as an alert

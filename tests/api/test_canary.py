@@ -18,7 +18,8 @@ ON = "decoder_own_gpu,delta_rotation,fp8_cache,fused_allreduce,ring_cache,rope_a
 OFF = "decoder_own_gpu,delta_rotation,fp8_cache,ring_cache,rope_at_write"
 
 
-def stream(store, hi: int, *, period_x: float = 1.0, mem_x: float = 1.0, sessions: int = 3, seed: int = 0):
+def stream(store, hi: int, *, period_x: float = 1.0, mem_x: float = 1.0, sessions: int = 3, seed: int = 0,
+           energy: float | None = 80_000.0):
     """Step rows for every worker of release v7 after T0; cohort workers (bucket < hi) run the switch."""
     rng = np.random.default_rng(seed)
     rows = []
@@ -34,7 +35,7 @@ def stream(store, hi: int, *, period_x: float = 1.0, mem_x: float = 1.0, session
                     "ts": start + timedelta(milliseconds=period * k), "simulated": True, "step": k,
                     "diffusion_ms": period * 0.95, "step_period_ms": period, "decode_ms": 110.0,
                     "cache_upkeep_ms": 6.0, "attention_ms": 10.0, "allreduce_ms": None, "late": False,
-                    "playout_depth": 3, "reset_step": False, "energy_mj": 80_000.0, "mem_allocated_bytes": mem,
+                    "playout_depth": 3, "reset_step": False, "energy_mj": energy, "mem_allocated_bytes": mem,
                     "mem_reserved_bytes": mem, "buffers_registered": 1, "switches": ON if in_cohort else OFF})
     store.insert_arrow("steps", to_arrow("step", rows), dedup_token=f"canary-test-{seed}-{hi}")
 
@@ -89,6 +90,12 @@ def test_promote_when_the_cohort_is_no_worse(store, running):
     assert canary.get_canary(store, running["id"])["status"] == "promoted"
     again = canary.evaluate(store, running["id"], now=T0 + timedelta(hours=2))
     assert again["decided"] is False and again["status"] == "promoted"
+
+
+def test_promote_without_energy_readings(store, running):
+    stream(store, running["bucket_hi"], energy=None)  # no NVML: the energy judge has no say
+    r = canary.evaluate(store, running["id"], now=T0 + timedelta(hours=1))
+    assert r["status"] == "promoted"
 
 
 @pytest.mark.parametrize("period_x,mem_x,metric", [(1.25, 1.0, "step_period_ms"), (1.0, 1.4, "mem_reserved_max")])
