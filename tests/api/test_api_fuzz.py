@@ -16,7 +16,8 @@ from api.alerts import PayloadError, parse_payload, sign
 from tests.api.conftest import ADMIN, SECRET
 
 PREFIXES = ("/v1/switches", "/v1/alerts", "/v1/canaries", "/v1/reports", "/v1/fleet", "/v1/releases",
-            "/v1/findings", "/v1/memory", "/v1/sessions/{session_id}/events", "/v1/sessions/{session_id}/memory")
+            "/v1/findings", "/v1/memory", "/v1/sessions/{session_id}/events", "/v1/sessions/{session_id}/memory",
+            "/dashboard")
 FUZZ = settings(max_examples=12, deadline=None, derandomize=True, database=None,
                 suppress_health_check=list(HealthCheck))
 
