@@ -20,7 +20,6 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-import numpy as np
 import polars as pl
 
 from analytics import queries
@@ -77,7 +76,8 @@ def judge(treatment: pl.DataFrame, control: pl.DataFrame) -> list[Judgement]:
         noise = relative_noise(daily[col].to_list())
         out.append(
             judge_continuous(
-                metric, t[col].to_list(), c[col].to_list(), floor=floor, noise=noise, noise_k=NOISE_K,
+                metric, t[col].cast(pl.Float64).to_numpy(), c[col].cast(pl.Float64).to_numpy(), floor=floor,
+                noise=noise, noise_k=NOISE_K,
                 min_samples=MIN_SAMPLES, alpha=ALPHA,
             )
         )
@@ -104,8 +104,10 @@ def _switch_shift(treatment: pl.DataFrame, control: pl.DataFrame) -> tuple[str, 
     """The switch whose share of sessions changed most between cohorts (>= 0.5), and every change."""
 
     def shares(df: pl.DataFrame) -> dict[str, float]:
-        states = [decode_switches(s) for s in df["switch_state"].to_list()] or [frozenset()]
-        return {n: float(np.mean([n in s for s in states])) for n in SWITCH_NAMES}
+        counts = df["switch_state"].value_counts()  # a handful of distinct states, not one per session
+        total = max(int(counts["count"].sum()), 1)
+        states = [(decode_switches(st), n) for st, n in counts.iter_rows()]
+        return {name: sum(n for st, n in states if name in st) / total for name in SWITCH_NAMES}
 
     st, sc = shares(treatment), shares(control)
     diff = {n: st[n] - sc[n] for n in SWITCH_NAMES if st[n] != sc[n]}

@@ -59,9 +59,15 @@ class Judgement:
         return self.__dict__.copy()
 
 
+def _finite(values) -> np.ndarray:
+    """Values as float64 with None / NaN / inf dropped (vectorized: cohorts have 1e5+ sessions)."""
+    a = np.asarray(values, dtype=float)  # None -> nan
+    return a[np.isfinite(a)]
+
+
 def relative_noise(values: Sequence[float]) -> float:
     """Spread of repeated measurements of one metric (e.g. daily medians): std / |mean|; 0 if < 3 values."""
-    v = np.asarray([x for x in values if x is not None and np.isfinite(x)], dtype=float)
+    v = _finite(values)
     if len(v) < 3 or not np.mean(v):
         return 0.0
     return float(np.std(v, ddof=1) / abs(np.mean(v)))
@@ -69,7 +75,7 @@ def relative_noise(values: Sequence[float]) -> float:
 
 def absolute_noise(values: Sequence[float]) -> float:
     """Standard deviation of repeated measurements (for proportions); 0 if < 3 values."""
-    v = np.asarray([x for x in values if x is not None and np.isfinite(x)], dtype=float)
+    v = _finite(values)
     return float(np.std(v, ddof=1)) if len(v) >= 3 else 0.0
 
 
@@ -87,8 +93,7 @@ def judge_continuous(
 ) -> Judgement:
     """Kayenta's Mann-Whitney judge: one-sided U test in the worse direction, effect = ratio of
     medians - 1 (signed worse-positive), which must exceed max(floor, noise_k * noise)."""
-    t = np.asarray([x for x in treatment if x is not None and np.isfinite(x)], dtype=float)
-    c = np.asarray([x for x in control if x is not None and np.isfinite(x)], dtype=float)
+    t, c = _finite(treatment), _finite(control)
     threshold = max(floor, noise_k * noise)
     enough = len(t) >= min_samples and len(c) >= min_samples
     if len(t) == 0 or len(c) == 0:
