@@ -105,16 +105,25 @@ def sessions_in(store, start: datetime, end: datetime, **filters: str | None) ->
 
 
 def fps_table(store, start: datetime, end: datetime, group_by: list[str], **filters: str | None) -> pl.DataFrame:
-    df = sessions_in(store, start, end, **filters)
+    """Fractions of sessions (streamed >= 1 s) at or below 24 fps and above 23.5 fps, grouped by any of
+    week / release / gpu_kind. Reads analytics' fleet roll-up (days already rolled come from
+    ``fleet_daily``, the rest live), so a fleet-wide view never groups millions of sessions."""
+    from analytics import queries as aq
+
+    df = aq.fps_fractions(store, start, end)
+    for k, v in _filters(**filters).items():
+        df = df.filter(pl.col(k) == v) if df.height else df
     if df.height == 0:
         return pl.DataFrame()
-    df = df.with_columns(pl.col("first_ts").dt.truncate("1w").dt.date().cast(pl.String).alias("week"))
+    df = df.with_columns(pl.col("week").cast(pl.Date).cast(pl.String),
+                         (pl.col("mean_fps") * pl.col("sessions")).alias("_fps_sum"))
     return df.group_by(group_by).agg(
-        pl.len().alias("sessions"),
-        (pl.col("fps") <= FPS_BUDGET).mean().alias("frac_le_24fps"),
-        (pl.col("fps") > FPS_LOW).mean().alias("frac_gt_23_5fps"),
-        pl.col("fps").mean().alias("mean_fps"),
-    ).sort(group_by)
+        pl.col("sessions").sum(), pl.col("n_le_24").sum(), pl.col("n_le_23_5").sum(), pl.col("_fps_sum").sum(),
+    ).with_columns(
+        (pl.col("n_le_24") / pl.col("sessions")).alias("frac_le_24fps"),
+        (1 - pl.col("n_le_23_5") / pl.col("sessions")).alias("frac_gt_23_5fps"),
+        (pl.col("_fps_sum") / pl.col("sessions")).alias("mean_fps"),
+    ).drop("_fps_sum").filter(pl.col("sessions") > 0).sort(group_by)
 
 
 @router.get("/fleet/fps")

@@ -110,3 +110,16 @@ def test_reads_need_a_token_when_read_tokens_are_set(store, tmp_path):
         assert c.get("/v1/switches").status_code == 401
         assert c.get("/v1/findings", headers={"Authorization": "Bearer reader"}).status_code == 200
         assert c.get("/v1/switches", headers={"Authorization": "Bearer reader"}).status_code == 200
+
+
+def test_fleet_fps_equals_a_per_session_computation_after_the_rollup(client, fleet, store):
+    from analytics.queries import rollup
+    from api.routes.queries import sessions_in
+
+    rollup(store, END + timedelta(days=1))  # every simulated day closed and rolled up
+    got = {r["release"]: r for r in client.get("/v1/fleet/fps", params={**RANGE, "group_by": "release"}).json()["rows"]}
+    df = sessions_in(store, END - timedelta(days=14), END)
+    for (rel,), g in df.group_by(["release"]):
+        assert got[rel]["sessions"] == g.height
+        assert got[rel]["frac_le_24fps"] == pytest.approx(float((g["fps"] <= 24).mean()))
+        assert got[rel]["frac_gt_23_5fps"] == pytest.approx(float((g["fps"] > 23.5).mean()))
