@@ -130,7 +130,7 @@ class ClientSink:
     ``put`` never blocks (it drops when the client's queue is full), so the simulator, which produces
     rows far faster than a worker, waits for the client to ship every ``backpressure_rows`` rows."""
 
-    def __init__(self, client, flush_timeout_s: float = 60.0, backpressure_rows: int = 20_000):
+    def __init__(self, client, flush_timeout_s: float = 30.0, backpressure_rows: int = 20_000):
         self.client = client
         self.flush_timeout_s = flush_timeout_s
         self.backpressure_rows = backpressure_rows
@@ -139,14 +139,21 @@ class ClientSink:
         for batch in table.to_batches(max_chunksize=self.backpressure_rows):
             for row in batch.to_pylist():
                 self.client.put(kind, row)
-            if getattr(self.client, "buffered", 0) >= self.backpressure_rows:
-                self.client.flush(timeout_s=self.flush_timeout_s)
+            if getattr(self.client, "buffered", 0) >= self.backpressure_rows and not self.client.flush(
+                timeout_s=self.flush_timeout_s
+            ):
+                raise SimulationError(
+                    f"the collector did not take {self.backpressure_rows} rows within {self.flush_timeout_s} s "
+                    f"(dropped={self.client.dropped}, failed_batches={self.client.failed_batches}); is "
+                    "`livestep serve` running at that URL? (or write into the store with --direct)"
+                )
 
     def close(self) -> None:
         if not self.client.flush(timeout_s=self.flush_timeout_s):
             raise SimulationError(
-                f"collector did not take every row within {self.flush_timeout_s} s "
-                f"(dropped={self.client.dropped}, failed_batches={self.client.failed_batches})"
+                f"the collector did not take every row within {self.flush_timeout_s} s "
+                f"(dropped={self.client.dropped}, failed_batches={self.client.failed_batches}); is "
+                "`livestep serve` running at that URL? (or write into the store with --direct)"
             )
 
 
