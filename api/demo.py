@@ -23,6 +23,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 CHUNK_MS = 1000.0 * 4 / 24  # one 4-frame chunk every 166.7 ms
@@ -51,6 +52,9 @@ def register(subparsers) -> None:
     p.add_argument(
         "--steps", type=int, default=300, help="steps in the demo session (default 300, ~50 s of video)"
     )
+    p.add_argument("--quick", action="store_true", help="only the first session (no history, analytics, rollback)")
+    p.add_argument("--weeks", type=float, default=2.0, help="weeks of simulated fleet history (default 2)")
+    p.add_argument("--live-seconds", type=float, default=12.0, help="length of the live worker's session")
     p.set_defaults(func=run)
 
 
@@ -336,30 +340,154 @@ def print_summary(url: str, spec: SessionSpec, shipped: dict, stored: dict, summ
 
 
 def run(args: argparse.Namespace) -> int:
+    """The whole story (``--quick``: only the first two steps)."""
     started = time.monotonic()
-    server = start_server(args.dsn, args.port, args.spool_dir)
+    dsn, spool_dir = fresh_demo_store(args.dsn, args.spool_dir)
+    server = start_server(dsn, args.port, spool_dir)
+    token = _ingest_token(server)
     try:
+        print(f"livestep demo: server on {server.url} (collector + api + scheduler, store {dsn})")
+        _title("1. a session's telemetry through the shipping client -> collector -> ClickHouse")
         spec = SessionSpec(steps=args.steps)
-        shipped = stream_session(server.url, spec, token=_ingest_token(server))
-        expected = {k: n for k, n in shipped["put"].items()}
+        shipped = stream_session(server.url, spec, token=token)
+        expected = dict(shipped["put"])
         stored = wait_stored(server.store, spec.session_id, expected)
         print_summary(server.url, spec, shipped, stored, session_summary(server.store, spec.session_id))
         complete = all(stored.get(k, 0) == n for k, n in expected.items())
         if not complete:
             print("  WARNING: not every record was stored (see the counts above)")
-        print(f"  done in {time.monotonic() - started:.1f} s")
-        if not args.keep_serving:
-            print("  the server stops now: `livestep demo --keep-serving` (or `livestep serve`) keeps it up")
-        else:
+        if not args.quick:
+            story = rollback_story(server, token, weeks=args.weeks, live_seconds=args.live_seconds)
+            complete = complete and story["applied"]
+        print_links(server.url, quick=args.quick)
+        print(f"done in {time.monotonic() - started:.1f} s")
+        if args.keep_serving:
             print(f"serving on {server.url} (Ctrl-C stops)")
             try:
                 while server.thread.is_alive():
                     server.thread.join(0.5)
             except KeyboardInterrupt:
                 pass
+        else:
+            print("the server stops now: `./dev demo --keep-serving` keeps it up to open the dashboards")
         return 0 if complete else 1
     finally:
         server.stop()
+
+
+def fresh_demo_store(dsn: str | None, spool_dir: str | None) -> tuple[str, str]:
+    """The demo's own database and spool, emptied first, so every run tells the same story."""
+    import shutil
+
+    from collector.store import open_store, parse_dsn
+
+    root = Path(__file__).resolve().parents[1] / "var"
+    dsn = dsn or f"chdb://{root / 'chdb'}?database=demo"
+    spool_dir = spool_dir or str(root / "demo-spool")
+    shutil.rmtree(spool_dir, ignore_errors=True)
+    store = open_store(dsn)  # the server reuses this store object (one chDB directory per process)
+    database = parse_dsn(dsn).database
+    store.command(f"DROP DATABASE IF EXISTS {database}")
+    store.command(f"CREATE DATABASE {database}")
+    return dsn, spool_dir
+
+
+def _title(text: str) -> None:
+    print(f"\n{text}")
+
+
+# -- step 6: the loop closed: history, finding, webhook, switch off, a live worker picks it up ---
+def rollback_story(server: DemoServer, token: str | None, weeks: float, live_seconds: float) -> dict[str, Any]:
+    """Simulated history with the August incident -> analytics -> signed webhook -> switch off ->
+    a live tiny worker applies it at its next step boundary -> the week's report shows it."""
+    from analytics.cli import print_findings
+    from analytics.jobs import run_all
+    from analytics.queries import iso_week_of
+    from analytics.report import build_weekly_report
+    from analytics.simulate import simulate_fleet
+    from collector.client import TelemetryClient
+    from worker.config import Switches
+    from worker.session import run_session
+    from worker.switches import HttpSource
+
+    store = server.store
+    _title(f"2. {weeks:g} weeks of fleet history through the collector: a sync-bug release, then the "
+           "August incident (a fused kernel that keeps a buffer per prompt length)")
+    t0 = time.monotonic()
+    client = TelemetryClient(server.url, token=token, batch_rows=5000, flush_interval_s=0.2,
+                             max_queue=2_000_000)
+    sim = simulate_fleet(client, weeks=weeks, incidents=[("sync", 2), ("august", weeks * 7 - 4)], seed=1,
+                         workers=8, progress=False)
+    client.close(timeout_s=120)
+    wait_until(lambda: server.app.state.spool.depth == 0, 120)  # every acked batch is in ClickHouse
+    n_steps = store.query_rows("SELECT count() FROM steps WHERE simulated")[0][0]
+    print(f"  {n_steps:,} simulated steps from {len(sim.workers)} workers, releases "
+          + ", ".join(f"{r.name} ({r.kind})" for r in sim.releases)
+          + f"; shipped in {time.monotonic() - t0:.1f} s, dropped {client.dropped}")
+    leaking = sim.release("august").name
+
+    _title(f"3. a live tiny worker of release {leaking}, every optimization on, polling /v1/switches")
+    source = HttpSource(server.url, "live-demo", leaking, "cpu", interval_s=0.5)
+    box: dict[str, Any] = {}
+    live = threading.Thread(target=lambda: box.update(summary=run_session(
+        "tiny", seconds=live_seconds, collector_url=server.url, token=token, switches=Switches.all_on(),
+        switch_source=source, release=leaking, worker_id="live-demo")), name="live-worker", daemon=True)
+    live.start()
+    wait_until(lambda: store.query_rows("SELECT count() FROM steps WHERE worker_id = 'live-demo'")[0][0] > 3, 60)
+    print(f"  streaming: session of worker live-demo, switches {Switches.all_on().encode()}")
+
+    _title("4. the analytics jobs (as the scheduler runs them): findings")
+    findings = run_all(store, now=datetime.now(UTC))
+    notable = sorted((f for f in findings if f["severity"] in ("warning", "critical")),
+                     key=lambda f: (f["severity"] != "critical", f["kind"] != "memory_growth", f["scope"]))
+    print_findings(notable[:14])
+    if len(notable) > 14:
+        print(f"  ... and {len(notable) - 14} more warning/critical findings ({len(findings)} in all): "
+              "/dashboard/findings")
+    critical = [f for f in findings if f["severity"] == "critical" and f["attribution"]]
+
+    _title("5. critical findings -> signed POST /v1/alerts -> switch off for the affected scope")
+    decided = wait_until(lambda: store.query_rows(
+        "SELECT ts, name, scope, source, actor, reason FROM switch_audit WHERE changed ORDER BY ts"), 15) or []
+    for ts, name, scope, source_, actor, why in decided:
+        print(f"  {ts:%H:%M:%S} {name} off for {scope} (by {actor} via {source_}): {why[:90]}")
+    live.join(live_seconds + 60)
+    summary = box.get("summary")
+    applied = [e for e in (summary.switch_events if summary else []) if e.get("changed")]
+    for e in applied:
+        print(f"  live-demo applied {e['changed']} at step {e['step']} (a step boundary; the session went on)")
+    if summary is not None:
+        print(f"  live-demo session: {summary.steps} steps, {summary.avg_fps or 0:.1f} fps on this CPU, "
+              f"switches at the end: {summary.switches or '(none)'}")
+
+    _title("6. this week's regression report")
+    week = iso_week_of(datetime.now(UTC))
+    reports_dir = Path(server.app.state.settings.reports_dir)
+    html, js = build_weekly_report(store, week, reports_dir)
+    print(f"  {html}\n  {js}")
+    return {"findings": findings, "critical": critical, "applied": bool(applied), "report": html}
+
+
+def wait_until(fn, timeout_s: float, every_s: float = 0.1):
+    end = time.monotonic() + timeout_s
+    while True:
+        v = fn()
+        if v or time.monotonic() > end:
+            return v
+        time.sleep(every_s)
+
+
+def print_links(url: str, quick: bool) -> None:
+    _title("look at")
+    pages = [("/dashboard/", "fleet overview: weekly fps fractions, releases"),
+             ("/dashboard/releases", "release comparison"),
+             ("/dashboard/memory", "memory against distinct prompt shapes (the leak)"),
+             ("/dashboard/findings", "findings"),
+             ("/dashboard/switches", "switch state and audit"),
+             ("/v1/reports", "weekly reports"),
+             ("/docs", "the REST API (OpenAPI)")]
+    for path, what in (pages[-1:] if quick else pages):
+        print(f"  {url}{path:<24} {what}")
 
 
 def _ingest_token(server: DemoServer) -> str | None:

@@ -35,7 +35,7 @@ def test_demo_session_is_valid_and_close_to_24_fps():
 @pytest.mark.slow
 def test_demo_command_streams_stores_and_exits(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    cmd = [sys.executable, "-m", "api.cli", "demo", "--port", "0", "--steps", "120",
+    cmd = [sys.executable, "-m", "api.cli", "demo", "--quick", "--port", "0", "--steps", "120",
            "--dsn", f"chdb://{tmp_path / 'chdb'}", "--spool-dir", str(tmp_path / "spool")]  # fmt: skip
     out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -46,3 +46,21 @@ def test_demo_command_streams_stores_and_exits(tmp_path):
     assert "steps 120/120" in stored
     assert re.search(r"session\s+2\d\.\d\d fps", out.stdout)
     assert "/v1/health" in out.stdout and "/docs" in out.stdout
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_demo_tells_the_whole_story(tmp_path):
+    """History with the August incident -> finding -> webhook -> switch off -> the live worker applies it."""
+    env = dict(os.environ, PYTHONPATH=str(REPO), LIVESTEP_REPORTS_DIR=str(tmp_path / "reports"))
+    cmd = [sys.executable, "-m", "api.cli", "demo", "--port", "0", "--steps", "60", "--weeks", "1",
+           "--live-seconds", "8", "--dsn", f"chdb://{tmp_path / 'chdb'}?database=demo",
+           "--spool-dir", str(tmp_path / "spool")]  # fmt: skip
+    out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=240, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert re.search(r"critical memory_growth .* -> fused_allreduce", out.stdout), out.stdout
+    assert re.search(r"fused_allreduce off for release=v1\.\d", out.stdout), out.stdout
+    assert "live-demo applied {'fused_allreduce': False}" in out.stdout, out.stdout
+    report = re.search(r"(\S+livestep-report-\d{4}-W\d\d\.json)", out.stdout).group(1)
+    assert (tmp_path / "reports") in Path(report).parents and Path(report).exists()
+    assert "/dashboard/" in out.stdout
