@@ -17,22 +17,9 @@ from typing import Annotated, Any, Literal
 import pyarrow as pa
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
-SCHEMA_VERSION = 1
+from collector.switch_names import SWITCH_NAMES  # re-exported: part of the contract
 
-# The optimizations of the paper, each a switch with its plain path kept (worker/config.py
-# owns the dataclass; this tuple is the contract the API, analytics and worker agree on).
-SWITCH_NAMES: tuple[str, ...] = (
-    "ring_cache",
-    "rope_at_write",
-    "fp8_cache",
-    "delta_rotation",
-    "triton_kernels",
-    "fused_allreduce",
-    "decoder_own_gpu",
-    "cuda_graphs",
-    "compile",
-    "buffer_per_shape",  # fault switch: reproduces the August leak (off by default)
-)
+SCHEMA_VERSION = 1
 
 EVENT_KINDS: tuple[str, ...] = (
     "session_start",

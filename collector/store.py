@@ -190,7 +190,7 @@ class Store:
     def ping(self) -> bool:
         try:
             return self.query_rows("SELECT 1") == [(1,)]
-        except Exception:
+        except Exception:  # noqa: BLE001 -- any failure means "not reachable"
             return False
 
 

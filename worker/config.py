@@ -5,8 +5,8 @@
     sw = Switches(ring_cache=True, rope_at_write=True)        # validated once, here
 
 Presets follow gpt-fast's ``ModelArgs``: named configurations with derived fields computed in
-``__post_init__``. ``Switches`` field names are exactly ``collector.records.SWITCH_NAMES`` (the
-wire contract; checked by a test, not imported here so the GPU machine needs no pydantic).
+``__post_init__``. ``Switches`` field names are exactly ``collector.switch_names.SWITCH_NAMES`` (the
+wire contract, a module with no dependencies, so the GPU machine needs no pydantic).
 """
 
 from __future__ import annotations
@@ -14,19 +14,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
-# Must equal collector.records.SWITCH_NAMES (tests/worker/test_config.py checks it).
-SWITCH_NAMES: tuple[str, ...] = (
-    "ring_cache",
-    "rope_at_write",
-    "fp8_cache",
-    "delta_rotation",
-    "triton_kernels",
-    "fused_allreduce",
-    "decoder_own_gpu",
-    "cuda_graphs",
-    "compile",
-    "buffer_per_shape",
-)
+from collector.switch_names import SWITCH_NAMES  # dependency-free: the GPU machine has no pydantic
 
 
 class ShapeError(ValueError):

@@ -1,0 +1,19 @@
+"""The switch names of the wire contract, importable with no dependency at all.
+
+The worker imports this (its GPU machine has no pydantic); ``collector.records`` re-exports it.
+Each name is an optimization of the paper with its plain path kept; ``buffer_per_shape`` is the fault
+switch that reproduces the August leak (off by default).
+"""
+
+SWITCH_NAMES: tuple[str, ...] = (
+    "ring_cache",
+    "rope_at_write",
+    "fp8_cache",
+    "delta_rotation",
+    "triton_kernels",
+    "fused_allreduce",
+    "decoder_own_gpu",
+    "cuda_graphs",
+    "compile",
+    "buffer_per_shape",
+)
