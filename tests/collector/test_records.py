@@ -9,11 +9,11 @@ from collector import records
 
 
 def _step(**over):
-    base = dict(
-        worker_id="w", session_id="s", release="r1", gpu_kind="h200", ts=datetime.now(UTC), step=0,
-        diffusion_ms=150.0, step_period_ms=166.0, late=False, playout_depth=2, reset_step=False,
-        mem_allocated_bytes=1, mem_reserved_bytes=2, buffers_registered=0, switches="ring_cache,rope_at_write",
-    )
+    base = {
+        "worker_id": "w", "session_id": "s", "release": "r1", "gpu_kind": "h200", "ts": datetime.now(UTC), "step": 0,
+        "diffusion_ms": 150.0, "step_period_ms": 166.0, "late": False, "playout_depth": 2, "reset_step": False,
+        "mem_allocated_bytes": 1, "mem_reserved_bytes": 2, "buffers_registered": 0, "switches": "ring_cache,rope_at_write",
+    }
     base.update(over)
     return base
 

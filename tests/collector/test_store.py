@@ -35,9 +35,9 @@ def test_migrate_is_idempotent(store):
 def test_retried_batch_lands_once_in_table_and_view(store):
     now = datetime.now(UTC)
     rows = [
-        dict(worker_id="w", session_id="s", release="r", gpu_kind="cpu", ts=now, step=i, diffusion_ms=100.0,
-             step_period_ms=160.0, late=i == 0, playout_depth=1, reset_step=False, mem_allocated_bytes=0,
-             mem_reserved_bytes=0, buffers_registered=0, switches="")
+        {"worker_id": "w", "session_id": "s", "release": "r", "gpu_kind": "cpu", "ts": now, "step": i, "diffusion_ms": 100.0,
+             "step_period_ms": 160.0, "late": i == 0, "playout_depth": 1, "reset_step": False, "mem_allocated_bytes": 0,
+             "mem_reserved_bytes": 0, "buffers_registered": 0, "switches": ""}
         for i in range(5)
     ]
     t = records.to_arrow("step", rows)
