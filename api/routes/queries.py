@@ -2,9 +2,13 @@
 session drill-down (events, memory; raw steps are api/routes/sessions.py's), memory growth against distinct shapes, findings.
 
 Every list takes ``start``/``end`` (ISO 8601, default the last 56 days, at most 400 days) and the
-list endpoints ``limit``/``offset``; bad values are 422 with the reason. Fleet figures come from the
-``session_stats`` view through ``analytics.queries`` (never raw steps); drill-down reads raw rows of
-one session.
+list endpoints ``limit``/``offset``; bad values are 422 with the reason. Fleet figures never read raw
+steps: fps fractions come from analytics' daily roll-up (``analytics.queries.fps_fractions``:
+``fleet_daily`` plus the live tail); per-release distributions and the release comparison are exact
+quantiles of per-session metrics (``analytics.queries.session_sql`` over ``session_stats``)
+aggregated in ClickHouse, one row per release back (the roll-up's t-digests hold only fps and step
+period at fixed levels, so ``release_distribution`` cannot answer these). Drill-down reads raw rows
+of one session.
 """
 
 from __future__ import annotations
@@ -47,35 +51,15 @@ MIN_STREAMED_S = 1.0
 FRAMES_PER_STEP = 4
 FILTER_KEYS = ("release", "gpu_kind", "worker_id")
 
-# One finalized row per session that started in [start, end) (session_stats, never raw steps).
-_SESSIONS_SQL = """
-SELECT release, gpu_kind, worker_id, session_id,
-       min(first_ts) AS start_ts, max(last_ts) AS end_ts,
-       countMerge(steps) AS steps, countIfMerge(late_chunks) AS late_chunks,
-       sumMerge(period_ms_sum) AS period_ms_sum, avgMerge(diffusion_ms_avg) AS diffusion_ms,
-       avgMerge(upkeep_ms_avg) AS upkeep_ms, sumMerge(energy_mj_sum) AS energy_mj,
-       max(mem_reserved_max) AS mem_reserved_max, max(buffers_max) AS buffers_max,
-       anyLast(switches) AS switches
-FROM session_stats
-WHERE first_ts >= {start:DateTime64(3, 'UTC')} - INTERVAL 1 DAY AND first_ts < {end:DateTime64(3, 'UTC')} %s
-GROUP BY release, gpu_kind, worker_id, session_id
-HAVING start_ts >= {start:DateTime64(3, 'UTC')} AND start_ts < {end:DateTime64(3, 'UTC')}
-"""
-
-
 def session_frame(store, start: datetime, end: datetime, filters: dict[str, Any] | None = None) -> pl.DataFrame:
-    """One row per session: labels, counts and per-session metrics (fps, step period, late rate, ...)."""
-    params: dict[str, Any] = {"start": start, "end": end}
-    clause = ""
-    for i, (k, v) in enumerate(sorted((filters or {}).items())):
+    """One row per session that started in [start, end): labels, counts and per-session metrics (fps,
+    step period, late rate, ...); ``analytics.queries.session_frame`` with the dashboard's column names."""
+    from analytics import queries as aq
+
+    for k in filters or {}:
         assert k in FILTER_KEYS, k
-        params[f"f{i}"] = [v] if isinstance(v, str) else list(v)
-        clause += f" AND {k} IN {{f{i}:Array(String)}}"
-    sql = (f"SELECT *, period_ms_sum / 1000 AS streamed_s, "
-           f"steps * {FRAMES_PER_STEP} / greatest(period_ms_sum / 1000, 1e-9) AS fps, "
-           "period_ms_sum / steps AS step_period_ms, late_chunks / steps AS late_rate, "
-           f"energy_mj / steps AS energy_per_chunk_mj FROM ({_SESSIONS_SQL % clause}) ORDER BY start_ts")
-    return store.query_df(sql, params).rename({"start_ts": "first_ts", "end_ts": "last_ts"})
+    return aq.session_frame(store, start, end, filters).rename(
+        {"start_ts": "first_ts", "end_ts": "last_ts", "switch_state": "switches"})
 
 
 def releases_seen(store) -> list[str]:
@@ -162,9 +146,45 @@ def distributions(
     gpu_kind: Label = None,
 ) -> dict[str, Any]:
     """Quantiles of a per-session metric (step time, upkeep, energy per chunk, late rate) per release."""
-    df = sessions_in(store, tr.start, tr.end, release=release, gpu_kind=gpu_kind)
-    return {"metric": metric.value, "quantiles": [f"p{round(p * 100)}" for p in QUANTILES],
-            "rows": quantile_rows(df, metric.value)}
+    qs = release_quantiles(store, tr.start, tr.end, [metric.value], release=release, gpu_kind=gpu_kind)
+    return {"metric": metric.value, "quantiles": [_q(p) for p in QUANTILES], "rows": qs[metric.value]}
+
+
+def _q(p: float) -> str:
+    return f"p{round(p * 100)}"
+
+
+def release_quantiles(store, start: datetime, end: datetime, metrics: list[str], releases: list[str] | None = None,
+                      **filters: str | None) -> dict[str, list[dict[str, Any]]]:
+    """Per metric: ``quantile_rows`` of the sessions (streamed >= 1 s) in [start, end), computed in
+    ClickHouse (exact quantiles, linear interpolation as polars' "linear") so only one row per
+    release comes back instead of every session. Sessions whose metric is missing (null or NaN) are
+    not counted for that metric."""
+    from analytics import queries as aq
+
+    allowed = {m.value for m in Metric}
+    assert set(metrics) <= allowed, metrics
+    f = _filters(**filters)
+    if releases is not None:
+        f["release"] = releases
+    params: dict[str, Any] = {"start": start, "end": end, "min_s": MIN_STREAMED_S}
+    levels = ", ".join(repr(p) for p in QUANTILES)
+    cols = []
+    for m in metrics:
+        ok = f"ifNull(isFinite({m}), 0)"
+        cols.append(f"countIf({ok}) AS {m}__n, avgIf({m}, {ok}) AS {m}__mean, "
+                    f"quantilesExactInclusiveIf({levels})({m}, {ok}) AS {m}__q")
+    sql = (f"SELECT release, {', '.join(cols)} FROM ({aq.session_sql(f, params)}) "
+           "WHERE streamed_s >= {min_s:Float64} GROUP BY release ORDER BY release")
+    df = store.query_df(sql, params)
+    out: dict[str, list[dict[str, Any]]] = {}
+    for m in metrics:
+        out[m] = [
+            {"release": r["release"], "sessions": r[f"{m}__n"], "mean": r[f"{m}__mean"],
+             **{_q(p): v for p, v in zip(QUANTILES, r[f"{m}__q"], strict=True)}}
+            for r in df.iter_rows(named=True) if r[f"{m}__n"]
+        ]
+    return out
 
 
 def findings_frame(store, *, kind: str | None = None, severity: str | None = None, status: str | None = None,
@@ -217,11 +237,11 @@ def compare_releases(
     missing = [r for r in (baseline, candidate) if r not in known]
     if missing:
         raise HTTPException(404, detail=f"unknown release(s) {missing}; known releases: {', '.join(sorted(known)) or 'none'}")
-    df = sessions_in(store, tr.start, tr.end, gpu_kind=gpu_kind)
-    df = df.filter(pl.col("release").is_in([baseline, candidate])) if df.height else df
+    per_metric = release_quantiles(store, tr.start, tr.end, [m.value for m in Metric], [baseline, candidate],
+                                   gpu_kind=gpu_kind)
     metrics = {}
     for m in Metric:
-        qs = {r["release"]: r for r in quantile_rows(df, m.value)}
+        qs = {r["release"]: r for r in per_metric[m.value]}
         b, c = qs.get(baseline), qs.get(candidate)
         change = (c["p50"] / b["p50"] - 1) if b and c and b["p50"] else None
         metrics[m.value] = {"baseline": b, "candidate": c, "median_change": change}

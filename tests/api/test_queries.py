@@ -123,3 +123,58 @@ def test_fleet_fps_equals_a_per_session_computation_after_the_rollup(client, fle
         assert got[rel]["sessions"] == g.height
         assert got[rel]["frac_le_24fps"] == pytest.approx(float((g["fps"] <= 24).mean()))
         assert got[rel]["frac_gt_23_5fps"] == pytest.approx(float((g["fps"] > 23.5).mean()))
+
+
+def sessions_from_raw_steps(store, start: datetime, end: datetime) -> pl.DataFrame:
+    """Per-session metrics straight from the raw ``steps`` rows (no view, no roll-up): the reference."""
+    steps = store.query_df("SELECT session_id, release, ts, step_period_ms, late, cache_upkeep_ms, energy_mj FROM steps")
+    per = steps.group_by("session_id", "release").agg(
+        pl.col("ts").min().alias("start"), pl.len().alias("n"),
+        pl.col("step_period_ms").cast(pl.Float64).sum().alias("period_sum"),
+        pl.col("late").cast(pl.Int64).sum().alias("late"),
+        pl.col("cache_upkeep_ms").cast(pl.Float64).mean().alias("upkeep_ms"),
+    ).with_columns(
+        (pl.col("n") * 4 / (pl.col("period_sum") / 1000)).alias("fps"),
+        (pl.col("period_sum") / pl.col("n")).alias("step_period_ms"),
+        (pl.col("late") / pl.col("n")).alias("late_rate"),
+    )
+    return per.filter((pl.col("period_sum") >= 1000) & (pl.col("start") >= start) & (pl.col("start") < end))
+
+
+def test_fleet_fps_equals_the_raw_steps_before_and_after_the_rollup(client, fleet, store):
+    from analytics.queries import rollup
+
+    raw = sessions_from_raw_steps(store, END - timedelta(days=14), END)
+    assert raw.height > 50 and raw["release"].n_unique() >= 2
+    for rolled in (False, True):
+        if rolled:
+            assert rollup(store, END + timedelta(days=1))  # every simulated day closed and rolled up
+        got = {r["release"]: r for r in
+               client.get("/v1/fleet/fps", params={**RANGE, "group_by": "release"}).json()["rows"]}
+        assert set(got) == set(raw["release"])
+        for (rel,), g in raw.group_by(["release"]):
+            assert got[rel]["sessions"] == g.height
+            assert got[rel]["frac_le_24fps"] == pytest.approx(float((g["fps"] <= 24).mean()))
+            assert got[rel]["frac_gt_23_5fps"] == pytest.approx(float((g["fps"] > 23.5).mean()))
+            assert got[rel]["mean_fps"] == pytest.approx(float(g["fps"].mean()), rel=1e-9)
+
+
+@pytest.mark.parametrize("metric", ["fps", "step_period_ms", "late_rate", "upkeep_ms"])
+def test_distributions_and_compare_equal_the_raw_steps(client, fleet, store, metric):
+    raw = sessions_from_raw_steps(store, END - timedelta(days=14), END).drop_nulls(metric)
+    body = client.get("/v1/releases/distributions", params={**RANGE, "metric": metric}).json()
+    got = {r["release"]: r for r in body["rows"]}
+    assert set(got) == set(raw["release"])
+    for (rel,), g in raw.group_by(["release"]):
+        assert got[rel]["sessions"] == g.height
+        assert got[rel]["mean"] == pytest.approx(float(g[metric].mean()), rel=1e-6, abs=1e-12)
+        for q in body["quantiles"]:
+            want = g[metric].quantile(int(q[1:]) / 100, "linear")
+            assert got[rel][q] == pytest.approx(want, rel=1e-6, abs=1e-12), (rel, q)
+    a, b = sorted(got)[:2]
+    c = client.get("/v1/releases/compare", params={**RANGE, "baseline": a, "candidate": b}).json()
+    assert c["metrics"][metric]["baseline"] == got[a] and c["metrics"][metric]["candidate"] == got[b]
+    change = got[b]["p50"] / got[a]["p50"] - 1 if got[a]["p50"] else None  # late rate: a median of 0
+    assert c["metrics"][metric]["median_change"] == pytest.approx(change)
+    one = client.get("/v1/releases/distributions", params={**RANGE, "metric": metric, "release": a}).json()
+    assert one["rows"] == [got[a]]
