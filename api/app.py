@@ -4,10 +4,13 @@
     uvicorn.run(app, host=..., port=...)   # what ``livestep serve`` does (one worker: chDB)
 
 The lifespan opens the store and migrates it once, opens the spool and starts its block writer
-(role collector), starts the analytics scheduler (role scheduler, if ``analytics.jobs`` imports),
-and shuts them down in reverse order. Every module of ``api/routes/`` that defines ``router`` is
+(role collector), starts the analytics scheduler (role scheduler, if ``analytics.jobs`` imports)
+and, with it, the canary evaluation job (``api.canary.schedule``) and the findings notifier
+(``api.notify.install_for_server``: critical findings to the alert webhook) -- once per app,
+whatever else the role serves -- and shuts them down in reverse order. Every module of ``api/routes/`` that defines ``router`` is
 included (role api; ``health`` always), plus ``collector.routes.router`` (role collector).
-The store is ``app.state.store``, the settings ``app.state.settings``, the spool ``app.state.spool``.
+The store is ``app.state.store``, the settings ``app.state.settings``, the spool ``app.state.spool``,
+the scheduler ``app.state.scheduler`` and the notifier ``app.state.notifier`` (None where not run).
 """
 
 from __future__ import annotations
@@ -47,6 +50,22 @@ def _validation_detail(exc: RequestValidationError) -> str:
     return "; ".join(parts) or "invalid request"
 
 
+def _wire_scheduler(settings: Settings, scheduler, store: Store):
+    """What runs beside the analytics jobs: the canary evaluation job and the findings notifier.
+    Returns the notifier (None if it could not be installed; logged, the server still starts)."""
+    from api import canary, notify
+
+    try:
+        canary.schedule(scheduler, store)
+    except Exception:  # a missing side job must not take the scheduler down
+        log.exception("canary evaluation job not scheduled")
+    try:
+        return notify.install_for_server(settings, store)
+    except Exception:  # e.g. switch settings refused off loopback (tokens/secret unset)
+        log.exception("critical findings will not be posted to the alert webhook")
+        return None
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
     store_lock = threading.Lock()
@@ -70,7 +89,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 raise  # the embedded store cannot be "down": a real error
             app.state.store_error = f"{type(e).__name__}: {e}"[:300]
             log.warning("store unreachable at start, collector keeps spooling: %s", app.state.store_error)
-        spool = writer = scheduler = None
+        spool = writer = scheduler = notifier = None
         if "collector" in settings.roles:
             from collector.spool import Spool
             from collector.writer import BlockWriter
@@ -89,10 +108,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 log.info("analytics scheduler not started (analytics.jobs unavailable: %s)", e)
             else:
                 scheduler = start_scheduler(app.state.store)
-        app.state.scheduler = scheduler
+                notifier = _wire_scheduler(settings, scheduler, app.state.store)
+        app.state.scheduler, app.state.notifier = scheduler, notifier
         try:
             yield
         finally:
+            if notifier is not None:
+                from api.notify import uninstall
+
+                uninstall(notifier)
             if scheduler is not None:
                 scheduler.shutdown(wait=False)
             if writer is not None:
@@ -110,6 +134,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     app.state.store = app.state.store_error = app.state.spool = app.state.writer = None
+    app.state.scheduler = app.state.notifier = None
 
     @app.exception_handler(RequestValidationError)
     async def _invalid_request(request: Request, exc: RequestValidationError):

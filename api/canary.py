@@ -11,6 +11,9 @@ memory judge (peak reserved memory per session, the August leak's symptom). Any 
 the canary back (the cohort rule is withdrawn: off again everywhere); none promotes it (on for the
 whole scope). The decision and its evidence go to the audit table and a ``canary`` finding (the
 weekly report shows both). A switch turned off in the scope meanwhile cancels the canary.
+
+    schedule(scheduler, store)               # evaluate running canaries every 10 minutes (api/app.py's
+                                             # lifespan, for any role that runs the analytics scheduler)
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ from api.switchboard import (
     parse_scope,
 )
 
+EVALUATE_EVERY_S = 600
+JOB_ID = "canaries"
 MEMORY_FLOOR = 0.05  # the cohort's median peak reserved memory may exceed the rest's by 5 %
 _COLS = ["id", "name", "scope", "fraction", "bucket_lo", "bucket_hi", "min_sessions", "status", "started_at",
          "decided_at", "actor", "reason", "evidence", "updated_at"]
@@ -209,3 +214,10 @@ def evaluate(store, canary_id: str, now: datetime | None = None) -> dict[str, An
 def evaluate_running(store, now: datetime | None = None) -> list[dict[str, Any]]:
     """Evaluate every running canary (a scheduler job calls this)."""
     return [evaluate(store, c["id"], now) for c in list_canaries(store, "running", limit=1000)]
+
+
+def schedule(scheduler, store) -> None:
+    """Add the job that evaluates running canaries every ``EVALUATE_EVERY_S`` to an APScheduler
+    scheduler (id ``JOB_ID``; adding it again replaces it, never a second job)."""
+    scheduler.add_job(evaluate_running, "interval", seconds=EVALUATE_EVERY_S, args=[store], id=JOB_ID,
+                      replace_existing=True, max_instances=1, coalesce=True)

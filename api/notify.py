@@ -1,11 +1,16 @@
 """Post critical findings to the alert webhook(s), signed like any delivery (api/alerts.py ``sign``).
 
     notifier = install(settings)    # registers with analytics.jobs.add_findings_listener (if importable)
+    notifier = install_for_server(app_settings, store)   # what api/app.py's lifespan does, once, for any
+                                                          # role that runs the analytics scheduler
+    uninstall(notifier)
     post_findings(rows, urls, secret)   # or by hand
 
 Only open, critical findings that blame a switch (``attribution``) are posted: those are the ones
 the webhook acts on. The default URL is this server's own ``/v1/alerts``; when its port is 0 (chosen
-by the OS, unknown here) the signed body goes to this process's webhook handler directly. A failed
+by the OS, unknown here), or this process does not serve the webhook (role scheduler, no URL
+configured), the signed body goes to this process's webhook handler directly (same checks, same
+store). A failed
 post is retried a few times and logged; it never raises into the job that wrote the findings.
 """
 
@@ -96,19 +101,36 @@ class Notifier:
             self.sent.extend(post_findings(todo, self.urls, self.secret))
 
 
-def install(settings, local: Callable[[bytes, dict[str, str]], Any] | None = None) -> Notifier | None:
+def install(settings, local: Callable[[bytes, dict[str, str]], Any] | None = None, *,
+            serves_webhook: bool = True) -> Notifier | None:
     """Register a Notifier with analytics.jobs (None when the analytics are not importable).
 
-    ``local`` is used instead of HTTP when no webhook URL is configured and the port is 0 (unknown)."""
+    ``local`` is used instead of HTTP when no webhook URL is configured and either the port is 0
+    (unknown) or this process does not serve ``/v1/alerts`` (``serves_webhook=False``)."""
     try:
         from analytics.jobs import add_findings_listener
     except ImportError as e:
         log.info("findings are not posted to the webhook: analytics.jobs unavailable (%s)", e)
         return None
-    use_local = local is not None and not settings.webhook_urls.strip() and settings.port == 0
+    use_local = local is not None and not settings.webhook_urls.strip() and (settings.port == 0 or not serves_webhook)
     n = Notifier(settings.webhook_url_list, settings.webhook_secret or "", local if use_local else None)
     add_findings_listener(n)
     return n
+
+
+def install_for_server(app_settings, store) -> Notifier | None:
+    """The server's notifier: switch settings from the app's ``Settings``; in-process delivery through
+    the webhook's own handler (api/routes/alerts.py ``_act``) where HTTP to ourselves cannot work."""
+    from api.alerts import SIG_HEADER, TS_HEADER
+    from api.routes.alerts import _act
+    from api.switch_settings import from_app_settings
+
+    settings = from_app_settings(app_settings)
+
+    def local(body: bytes, headers: dict[str, str]):
+        return _act(store, settings, body, headers.get(TS_HEADER), headers.get(SIG_HEADER))
+
+    return install(settings, local, serves_webhook="api" in app_settings.roles)
 
 
 def uninstall(n: Notifier | None) -> None:

@@ -5,13 +5,13 @@ Sign the body with HMAC-SHA256 over ``'<timestamp>.<body>'`` (api/alerts.py ``si
 (``X-Grafana-Alert-Signature``, timestamp header set to ``X-Grafana-Alert-Timestamp``). Unsigned, badly signed or stale deliveries
 are 401, a replayed signature 409, a malformed body 422, an unknown switch 422 (the message lists
 the valid ones); resolved, duplicate and unmapped alerts are answered 200 with recorded no-ops.
-While the app runs, api/notify.py posts the analytics' critical findings here (router lifespan).
+Where the app runs the analytics scheduler, api/notify.py posts their critical findings here (wired by
+api/app.py's lifespan; ``_act`` is also its in-process delivery).
 """
 
 from __future__ import annotations
 
 import threading
-from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, HTTPException, Request
@@ -35,29 +35,7 @@ from api.routes._common import StoreDep, SwitchSettingsDep
 from api.switchboard import get_switchboard
 from collector.records import SWITCH_NAMES
 
-
-@asynccontextmanager
-async def _notify_lifespan(app):
-    """While the app runs, critical findings of the analytics jobs are posted to the webhook URLs."""
-    from api import notify
-    from api.switch_settings import env_switch_settings, from_app_settings
-
-    app_settings = getattr(app.state, "settings", None)
-    settings = from_app_settings(app_settings) if app_settings is not None else env_switch_settings()
-    store = getattr(app.state, "store", None)
-
-    def local(body: bytes, headers: dict[str, str]):
-        return _act(store, settings, body, headers.get(TS_HEADER), headers.get(SIG_HEADER))
-
-    notifier = notify.install(settings, local if store is not None else None)
-    app.state.notifier = notifier
-    try:
-        yield
-    finally:
-        notify.uninstall(notifier)
-
-
-router = APIRouter(prefix="/v1/alerts", tags=["alerts"], lifespan=_notify_lifespan)
+router = APIRouter(prefix="/v1/alerts", tags=["alerts"])
 MAX_BODY = 1 << 20
 _replay_lock = threading.Lock()
 

@@ -7,13 +7,12 @@
                                        api.canary.evaluate_running directly)
     POST /v1/canaries/evaluate         every running canary
 
-With the scheduler role, the router's lifespan adds a job that evaluates running canaries every
-10 minutes (``api.canary.evaluate_running``).
+Any role that runs the analytics scheduler also evaluates running canaries every 10 minutes
+(``api.canary.schedule``, wired by api/app.py's lifespan, not by this router).
 """
 
 from __future__ import annotations
 
-from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Path, Query
@@ -24,21 +23,7 @@ from api import canary
 from api.routes._common import AdminDep, PageDep, ReaderDep, StoreDep, SwitchSettingsDep
 from api.switchboard import SwitchError
 
-EVALUATE_EVERY_S = 600
-
-
-@asynccontextmanager
-async def _canary_job(app):
-    """When the app runs the analytics scheduler, it also evaluates running canaries every 10 minutes."""
-    scheduler = getattr(app.state, "scheduler", None)
-    store = getattr(app.state, "store", None)
-    if scheduler is not None and store is not None:
-        scheduler.add_job(canary.evaluate_running, "interval", seconds=EVALUATE_EVERY_S, args=[store],
-                          id="canaries", replace_existing=True, max_instances=1, coalesce=True)
-    yield
-
-
-router = APIRouter(prefix="/v1/canaries", tags=["canaries"], lifespan=_canary_job)
+router = APIRouter(prefix="/v1/canaries", tags=["canaries"])
 CanaryId = Annotated[str, Path(pattern=r"^[0-9a-f]{12}$", description="canary id (12 hex digits)")]
 
 
