@@ -14,15 +14,33 @@ run: the rank's floor (its FP8 block GEMMs with pre-quantized inputs + bf16 SDPA
 and the conditioning, 240 calls each), the telemetry on/off step-time ratio of the real session
 loop, and the full model (all heads) ms/step and peak memory if it fits. Prints a table and, last,
 the ratio of the best row against the plain path.
+
+The last row, +fused_blocks, is +cuda_graphs with the blocks' elementwise chains compiled
+(``model.BlockFusion``: residual + LayerNorm + FP8 quantization, the query's RoPE, GELU + quantization);
+the rows before it run with ``fuse_blocks`` off, so both are measured in the same run.
+
+Telemetry on/off: whole sessions of the real loop (``Session``, all switches of the best row),
+alternating on/off for ``--telemetry-rounds`` rounds; each session runs its window fill and graph
+capture, then ``--telemetry-steps`` steady steps; the figure is the median step period (wall time
+between chunk deliveries) over the steady steps only, with host syncs counted per step
+(``set_sync_debug_mode("warn")``, attributed to the open step).
+
+``--profile``: torch.profiler (CUDA activity; CUPTI sees the kernels inside CUDA graphs) over
+``--profile-replays`` replays of the +cuda_graphs and +fused_blocks rows: GPU time per step by group
+(GEMMs, attention, upkeep/rope/quant, norms/elementwise, other) and the top kernels.
+
+    python3 bench/worker_step.py --steps 6 --telemetry-steps 40 --profile --no-full --trace-dir $OUT
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import re
 import statistics
 import sys
 import time
+import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -34,7 +52,7 @@ from worker.cache import make_cache
 from worker.config import ModelShape, Switches, tp_rank_of
 from worker.fp8 import FP8, FP8_MAX
 from worker.model import DiT
-from worker.session import ChunkRunner, Worker
+from worker.session import ChunkRunner, Session, Worker
 from worker.telemetry import CpuTimer, CudaTimer, ListSink
 
 ROWS = [
@@ -45,7 +63,25 @@ ROWS = [
     ("+compile", {"compile": True}),
     ("+triton_kernels", {"triton_kernels": True}),
     ("+cuda_graphs", {"cuda_graphs": True}),
+    ("+fused_blocks", {}),  # model.fuse_blocks: BlockFusion under compile (not a switch)
 ]
+FUSED_ROW = "+fused_blocks"
+PROFILED_ROWS = ("+cuda_graphs", FUSED_ROW)
+
+# kernel name -> group, first match wins (names lower-cased)
+GROUPS = [
+    ("attention", re.compile(r"attn|attention|flash|fmha|sdpa|softmax")),
+    ("gemm", re.compile(r"gemm|cutlass|nvjet|xmma|cublas|matmul|scaled_mm|splitk|\bmm\b|addmm")),
+    ("norms/elementwise", re.compile(r"layer_norm|layernorm")),
+    ("upkeep/rope/quant", re.compile(r"rope|fp8|float8|e4m3|quant|vector_norm|absmax|maxops|normtwo|norminf|"
+                                     r"index_copy|index_put|scatter|delta|rotate|remainder|arange|cos|sin")),
+    ("norms/elementwise", re.compile(r"elementwise|gelu|add|mul|div|copy|cat|neg|roll|triton_|fill|reduce")),
+]
+
+
+def kernel_group(name: str) -> str:
+    n = name.lower()
+    return next((g for g, rx in GROUPS if rx.search(n)), "other")
 
 
 def kernels_available() -> bool:
@@ -63,12 +99,15 @@ def sync(dev):
         torch.cuda.synchronize(dev)
 
 
-def measure_row(model: DiT, sw: Switches, steps: int, cond_tokens: int):
-    """(diffusion, upkeep, attention) ms per steady step, and the reset step's diffusion ms."""
+def measure_row(model: DiT, sw: Switches, steps: int, cond_tokens: int, fuse: bool = False,
+                profile_replays: int = 0):
+    """(diffusion, upkeep, attention) ms per steady step, the reset step's diffusion ms, and (with
+    ``profile_replays``) the torch profiler over that many more steady steps (None otherwise)."""
     shape, dev = model.shape, model.device
     cuda = dev.type == "cuda"
     timer = CudaTimer() if cuda else CpuTimer()
     model.set_timer(timer)
+    model.fuse_blocks = fuse
     model.set_compile(sw.compile)
     cache = make_cache(shape, sw, dev, model.dtype)
     runner = ChunkRunner(model, sw.cuda_graphs)
@@ -95,6 +134,16 @@ def measure_row(model: DiT, sw: Switches, steps: int, cond_tokens: int):
             marks.append((i, reset, graphed, (time.perf_counter() - start) * 1e3, timer.take()))
     sync(dev)
     model.set_timer(type(model.timer)())
+    prof = None
+    if profile_replays:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+            for _ in range(profile_replays):
+                cache.begin_step(T)
+                runner(torch.randn(T, C, generator=g, device=dev), cache, cond_kv)
+                cache.end_step()
+            sync(dev)
     rows = []
     for i, reset, graphed, t, spans in marks[fill:]:  # the window is full and wrapped from here
         if cuda:
@@ -108,7 +157,46 @@ def measure_row(model: DiT, sw: Switches, steps: int, cond_tokens: int):
     reset_ms = next(r[1] for r in rows if r[0])
     med = lambda xs: statistics.median(xs) if xs and xs[0] is not None else None
     del cache, runner, cond_kv
-    return med([r[1] for r in steady]), med([r[2] for r in steady]), med([r[3] for r in steady]), reset_ms
+    return (med([r[1] for r in steady]), med([r[2] for r in steady]), med([r[3] for r in steady]), reset_ms,
+            prof)
+
+
+def kernel_times(prof, cuda: bool) -> list[tuple[str, float, int]]:
+    """(name, total us, calls) per kernel (CUDA: every device event CUPTI saw, graph replays
+    included; CPU: aten ops' self time, for the smoke test)."""
+    acc: dict[str, list] = {}
+    if cuda:
+        for e in prof.profiler.kineto_results.events():
+            if e.device_type() != torch.autograd.DeviceType.CUDA:
+                continue
+            a = acc.setdefault(e.name(), [0.0, 0])
+            a[0] += e.duration_ns() / 1e3
+            a[1] += 1
+    else:
+        for e in prof.key_averages():
+            if e.self_cpu_time_total > 0:
+                acc[e.key] = [e.self_cpu_time_total, e.count]
+    return sorted(((k, v[0], v[1]) for k, v in acc.items()), key=lambda r: -r[1])
+
+
+def print_profile(row: str, prof, cuda: bool, replays: int, step_ms: float | None, top: int = 25) -> None:
+    ks = kernel_times(prof, cuda)
+    total = sum(k[1] for k in ks) / 1e3 / replays
+    groups: dict[str, list[float]] = {}
+    for name, us, n in ks:
+        g = groups.setdefault(kernel_group(name), [0.0, 0])
+        g[0] += us / 1e3 / replays
+        g[1] += n / replays
+    unit = "GPU" if cuda else "CPU self"
+    print(f"# profile {row}: {replays} steady steps, {unit} time {total:.1f} ms/step in"
+          f" {sum(k[2] for k in ks) / replays:.0f} kernels/step"
+          + (f"; step {step_ms:.1f} ms -> {step_ms - total:.1f} ms/step not covered by kernels (gaps)"
+             if step_ms and cuda else ""), flush=True)
+    for g, (ms, n) in sorted(groups.items(), key=lambda kv: -kv[1][0]):
+        print(f"#   {g:<20}{ms:>9.1f} ms/step {100 * ms / max(total, 1e-9):>5.1f}%  {n:>7.0f} kernels/step")
+    print(f"#   top {top} kernels (ms/step, calls/step, group):")
+    for name, us, n in ks[:top]:
+        print(f"#   {us / 1e3 / replays:>8.2f} {n / replays:>6.0f}  {kernel_group(name):<18} {name[:110]}")
 
 
 def measure_floor(model: DiT, cond_tokens: int, reps: int = 3) -> float:
@@ -159,17 +247,53 @@ def measure_floor(model: DiT, cond_tokens: int, reps: int = 3) -> float:
     return best
 
 
-def telemetry_ratio(model: DiT, sw: Switches, steps: int, cond_tokens: int, rounds: int = 2):
-    """Step time of the real session loop with telemetry on / off (alternating sessions)."""
-    w = Worker(model.shape, device=model.device, model=model)
-    per = {True: [], False: []}
-    for _ in range(rounds):
-        for on in (True, False):
-            s = w.run_session(steps=steps, realtime=False, switches=sw, sink=ListSink(), telemetry=on,
-                              cond_tokens=cond_tokens, seed=1)
-            per[on].append(s.loop_s / s.steps * 1e3)
-    on, off = min(per[True]), min(per[False])
-    return on, off, on / off
+def telemetry_ratio(model: DiT, sw: Switches, steady: int, cond_tokens: int, rounds: int = 3, stop=lambda: False):
+    """Steady-state step period (median wall time between chunk deliveries, graphed steps after the
+    capture) of the real session loop, telemetry on vs off, in alternating sessions; host syncs per
+    session counted in warn mode and attributed to the open step."""
+    shape, dev = model.shape, model.device
+    w = Worker(shape, device=dev, model=model)
+    fill = -(-(shape.window - cond_tokens) // shape.new_tokens)  # eager steps until the window is full
+    n_steps = fill + 2 + steady
+    per: dict[bool, list[float]] = {True: [], False: []}
+    diff: dict[bool, list[float]] = {True: [], False: []}
+    syncs: dict[bool, list[int]] = {True: [], False: []}
+    syncs_all: dict[bool, list[int]] = {True: [], False: []}
+    sites: dict[str, int] = {}
+    ratios = []
+    for r in range(rounds):
+        if r and stop():  # past the deadline: the rounds done so far stand
+            break
+        meds = {}
+        for on in ((True, False) if r % 2 == 0 else (False, True)):
+            sess = Session(w, steps=n_steps, realtime=False, switches=sw, sink=ListSink(), telemetry=on,
+                           cond_tokens=cond_tokens, seed=1, sync_debug="warn")
+            log: list[tuple[int, str]] = []
+
+            def show(message, category, filename, lineno, file=None, line=None, sess=sess, log=log):
+                log.append((sess.tel.step, f"{Path(filename).name}:{lineno} {str(message)[:60]}"))
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("always")
+                warnings.showwarning = show
+                sess.run()
+            st = sess.tel.stats
+            g0 = st.graphed.index(True) if True in st.graphed else fill  # the capture step (or window full)
+            first = g0 + 2  # its period holds the capture; the next one is the first graphed-to-graphed
+            periods = st.period_ms[first:]
+            per[on] += periods
+            diff[on] += st.diffusion_ms[first:]
+            meds[on] = statistics.median(periods)
+            syncs[on].append(sum(1 for step, _ in log if step >= first))
+            syncs_all[on].append(len(log))
+            for step, site in log:
+                if step >= first:
+                    sites[site] = sites.get(site, 0) + 1
+        ratios.append(meds[True] / meds[False])
+    on, off = statistics.median(per[True]), statistics.median(per[False])
+    return {"on": on, "off": off, "ratio": on / off, "ratios": ratios, "n": (len(per[True]), len(per[False])),
+            "diff_on": statistics.median(diff[True]), "diff_off": statistics.median(diff[False]),
+            "syncs": syncs, "syncs_all": syncs_all, "sites": sites}
 
 
 def fmt(x, nd=1):
@@ -179,16 +303,25 @@ def fmt(x, nd=1):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--preset", default="prod57b")
-    ap.add_argument("--tp", type=int, default=3, help="measure one rank of this TP size")
+    ap.add_argument("--tp", type=int, default=None, help="measure one rank of this TP size (default: 3 for prod57b, else 1)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--steps", type=int, default=6, help="steady steps timed per row")
     ap.add_argument("--cond-tokens", type=int, default=None)
     ap.add_argument("--rows", default=None, help="comma-separated row names to run (default: all)")
     ap.add_argument("--no-full", action="store_true", help="skip the full model (all heads)")
-    ap.add_argument("--telemetry-steps", type=int, default=24)
+    ap.add_argument("--telemetry-steps", type=int, default=40, help="steady steps per telemetry session (0: skip)")
+    ap.add_argument("--telemetry-rounds", type=int, default=3, help="alternating on/off session pairs")
+    ap.add_argument("--profile", action="store_true", help="torch.profiler breakdown of the graphed rows")
+    ap.add_argument("--profile-replays", type=int, default=3)
+    ap.add_argument("--trace-dir", default=None, help="also write each profile as a Chrome trace (.json.gz) here")
+    ap.add_argument("--deadline-s", type=float, default=None,
+                    help="skip what remains (rows, telemetry rounds, full model) once this many seconds passed")
     args = ap.parse_args(argv)
+    t_start = time.perf_counter()
+    late = lambda: args.deadline_s is not None and time.perf_counter() - t_start > args.deadline_s
     dev = torch.device(args.device)
     base = ModelShape.from_name(args.preset)
+    args.tp = args.tp or (3 if base.name == "prod57b" else 1)
     shape = tp_rank_of(base, args.tp) if args.tp > 1 else base
     cond = args.cond_tokens or min(1024, shape.cond_tokens[1])
     t0 = time.perf_counter()
@@ -209,6 +342,10 @@ def main(argv=None) -> int:
     print(f"{'row':<28}{'diffusion ms':>13}{'upkeep ms':>11}{'attention ms':>14}{'reset step ms':>15}"
           f"{'x floor':>9}{'vs plain':>10}", flush=True)
     plain_ms = None
+    fused_ok = False
+    cuda = dev.type == "cuda"
+    profiled = PROFILED_ROWS if cuda else ("+delta_rotation",)  # CPU: the smoke test of the profile path
+    profiles = []
     for row, add in ROWS:
         sw = {**sw, **add}
         if args.rows and row not in args.rows.split(","):
@@ -216,29 +353,62 @@ def main(argv=None) -> int:
         if row == "+triton_kernels" and not have_kernels:
             print(f"{row:<28}  (skipped: kernels not importable or not on CUDA)")
             continue
-        if row in ("+cuda_graphs", "+compile") and dev.type != "cuda":
+        if row in ("+cuda_graphs", "+compile", FUSED_ROW) and not cuda:
             print(f"{row:<28}  (skipped: CUDA only)")
             continue
+        if row == FUSED_ROW and not model.fp8:
+            print(f"{row:<28}  (skipped: needs FP8 weights)")
+            continue
+        if late():
+            print(f"{row:<28}  (skipped: past --deadline-s)")
+            continue
         t_row = time.perf_counter()
+        replays = args.profile_replays if (args.profile and row in profiled) else 0
         try:
-            diff, upkeep, attn, reset_ms = measure_row(model, Switches.from_mapping(sw), args.steps, cond)
+            diff, upkeep, attn, reset_ms, prof = measure_row(model, Switches.from_mapping(sw), args.steps, cond,
+                                                             fuse=row == FUSED_ROW, profile_replays=replays)
         except Exception as e:  # noqa: BLE001 - a row that fails is reported, the waterfall goes on
-            print(f"{row:<28}  FAILED: {type(e).__name__}: {str(e)[:200]}", flush=True)
+            print(f"{row:<28}  FAILED: {type(e).__name__}: {str(e)[:300]}", flush=True)
             sw = {k: v for k, v in sw.items() if k not in add}
             continue
+        fused_ok = fused_ok or row == FUSED_ROW
         plain_ms = plain_ms or diff
         results.append((row, diff, upkeep, attn, reset_ms))
         print(f"{row:<28}{fmt(diff):>13}{fmt(upkeep):>11}{fmt(attn):>14}{fmt(reset_ms):>15}"
               f"{diff / floor:>9.2f}{plain_ms / diff:>9.2f}x   ({time.perf_counter() - t_row:.0f} s)", flush=True)
+        if prof is not None:
+            profiles.append((row, prof, diff))
+            if args.trace_dir:
+                path = Path(args.trace_dir) / f"profile_{row.strip('+')}.json.gz"
+                prof.export_chrome_trace(str(path))
         gc.collect()
+    for row, prof, diff in profiles:
+        print_profile(row, prof, cuda, args.profile_replays, diff)
+    del profiles
+    gc.collect()
 
     best_sw = Switches.from_mapping(sw)  # every switch that worked: the production configuration
-    if args.telemetry_steps:
-        on, off, ratio = telemetry_ratio(model, best_sw, args.telemetry_steps, cond)
-        print(f"# telemetry on/off (session loop, {args.telemetry_steps} steps, switches [{best_sw.encode()}]):"
-              f" {on:.2f} / {off:.2f} ms/step = {ratio:.4f}", flush=True)
+    model.fuse_blocks = fused_ok
+    if args.telemetry_steps and not late():
+        t_tel = time.perf_counter()
+        try:
+            r = telemetry_ratio(model, best_sw, args.telemetry_steps, cond, args.telemetry_rounds,
+                                stop=lambda: args.deadline_s is not None
+                                and time.perf_counter() - t_start > args.deadline_s + 40)
+            print(f"# telemetry on/off (sessions alternating x {len(r['ratios'])} rounds, steady graphed steps only:"
+                  f" {r['n'][0]} / {r['n'][1]} steps; switches [{best_sw.encode()}]"
+                  f"{', fused blocks' if fused_ok else ''}): median step period {r['on']:.2f} / {r['off']:.2f}"
+                  f" ms = {r['ratio']:.4f}; per-round ratios {', '.join(f'{x:.4f}' for x in r['ratios'])};"
+                  f" diffusion (GPU) {r['diff_on']:.2f} / {r['diff_off']:.2f} ms; host syncs in steady steps:"
+                  f" on {r['syncs'][True]}, off {r['syncs'][False]} (whole loop incl. fill and capture: on"
+                  f" {r['syncs_all'][True]}, off {r['syncs_all'][False]})  ({time.perf_counter() - t_tel:.0f} s)",
+                  flush=True)
+            for site, n in sorted(r["sites"].items(), key=lambda kv: -kv[1])[:10]:
+                print(f"#   steady-step sync x{n}: {site}")
+        except Exception as e:  # noqa: BLE001 - reported, the table above stands
+            print(f"# telemetry on/off: FAILED {type(e).__name__}: {str(e)[:300]}", flush=True)
 
-    if not args.no_full and args.tp > 1 and dev.type == "cuda":
+    if not args.no_full and args.tp > 1 and dev.type == "cuda" and not late():
         del model
         gc.collect()
         torch.cuda.empty_cache()
@@ -246,7 +416,8 @@ def main(argv=None) -> int:
         try:
             full = DiT(base, dev)
             full_sw = best_sw
-            diff, upkeep, attn, reset_ms = measure_row(full, full_sw, max(2, args.steps // 2), cond)
+            diff, upkeep, attn, reset_ms, _ = measure_row(full, full_sw, max(2, args.steps // 2), cond,
+                                                          fuse=fused_ok)
             peak = torch.cuda.max_memory_allocated(dev) / 2**30
             print(f"# full {base.name} ({base.n_heads} heads) on one GPU, switches [{full_sw.encode()}]: "
                   f"{diff:.1f} ms/step, upkeep {fmt(upkeep)} ms, attention {fmt(attn)} ms, reset step "

@@ -19,6 +19,13 @@ index), so a rank's shard equals the slice of the single-process model's weights
 
 GEMMs are FP8 (``torch._scaled_mm``, per-tensor scales) when the shape says ``fp8_weights`` on CUDA,
 bf16 otherwise on CUDA, fp32 on CPU.
+
+With FP8 GEMMs and the compile switch on CUDA, ``DiT.set_compile`` also installs a ``BlockFusion``:
+the elementwise chains around the GEMMs compiled into few kernels (residual + LayerNorm/modulation
++ the FP8 activation quantization; the query's RoPE; GELU + quantization of the FFN-down input when
+the block's ``row_parallel`` is not overridden). Same math as the unfused path (``BlockFusion.eager()``
+is that path with the chains grouped; the tests compare both on CPU). ``DiT.fuse_blocks = False``
+keeps the unfused path under compile (the bench measures both).
 """
 
 from __future__ import annotations
@@ -81,6 +88,46 @@ class Linear:
         return self.w.numel() * self.w.element_size()
 
 
+def _mm(xq: torch.Tensor, xs: torch.Tensor, lin: Linear) -> torch.Tensor:
+    """FP8 GEMM on an activation already quantized (x_fp8 [M, K], scale []) -> bf16 [M, N]."""
+    return torch._scaled_mm(xq, lin.w.t(), scale_a=xs, scale_b=lin.scale, out_dtype=torch.bfloat16)
+
+
+def _ln_quant(x: torch.Tensor, w: torch.Tensor | None, b: torch.Tensor | None):
+    """LayerNorm (modulated when w/b are given) then per-tensor FP8: (h_fp8, scale)."""
+    return quantize_act(F.layer_norm(x, (x.shape[-1],), w, b))
+
+
+def _res_ln_quant(x: torch.Tensor, g: torch.Tensor | None, y: torch.Tensor, w: torch.Tensor | None,
+                  b: torch.Tensor | None):
+    """Residual (x + g*y, or x + y) then its LayerNorm and FP8: (x_new, h_fp8, scale)."""
+    x = torch.addcmul(x, g, y) if g is not None else x + y
+    hq, hs = quantize_act(F.layer_norm(x, (x.shape[-1],), w, b))
+    return x, hq, hs
+
+
+def _gelu_quant(u: torch.Tensor):
+    return quantize_act(F.gelu(u, approximate="tanh"))
+
+
+@dataclass
+class BlockFusion:
+    """The block's elementwise chains as functions (compiled under the compile switch on CUDA)."""
+
+    ln_quant: Callable
+    res_ln_quant: Callable
+    rope: Callable
+    gelu_quant: Callable
+
+    @classmethod
+    def eager(cls) -> BlockFusion:
+        return cls(_ln_quant, _res_ln_quant, apply_rope_tables, _gelu_quant)
+
+    @classmethod
+    def compiled(cls) -> BlockFusion:
+        return cls(*(torch.compile(f) for f in (_ln_quant, _res_ln_quant, apply_rope_tables, _gelu_quant)))
+
+
 class WeightMaker:
     """Seeded weights built from per-index chunks: any rank's shard is the slice of the full weight."""
 
@@ -126,6 +173,7 @@ class Block:
         self.allreduce: Callable[[torch.Tensor], torch.Tensor] = _identity
         self.timer = NullTimer()
         self.mods: dict[float, tuple[torch.Tensor, ...]] = {}
+        self.fusion: BlockFusion | None = None  # set by DiT.set_compile (FP8 weights only)
 
     def prepare(self, temb: dict[float, torch.Tensor]) -> None:
         """Modulation per timestep, once: (shift1, 1+scale1, gate1, shift2, 1+scale2, gate2), so a
@@ -153,7 +201,38 @@ class Block:
         kv = self.ckv(cond).view(L, 2, H, hd).permute(1, 2, 0, 3)
         return kv[0].contiguous(), kv[1].contiguous()
 
-    def __call__(self, x, t: float, cache: KVCache, ckv, b: int) -> torch.Tensor:
+    def _fused(self, x, t: float, cache: KVCache, ckv, b: int) -> torch.Tensor:
+        """``__call__`` with the elementwise chains fused (``self.fusion``); FP8 weights only."""
+        fu = self.fusion
+        T, _ = x.shape
+        H, hd = self.shape.heads, self.shape.head_dim
+        sh1, sc1, g1, sh2, sc2, g2 = self.mods[t]
+        hq, hs = fu.ln_quant(x, sc1, sh1)
+        q, k, v = _mm(hq, hs, self.qkv).view(T, 3, H, hd).permute(1, 2, 0, 3).unbind(0)
+        q = fu.rope(q, cache.cos, cache.sin)
+        with self.timer.span("upkeep"):
+            win = cache.update(b, k, v)
+        with self.timer.span("attention"):
+            o = cache.ops.attention(q, win)
+        y = self.row_parallel(o.transpose(0, 1).reshape(T, H * hd), self.o)
+        x, hq, hs = fu.res_ln_quant(x, g1, y, None, None)
+        cq = _mm(hq, hs, self.cq).view(T, H, hd).transpose(0, 1)
+        o = F.scaled_dot_product_attention(cq[None], ckv[0][None], ckv[1][None])[0]
+        y = self.row_parallel(o.transpose(0, 1).reshape(T, H * hd), self.co)
+        x, hq, hs = fu.res_ln_quant(x, None, y, sc2, sh2)
+        u = _mm(hq, hs, self.up)
+        if "row_parallel" in self.__dict__:  # overridden (worker/parallel.py): it quantizes its input
+            y = self.row_parallel(F.gelu(u, approximate="tanh"), self.down)
+        else:
+            y = _mm(*fu.gelu_quant(u), self.down)
+            if self.allreduce is not _identity:
+                with self.timer.span("allreduce"):
+                    y = self.allreduce(y)
+        return torch.addcmul(x, g2, y)
+
+    def __call__(self, x, t: float, cache: KVCache, ckv, b: int, fused: bool = True) -> torch.Tensor:
+        if fused and self.fusion is not None:
+            return self._fused(x, t, cache, ckv, b)
         T, d = x.shape
         H, hd = self.shape.heads, self.shape.head_dim
         sh1, sc1, g1, sh2, sc2, g2 = self.mods[t]  # timestep modulation (scales already 1 + scale)
@@ -178,12 +257,14 @@ class Block:
 class DiT:
     """The rank's model: timestep embedding, patch in/out, blocks; four Euler passes per chunk."""
 
-    def __init__(self, shape: ModelShape, device="cpu", dtype: torch.dtype | None = None):
+    def __init__(self, shape: ModelShape, device="cpu", dtype: torch.dtype | None = None, fp8: bool | None = None):
         self.shape = shape
         self.device = torch.device(device)
         cuda = self.device.type == "cuda"
         self.dtype = dtype or (torch.bfloat16 if cuda else torch.float32)
-        fp8 = shape.fp8_weights and cuda
+        fp8 = (shape.fp8_weights and cuda) if fp8 is None else fp8  # fp8=True on CPU: tests of the FP8 path
+        self.fp8 = fp8
+        self.fuse_blocks = True  # BlockFusion under the compile switch (CUDA, FP8 weights)
         wm = WeightMaker(shape.seed, self.device, self.dtype, fp8)
         d, c = shape.d_model, shape.latent_channels
         self.t_embed = wm.chunk((d, 256), 1 / 16, "t_embed")
@@ -205,11 +286,21 @@ class DiT:
             b.allreduce = fn
 
     def set_compile(self, on: bool) -> None:
-        """The compile switch's share in the model: the FP8 activation quantizer, compiled (CUDA only)."""
-        quant = torch.compile(quantize_act) if (on and self.device.type == "cuda") else quantize_act
+        """The compile switch's share in the model (CUDA only): the FP8 activation quantizer compiled,
+        and with FP8 weights and ``fuse_blocks`` the blocks' elementwise chains (``BlockFusion``)."""
+        use = on and self.device.type == "cuda"
+        quant = torch.compile(quantize_act) if use else quantize_act
         for b in self.blocks:
             for lin in (b.qkv, b.cq, b.ckv, b.up, b.o, b.co, b.down):
                 lin.quant = quant
+        self.set_fusion(BlockFusion.compiled() if (use and self.fp8 and self.fuse_blocks) else None)
+
+    def set_fusion(self, fusion: BlockFusion | None) -> None:
+        """Install (or remove) the fused block path; ``BlockFusion.eager()`` on CPU for tests."""
+        if fusion is not None and not self.fp8:
+            raise ValueError("BlockFusion needs FP8 weights (DiT(..., fp8=True) or a shape with fp8_weights on CUDA)")
+        for b in self.blocks:
+            b.fusion = fusion
 
     def set_timer(self, timer) -> None:
         self.timer = timer
@@ -223,9 +314,9 @@ class DiT:
         emb = torch.cat([ang.cos(), ang.sin()]).to(self.dtype)
         return F.silu(self.t_embed @ emb)  # [d]
 
-    def forward_tokens(self, x: torch.Tensor, t: float, cache: KVCache, cond_kv) -> torch.Tensor:
+    def forward_tokens(self, x: torch.Tensor, t: float, cache: KVCache, cond_kv, fused: bool = True) -> torch.Tensor:
         for b, blk in enumerate(self.blocks):
-            x = blk(x, t, cache, cond_kv[b], b)
+            x = blk(x, t, cache, cond_kv[b], b, fused)
         return x
 
     def first_forward(self, cond: torch.Tensor, cache: KVCache):
@@ -233,7 +324,9 @@ class DiT:
         cond = cond.to(self.dtype)
         cond_kv = [blk.cross_kv(cond) for blk in self.blocks]
         cache.begin_step(cond.shape[0])
-        self.forward_tokens(cond, 0.0, cache, cond_kv)
+        # unfused: once per session, and its token count varies per session (the compiled chains
+        # then see one shape only, the chunk's, and never recompile)
+        self.forward_tokens(cond, 0.0, cache, cond_kv, fused=False)
         cache.end_step()
         return cond_kv
 

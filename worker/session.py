@@ -139,9 +139,13 @@ class Session:
                  switch_source=None, session_id: str | None = None, cond_tokens: int | None = None,
                  realtime: bool = True, sink=None, seed: int | None = None, telemetry: bool = True,
                  chunk_period_s: float = CHUNK_PERIOD_S, playout_capacity: int = 4, max_in_flight: int = 3,
-                 client_kwargs: dict | None = None, sync_debug: bool = False, detail_every: int | None = None):
+                 client_kwargs: dict | None = None, sync_debug: bool | str = False, detail_every: int | None = None):
         self.w = worker
-        self.sync_debug = sync_debug and worker.device.type == "cuda"  # error on any host sync in the loop
+        # any host sync in the loop raises (True / "error") or warns ("warn": the bench counts them)
+        self.sync_mode = "error" if sync_debug is True else (sync_debug or None)
+        if self.sync_mode not in (None, "warn", "error"):
+            raise ValueError(f"sync_debug {sync_debug!r}; valid: False, True, 'warn', 'error'")
+        self.sync_debug = bool(self.sync_mode) and worker.device.type == "cuda"
         shape = worker.shape
         if steps is None:
             steps = max(1, round((seconds if seconds is not None else 10.0) / chunk_period_s))
@@ -250,7 +254,7 @@ class Session:
             T, C = shape.new_tokens, shape.latent_channels
             t_loop = time.perf_counter()
             if self.sync_debug:
-                torch.cuda.set_sync_debug_mode("error")
+                torch.cuda.set_sync_debug_mode(self.sync_mode)
             for i in range(self.n_steps):
                 self._poll_switches(i)
                 self._wait_for_room(i)

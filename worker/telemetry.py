@@ -315,6 +315,7 @@ class StepStats:
     upkeep_ms: list[float] = field(default_factory=list)
     attention_ms: list[float] = field(default_factory=list)
     decode_ms: list[float] = field(default_factory=list)
+    graphed: list[bool] = field(default_factory=list)  # per emitted step: it replayed a CUDA graph
 
 
 class Telemetry:
@@ -343,6 +344,7 @@ class Telemetry:
             self.timer.enabled = False
         self._refs: dict[int, tuple[torch.cuda.Event, float]] = {}  # GPU index -> (event, perf_counter)
         self._step_start: Any = None
+        self.step = -1
         self.power = PowerSampler(list(gpu_indices), self._put) if (sample_power and self.cuda) else None
         self.cpu_mem = lambda: (0, 0)
 
@@ -389,6 +391,7 @@ class Telemetry:
     # -- the step loop's marks -----------------------------------------------------------------
 
     def begin_step(self, step: int) -> None:
+        self.step = step  # the open step (the bench attributes sync warnings with it)
         self.timer.enabled = self.enabled and step % self.detail_every == 0
         if self.cuda:
             ev = self.timer._event()
@@ -469,6 +472,7 @@ class Telemetry:
         st.steps += 1
         st.diffusion_ms.append(diffusion_ms)
         st.period_ms.append(period_ms)
+        st.graphed.append(p.graphed)
         if upkeep is not None:
             st.upkeep_ms.append(upkeep)
             st.attention_ms.append(attention)

@@ -45,3 +45,41 @@ def test_allreduce_hook_is_called_after_every_row_parallel_output():
     cache = make_cache(model.shape, Switches(), "cpu", torch.float32)
     model.first_forward(torch.randn(6, model.shape.d_model), cache)
     assert len(calls) == 3 * model.shape.n_blocks and all(s == (6, model.shape.d_model) for s in calls)
+
+
+def _fp8_chunks(model, fusion, steps=4):
+    from worker.cache import make_cache
+    from worker.config import Switches
+
+    model.set_fusion(fusion)
+    shape = model.shape
+    cache = make_cache(shape, Switches.from_mapping({"ring_cache": True, "rope_at_write": True, "fp8_cache": True}),
+                       model.device, model.dtype)
+    g = torch.Generator().manual_seed(3)
+    cond_kv = model.first_forward(torch.randn(9, shape.d_model, generator=g), cache)
+    outs = []
+    for i in range(steps):
+        cache.begin_step(shape.new_tokens, reset=i == 2)
+        outs.append(model.denoise_chunk(torch.randn(shape.new_tokens, shape.latent_channels, generator=g),
+                                        cache, cond_kv))
+        cache.end_step()
+    return torch.stack(outs)
+
+
+def test_fused_block_path_equals_the_unfused_fp8_path():
+    from worker.model import BlockFusion
+
+    model = DiT(ModelShape.from_name("tiny"), dtype=torch.bfloat16, fp8=True)
+    plain = _fp8_chunks(model, None)
+    fused = _fp8_chunks(model, BlockFusion.eager())
+    assert torch.isfinite(plain.float()).all()
+    torch.testing.assert_close(fused, plain, rtol=0, atol=0)
+
+
+def test_fusion_needs_fp8_weights():
+    import pytest
+
+    from worker.model import BlockFusion
+
+    with pytest.raises(ValueError, match="FP8 weights"):
+        DiT(ModelShape.from_name("tiny")).set_fusion(BlockFusion.eager())
