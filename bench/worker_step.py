@@ -271,7 +271,8 @@ def telemetry_ratio(model: DiT, sw: Switches, steady: int, cond_tokens: int, rou
             log: list[tuple[int, str]] = []
 
             def show(message, category, filename, lineno, file=None, line=None, sess=sess, log=log):
-                log.append((sess.tel.step, f"{Path(filename).name}:{lineno} {str(message)[:60]}"))
+                if "synchroniz" in str(message).lower():  # set_sync_debug_mode's warning, not others
+                    log.append((sess.tel.step, f"{Path(filename).name}:{lineno} {str(message)[:60]}"))
 
             with warnings.catch_warnings():
                 warnings.simplefilter("always")
