@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import time
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import orjson
@@ -21,7 +22,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from fastapi import APIRouter, HTTPException, Request, Response
 from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from pydantic import BaseModel, TypeAdapter, ValidationError
+from starlette.types import Receive, Scope, Send
 
 from collector import records
 from collector.spool import IpcStream, SpoolError, SpoolFullError
@@ -94,11 +98,116 @@ def _first_of(col: pa.ChunkedArray, value) -> int:
     return _first(np.asarray(pc.equal(col, value).fill_null(False).to_numpy(zero_copy_only=False)))
 
 
+class _Plan(NamedTuple):
+    """A kind's checks grouped by type, as column indices: one numpy reduction per group, not per column."""
+
+    floats: dict[float | None, tuple[int, ...]]  # lower bound (None: any finite) -> columns
+    ints: dict[tuple[int, int], tuple[int, ...]]  # (lo, hi) -> columns
+    labels: tuple[tuple[int, int, int], ...]  # (column, min chars, max chars)
+    ts: tuple[int, ...]
+    enums: tuple[tuple[int, frozenset[str]], ...]
+    switches: tuple[int, ...]
+    json: tuple[str, ...]  # names: checked row by row by ``_explain``'s rule
+    required: tuple[bool, ...]  # per column: nulls not allowed
+
+
+def _plan(kind: str) -> _Plan:
+    schema = records.ARROW_SCHEMAS[kind]
+    floats: dict = {}
+    ints: dict = {}
+    labels, ts, enums, switches, js = [], [], [], [], []
+    for name, check in CHECKS[kind].items():
+        i, what = schema.get_field_index(name), check[0]
+        if what == "float":
+            floats.setdefault(check[1], []).append(i)
+        elif what == "int":
+            ints.setdefault((check[1], check[2]), []).append(i)
+        elif what == "label":
+            labels.append((i, check[1], check[2]))
+        elif what == "ts":
+            ts.append(i)
+        elif what == "enum":
+            enums.append((i, frozenset(check[1])))
+        elif what == "switches":
+            switches.append(i)
+        else:
+            js.append(name)
+    return _Plan({k: tuple(v) for k, v in floats.items()}, {k: tuple(v) for k, v in ints.items()}, tuple(labels),
+                 tuple(ts), tuple(enums), tuple(switches), tuple(js), tuple(not f.nullable for f in schema))
+
+
+_PLANS = {kind: _plan(kind) for kind in CHECKS}
+_GOOD_SWITCHES: set[str] = set()  # switch-state strings already found valid (bounded)
+
+
+def _switches_ok(v: str | None) -> bool:
+    if v in _GOOD_SWITCHES:
+        return True
+    if v is None or len(v) > 512 or not records.decode_switches(v) <= set(records.SWITCH_NAMES):
+        return False
+    if len(_GOOD_SWITCHES) < 4096:
+        _GOOD_SWITCHES.add(v)
+    return True
+
+
+def _all_valid(kind: str, table: pa.Table) -> bool:
+    """True only if every check of ``_explain`` passes (a False is settled by ``_explain``).
+
+    Whole groups of columns at once: all bounded-below floats in one ``min``/``max``, NaN failing
+    every comparison; integers grouped by bounds; labels, enums and switch states over their
+    distinct values.
+    """
+    plan = _PLANS[kind]
+    cols = table.columns
+    nulls = [c.null_count for c in cols]
+    n = table.num_rows
+    for required, k in zip(plan.required, nulls, strict=True):
+        if k and required:
+            return False
+
+    def numeric(idx: tuple[int, ...], fill) -> np.ndarray | None:
+        parts = [cols[i].fill_null(fill).to_numpy() if nulls[i] else cols[i].to_numpy()
+                 for i in idx if nulls[i] != n]  # an all-null optional column: nothing to check
+        return (parts[0] if len(parts) == 1 else np.concatenate(parts)) if parts else None
+
+    for lo, idx in plan.floats.items():
+        a = numeric(idx, 0.0)
+        if a is not None and not ((a.min() > -np.inf if lo is None else a.min() >= lo) and a.max() < np.inf):
+            return False
+    for (lo, hi), idx in plan.ints.items():
+        a = numeric(idx, lo)
+        if a is not None and not (a.min() >= lo and a.max() <= hi):
+            return False
+    if plan.ts:
+        now_ms = int((time.time() + records.MAX_FUTURE_SKEW.total_seconds()) * 1000)
+        for i in plan.ts:
+            a = cols[i].to_numpy().view("int64")
+            if not (a.min() >= 946684800000 and a.max() <= now_ms):  # 2000-01-01
+                return False
+    for i, lo, hi in plan.labels:
+        if not all(lo <= len(v) <= hi for v in cols[i].unique().to_pylist()):
+            return False
+    for i, valid in plan.enums:
+        if not all(v is None or v in valid for v in cols[i].unique().to_pylist()):
+            return False
+    for i in plan.switches:
+        if not all(v is None or _switches_ok(v) for v in cols[i].unique().to_pylist()):
+            return False
+    return not plan.json  # JSON text columns are checked row by row, by ``_explain``
+
+
 def check_table(kind: str, table: pa.Table) -> None:
     """Every value of ``table`` (already of ``records.ARROW_SCHEMAS[kind]``) within bounds, else 422.
 
-    Vectorised (numpy over the Arrow buffers, ``unique`` for labels): ~0.1-0.2 ms per 100-row batch.
+    A quick pass over whole groups of columns (~30 us per 100-row step batch) accepts valid batches;
+    anything it doubts goes through ``_explain``, which finds the first invalid value and names it.
     """
+    if table.num_rows and not _all_valid(kind, table):
+        _explain(kind, table)
+
+
+def _explain(kind: str, table: pa.Table) -> None:
+    """Column by column, in schema order: raise the 422 that names the first invalid value (if any)."""
     schema = records.ARROW_SCHEMAS[kind]
     for f in schema:
         col = table.column(f.name)
@@ -166,16 +275,35 @@ def _schema_text(schema: pa.Schema) -> str:
     return ", ".join(f"{f.name}: {f.type}" for f in schema)
 
 
+# each kind's schema as the IPC stream's first message (what the shipping client's writer sends)
+_SCHEMA_MESSAGES = tuple((records.ARROW_SCHEMAS[k].serialize().to_pybytes(), records.ARROW_SCHEMAS[k])
+                         for k in records.RECORD_KINDS)
+
+
+def _read_stream(body: bytes) -> tuple[pa.Schema, pa.Table, int]:
+    """An IPC stream -> (schema, table, bytes consumed). A stream that opens with a canonical schema
+    message (byte for byte) skips decoding and comparing the schema: only its batches are read."""
+    br = pa.BufferReader(body)
+    for message, schema in _SCHEMA_MESSAGES:
+        if body.startswith(message):
+            br.seek(len(message))
+            reader = pa.ipc.MessageReader.open_stream(br)
+            batches = []
+            while True:
+                try:
+                    batches.append(pa.ipc.read_record_batch(reader.read_next_message(), schema))
+                except StopIteration:
+                    return schema, pa.Table.from_batches(batches, schema), br.tell()
+    reader = pa.ipc.open_stream(br)
+    return reader.schema, reader.read_all(), br.tell()
+
+
 def parse_arrow(body: bytes) -> dict[str, pa.Table | IpcStream]:
     if len(body) < 8 or body[-8:] != _EOS:
         raise BadBatchError(400, "truncated Arrow IPC stream: it must end with the end-of-stream marker "
                                  "(close the stream writer); send one record kind per body")
     try:
-        br = pa.BufferReader(body)
-        reader = pa.ipc.open_stream(br)
-        schema = reader.schema
-        table = reader.read_all()
-        consumed = br.tell()
+        schema, table, consumed = _read_stream(body)
     except (pa.ArrowInvalid, pa.ArrowException, OSError, ValueError) as e:
         raise BadBatchError(400, f"not a readable Arrow IPC stream ({e}); expected one record batch stream "
                                  f"of one record kind, Content-Type {ARROW_STREAM}") from e
@@ -308,7 +436,23 @@ class ErrorBody(BaseModel):
     detail: str
 
 
-router = APIRouter(tags=["collector"])
+class _IngestRoute(APIRoute):
+    """``POST /v1/telemetry`` straight into ``ingest``: it reads the raw request itself, so FastAPI's
+    per-request machinery (dependency solving, body and response-model handling) is skipped; the
+    route is declared, documented in OpenAPI and matched like any other."""
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["method"] != "POST":  # 405 and its Allow header, as FastAPI answers them
+            await super().handle(scope, receive, send)
+            return
+        try:
+            response = await ingest(Request(scope, receive))
+        except HTTPException as e:  # what FastAPI's default handler answers, without the detour
+            response = JSONResponse({"detail": e.detail}, e.status_code, headers=e.headers)
+        await response(scope, receive, send)
+
+
+router = APIRouter(tags=["collector"], route_class=_IngestRoute)
 
 _ERRORS = {
     s: {"model": ErrorBody, "description": d}

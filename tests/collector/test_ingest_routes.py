@@ -263,3 +263,25 @@ def test_values_at_every_bound_are_accepted_and_stored(collector):
     assert s.query_rows("SELECT gpu_index, sm_clock_mhz FROM gpu_samples") == [(1023, 2**32 - 1)]
     assert s.query_rows("SELECT first_forward_tokens, tp_size, frames FROM sessions") == [(2**31 - 1, 1024, 2**63 - 1)]
     assert s.query_rows("SELECT length(detail) FROM events") == [(len('{"k":""}') + 60000,)]
+
+
+def test_a_stream_of_several_record_batches_is_stored_whole(collector):
+    c = collector()
+    t = records.to_arrow("step", step_rows(10, session_id="multi"))
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, t.schema) as w:
+        for batch in t.to_batches(max_chunksize=3):  # 4 record batches after one schema message
+            w.write_batch(batch)
+    r = _post_arrow(c, sink.getvalue().to_pybytes(), key="multi")
+    assert r.status_code == 200, r.text
+    assert r.json()["rows"] == {"step": 10}
+    assert _stored(c) == (10, 0)
+    got = c.app.state.store.query_rows("SELECT step FROM steps ORDER BY step")
+    assert [g[0] for g in got] == list(range(10))
+
+
+def test_other_methods_on_the_ingest_path_get_405_with_allow(collector):
+    c = collector()
+    r = c.get("/v1/telemetry")
+    assert r.status_code == 405
+    assert r.headers["allow"] == "POST"
