@@ -75,10 +75,11 @@ class CollectorSettings(BaseSettings):
         description="largest accepted request body; a bigger one gets 413",
     )
     flush_rows: int = Field(
-        default=50_000,
+        default=200_000,
         ge=1,
         le=10_000_000,
-        description="the writer inserts a block once this many spooled rows are waiting (merged across requests)",
+        description="the writer inserts a block once this many spooled rows are waiting (merged across requests); "
+        "fewer, larger blocks leave chDB fewer parts to merge",
     )
     flush_interval_s: float = Field(
         default=0.5,

@@ -2,7 +2,7 @@
 
     spool = Spool(dir, max_bytes=1 << 30)
     ack = spool.submit("batch-1", {"step": arrow_table}).result()   # durable once this returns
-    entries = spool.take(max_rows=50_000)          # the writer: oldest uncommitted batches, in order
+    entries = spool.take(max_rows=200_000)         # the writer: oldest uncommitted batches, in order
     spool.log_intent(entries[0].seq, entries[-1].seq); ...insert...; spool.mark_committed(entries[-1].seq)
 
 Layout of ``dir``: ``seg-<first seq>.log`` append-only segments of records

@@ -1,6 +1,6 @@
 """The block writer: spooled batches -> ClickHouse, merged across requests into large blocks.
 
-    writer = BlockWriter(spool, get_store, flush_rows=50_000, flush_interval_s=0.5)
+    writer = BlockWriter(spool, get_store, flush_rows=200_000, flush_interval_s=0.5)
     writer.start(); ...; writer.stop()
 
 One background thread takes the oldest uncommitted batches from the spool (up to ``flush_rows``
@@ -44,7 +44,7 @@ class BlockWriter:
         self,
         spool: Spool,
         get_store: Callable[[], Store],
-        flush_rows: int = 50_000,
+        flush_rows: int = 200_000,
         flush_interval_s: float = 0.5,
         retry_max_s: float = 5.0,
         fault_store_down_file: Path | None = None,
