@@ -217,7 +217,7 @@ class Switches:
         unknown = sorted(set(m) - set(SWITCH_NAMES))
         if unknown:
             raise SwitchError(f"unknown switch(es) {unknown}; valid switches: {', '.join(SWITCH_NAMES)}")
-        return cls(**{k: bool(v) for k, v in m.items()})
+        return cls(**{k: _switch_value(k, v) for k, v in m.items()})
 
     @classmethod
     def decode(cls, state: str) -> Switches:
@@ -230,17 +230,30 @@ class Switches:
         return cls.from_mapping({**m, **off})
 
 
+_VALUES = {"on": True, "true": True, "1": True, "off": False, "false": False, "0": False}
+
+
+def _switch_value(name: str, v: Any) -> bool:
+    """A switch value from a file, a control-plane payload or a flag: a bool, or on/off/true/false/1/0."""
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, int) and v in (0, 1):
+        return bool(v)
+    if isinstance(v, str) and v.lower() in _VALUES:
+        return _VALUES[v.lower()]
+    raise SwitchError(f"switch {name}: bad value {v!r}; valid values: true/false, on/off, 1/0")
+
+
 def parse_switch_args(items: list[str], base: Switches | None = None) -> Switches:
     """``['ring_cache=on', 'fp8_cache=off']`` -> Switches (validated once at the end)."""
     m = (base or Switches()).as_dict()
-    truthy = {"on": True, "true": True, "1": True, "off": False, "false": False, "0": False}
     for item in items:
         name, sep, value = item.partition("=")
-        if not sep or value.lower() not in truthy:
+        if not sep or value.lower() not in _VALUES:
             raise SwitchError(f"bad switch {item!r}: write name=on|off; valid switches: {', '.join(SWITCH_NAMES)}")
         if name not in SWITCH_NAMES:
             raise SwitchError(f"unknown switch {name!r}; valid switches: {', '.join(SWITCH_NAMES)}")
-        m[name] = truthy[value.lower()]
+        m[name] = _VALUES[value.lower()]
     return Switches.from_mapping(m)
 
 

@@ -32,6 +32,8 @@ class DecodeJob:
     done_event: torch.cuda.Event | None = None
     cpu_ms: float | None = None  # measured inline on CPU
     done_wall: float | None = None  # perf_counter when done (CPU)
+    overlapped: bool = False  # decoded on its own stream/GPU, in parallel with the next diffusion
+    latents: torch.Tensor | None = None  # the decoder's private copy, alive until the job is emitted
     extra: dict = field(default_factory=dict)
 
 
@@ -93,6 +95,12 @@ class Decoder:
             job.frames = self.decode(latents)
             job.done_event.record()
             return job
+        # A private copy, taken on the main stream: under CUDA graphs ``latents`` is the graph's static
+        # output, overwritten by the next replay while this decode may still read it. The job keeps the
+        # copy alive until telemetry emits it (after done_event), which also covers the read from
+        # another device, where record_stream cannot help.
+        job.latents = latents = latents.clone()
+        job.overlapped = True
         with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
             if after is not None:
                 self.stream.wait_event(after)

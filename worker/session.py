@@ -66,6 +66,7 @@ class SessionSummary:
     mean_attention_ms: float | None = None
     mean_decode_ms: float | None = None
     power_error: str | None = None
+    graphed_steps: int = 0  # steps that replayed a captured CUDA graph
 
 
 def _as_switches(sw) -> Switches:
@@ -257,8 +258,8 @@ class Session:
                 torch.cuda.set_sync_debug_mode(self.sync_mode)
             for i in range(self.n_steps):
                 self._poll_switches(i)
-                self._wait_for_room(i)
-                tel.begin_step(i)
+                held = self._wait_for_room(i)
+                tel.begin_step(i, held=held)
                 reset = i > 0 and i % shape.reset_every == 0
                 with tel.timer.span("upkeep"):
                     did_reset = self.cache.begin_step(T, reset=reset)
@@ -287,9 +288,12 @@ class Session:
             self.source.close()
         return self._finish(t_wall0, common)
 
-    def _wait_for_room(self, i: int) -> None:
-        """Real time: wait while the player's buffer is full; never more than a few steps in flight."""
+    def _wait_for_room(self, i: int) -> bool:
+        """Real time: wait while the player's buffer is full; never more than a few steps in flight.
+
+        Returns whether the player held this step back (the worker was ahead of real time)."""
         tel = self.tel
+        held = False
         while True:
             tel.poll()
             now = time.perf_counter()
@@ -298,13 +302,17 @@ class Session:
                 continue
             wait = self.playout.wait_s(i, now) if self.realtime else 0.0
             if wait <= 0:
-                return
+                return held
+            held = True
             time.sleep(min(wait, 0.005))
 
     def _finish(self, t_wall0: float, common: dict) -> SessionSummary:
         tel, pl = self.tel, self.playout
         frames = pl.delivered * self.w.shape.frames_per_chunk
-        streamed = pl.streamed_s
+        # streamed seconds and fps as the store computes them (session_stats): from the worker's own
+        # chunk periods (telemetry._period_ms), so fps says what the worker can sustain; the player's
+        # view is in late_chunks and stall_ms
+        streamed = sum(tel.stats.period_ms) / 1000
         fps = frames / streamed if streamed > 0 else None
         tel.session(phase="end", streamed_s=streamed, frames=frames, avg_fps=fps, late_chunks=pl.late_chunks,
                     stall_ms=pl.stall_s * 1e3, switches=self.switches.encode(), **common)
@@ -330,6 +338,7 @@ class Session:
             wall_s=time.perf_counter() - t_wall0, loop_s=self.loop_s, mean_diffusion_ms=_mean(st.diffusion_ms),
             mean_upkeep_ms=_mean(st.upkeep_ms), mean_attention_ms=_mean(st.attention_ms),
             mean_decode_ms=_mean(st.decode_ms), power_error=tel.power.error if tel.power else None,
+            graphed_steps=sum(st.graphed),
         )
 
 

@@ -303,6 +303,7 @@ class _Pending:
     switches: str
     graphed: bool = False
     detail: bool = True  # upkeep / attention / all-reduce spans were recorded in this step
+    held: bool = False  # the player held the step back before it started
 
 
 @dataclass
@@ -337,6 +338,7 @@ class Telemetry:
         self.stats = StepStats()
         self._pending: deque[_Pending] = deque()
         self._last_delivery: float | None = None
+        self._held = False  # the open step was held back by the player (begin_step)
         self._wall0 = datetime.now(UTC)
         self._perf0 = time.perf_counter()
         self.timer = CudaTimer() if self.cuda else CpuTimer()
@@ -390,8 +392,10 @@ class Telemetry:
 
     # -- the step loop's marks -----------------------------------------------------------------
 
-    def begin_step(self, step: int) -> None:
+    def begin_step(self, step: int, held: bool = False) -> None:
+        """``held``: the player held this step back before it started (see ``_emit_step``)."""
         self.step = step  # the open step (the bench attributes sync warnings with it)
+        self._held = held
         self.timer.enabled = self.enabled and step % self.detail_every == 0
         if self.cuda:
             ev = self.timer._event()
@@ -410,7 +414,8 @@ class Telemetry:
     def end_step(self, step: int, diffusion_end, job, reset: bool, mem: tuple[int, int], buffers: int,
                  switches: str, graphed: bool = False) -> None:
         self._pending.append(_Pending(step, self._step_start, diffusion_end, job, self.timer.take(), reset,
-                                      mem[0], mem[1], buffers, switches, graphed, self.timer.enabled))
+                                      mem[0], mem[1], buffers, switches, graphed, self.timer.enabled,
+                                      self._held))
 
     def in_flight(self) -> int:
         return len(self._pending)
@@ -443,6 +448,23 @@ class Telemetry:
             if not self.poll():
                 time.sleep(0.0005)
 
+    def _period_ms(self, p: _Pending, t_start: float, t_done: float, diffusion_ms: float,
+                   decode_ms: float | None) -> float:
+        """The worker's own chunk period: what the fleet's fps (frames / summed periods) is judged on.
+
+        A worker running flat out delivers a chunk every ``period``: the wall time between deliveries.
+        A worker ahead of real time is held back by the player, and the gap between deliveries is then
+        the player's 166.7 ms, which says nothing about the worker (every healthy session would sit at
+        exactly 24 fps). For a step the player held back (and for the first step), the period is the
+        step's own generation time: the longer of diffusion and decode when the decoder overlaps the
+        next diffusion (its own stream or GPU), else diffusion + decode as they ran back to back.
+        """
+        if self._last_delivery is not None and not p.held:
+            return (t_done - self._last_delivery) * 1e3
+        if p.job.overlapped:
+            return max(diffusion_ms, decode_ms or 0.0)
+        return (t_done - t_start) * 1e3
+
     def _emit_step(self, p: _Pending) -> None:
         if self.cuda:
             diffusion_ms = p.start.elapsed_time(p.diffusion_end)
@@ -462,7 +484,7 @@ class Telemetry:
             t_done = p.job.done_wall if p.job.done_wall is not None else p.diffusion_end
             t_start = p.start
         late, depth = self.playout.deliver(p.step, t_done)
-        period_ms = (t_done - self._last_delivery) * 1e3 if self._last_delivery is not None else diffusion_ms
+        period_ms = self._period_ms(p, t_start, t_done, diffusion_ms, decode_ms)
         self._last_delivery = t_done
         timed = p.detail and not p.graphed
         upkeep = sums.get("upkeep", 0.0) if timed else None

@@ -78,3 +78,14 @@ def test_parse_switch_args():
         parse_switch_args(["ring_cache"])
     with pytest.raises(SwitchError, match="ring_cache needs rope_at_write"):
         parse_switch_args(["ring_cache=on"])
+
+
+@pytest.mark.parametrize("value,want", [("off", False), ("on", True), ("false", False), (0, False), (True, True)])
+def test_from_mapping_reads_every_spelling_of_a_value(value, want):
+    assert Switches.from_mapping({"compile": value}).compile is want
+
+
+@pytest.mark.parametrize("value", ["maybe", 2, None, 0.5])
+def test_from_mapping_refuses_other_values(value):
+    with pytest.raises(SwitchError, match="valid values"):
+        Switches.from_mapping({"compile": value})

@@ -86,13 +86,16 @@ def test_live_session_records_arrive_in_chdb(server):
     proc.wait(30)
     got = _stored(tmp_path, s.session_id)
     assert got["steps"] == 30 and got["sessions"] == 2
-    assert got["fps"] == pytest.approx(s.avg_fps) and s.avg_fps == pytest.approx(24.0)
+    # the store's fps (frames / summed step periods) is the session's own; a tiny CPU worker
+    # generates faster than the 24 fps player that holds it back
+    assert got["fps"] == pytest.approx(s.avg_fps) and s.avg_fps > 24.0
     assert "switch_applied" in got["kinds"] and "session_end" in got["kinds"]
 
 
 def test_control_plane_flip_reaches_a_running_session(server):
     import threading
 
+    from worker.config import Switches
     from worker.switches import HttpSource
     from worker.telemetry import ListSink
 
@@ -100,11 +103,13 @@ def test_control_plane_flip_reaches_a_running_session(server):
     sink = ListSink()
     source = HttpSource(url, worker_id="w-cp", release="v-cp", gpu_kind="cpu", interval_s=0.1)
     result = {}
+    start = Switches.all_on()  # what a production worker runs; no rule names a switch yet
     t = threading.Thread(target=lambda: result.setdefault("s", run_session(
-        "tiny", steps=60, sink=sink, switch_source=source, chunk_period_s=0.05, worker_id="w-cp", release="v-cp")))
+        "tiny", steps=60, sink=sink, switch_source=source, chunk_period_s=0.05, worker_id="w-cp", release="v-cp",
+        switches=start)))
     t.start()
     deadline = time.monotonic() + 30
-    while not any(e["kind"] == "switch_applied" for e in sink.rows["event"]):  # the fleet defaults arrive
+    while source.version is None or len(sink.rows["step"]) < 3:  # polled once, streaming
         assert time.monotonic() < deadline
         time.sleep(0.02)
     r = httpx.put(f"{url}/v1/switches/delta_rotation", timeout=10,
@@ -113,9 +118,9 @@ def test_control_plane_flip_reaches_a_running_session(server):
     t.join(60)
     s = result["s"]
     applied = [e["detail"] for e in sink.rows["event"] if e["kind"] == "switch_applied"]
-    assert len(applied) == 2 and applied[1]["changed"] == {"delta_rotation": False}
-    k = applied[1]["step"]
+    assert len(applied) == 1 and applied[0]["changed"] == {"delta_rotation": False}
+    k = applied[0]["step"]
     assert 0 < k < 60 and s.steps == 60
     states = [r["switches"] for r in sink.rows["step"]]
-    assert all("delta_rotation" in st for st in states[applied[0]["step"]:k])
+    assert all(st == start.encode() for st in states[:k])  # nothing else was touched
     assert all("delta_rotation" not in st.split(",") for st in states[k:])
