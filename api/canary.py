@@ -90,9 +90,10 @@ def start_canary(store, name: str, scope: str | dict[str, str] | None, *, fracti
     board = get_switchboard(store)
     with board.lock:
         board.invalidate()
-        if board.effective(name, scope_s):
-            raise CanaryError(f"{name} is already on in scope {scope_s or '(fleet)'}; a canary re-enables a switch "
-                              "that is off")
+        state = board.effective(name, scope_s)
+        if state is not False:  # on, or no rule (each worker runs its own value): nothing to re-enable
+            raise CanaryError(f"{name} is {'already on' if state else 'not turned off by any rule'} in scope "
+                              f"{scope_s or '(fleet)'}; a canary re-enables a switch that a rule turned off")
         if any(c["name"] == name and c["scope"] == scope_s for c in list_canaries(store, "running")):
             raise CanaryError(f"a canary of {name} in scope {scope_s or '(fleet)'} is already running")
         cid = uuid.uuid4().hex[:12]

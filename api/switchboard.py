@@ -1,14 +1,16 @@
 """Switch state: rules per scope and cohort, how a worker's switches resolve, and the audit trail.
 
     board = get_switchboard(store)
-    board.resolve(worker_id="w3", release="v7", gpu_kind="h200")   # {"ring_cache": True, ...}
+    board.resolve(worker_id="w3", release="v7", gpu_kind="h200")   # ({"fused_allreduce": False}, version)
     board.set("fused_allreduce", False, scope="release=v7", actor="alice", reason="leak")  # -> Decision
 
 A rule sets one switch for a scope (canonical 'key=value,...' over gpu_kind/release/worker_id,
 '' = the whole fleet), optionally only for a cohort of workers (a canary: stable bucket
 ``bucket(worker_id)`` in [lo, hi)). The most specific matching rule wins (more scope keys, then a
-cohort rule over a plain one, then the newer). Setting a switch to the state it already has in
-that scope changes nothing and is recorded as a no-op decision. Every decision goes to
+cohort rule over a plain one, then the newer). A switch no rule in scope names is *undecided*: it
+is left out of ``resolve`` and the worker keeps the value it started with (a worker reproducing the
+leak with buffer_per_shape on keeps it; a plain worker stays plain). Setting a switch to the state a
+rule already gives it in that scope changes nothing and is recorded as a no-op decision. Every decision goes to
 ``switch_audit``. One lock per store serialises writes in this process (chDB is one process).
 """
 
@@ -25,7 +27,9 @@ import orjson
 
 from collector.records import SWITCH_NAMES
 
-# What a worker gets for a switch no rule names: every optimization on, the fault switch off.
+# The production configuration a release's workers start with (every optimization on, the fault switch
+# off). Information for dashboards only (GET /v1/switches/rules ``defaults``): never sent to a worker as
+# a decision -- a switch no rule names is left to the worker.
 DEFAULTS: dict[str, bool] = {n: n != "buffer_per_shape" for n in SWITCH_NAMES}
 SCOPE_KEYS: tuple[str, ...] = ("gpu_kind", "release", "worker_id")
 BUCKETS = 100
@@ -172,17 +176,19 @@ class Switchboard:
 
     def resolve(self, worker_id: str | None = None, release: str | None = None,
                 gpu_kind: str | None = None) -> tuple[dict[str, bool], int]:
-        """The switches one worker must run with, and the board version."""
+        """The switches some rule in scope decides for one worker (undecided names are left out: the
+        worker keeps its own value), and the board version."""
         labels = {k: v for k, v in (("worker_id", worker_id), ("release", release), ("gpu_kind", gpu_kind)) if v}
         rules, version = self.snapshot()
         best: dict[str, Rule] = {}
         for r in rules:
             if r.matches(labels) and (r.name not in best or r.rank() > best[r.name].rank()):
                 best[r.name] = r
-        return {n: best[n].value if n in best else DEFAULTS[n] for n in SWITCH_NAMES}, version
+        return {n: best[n].value for n in SWITCH_NAMES if n in best}, version
 
-    def effective(self, name: str, scope: str | dict[str, str] | None) -> bool:
-        """The value a switch has for every (non-canary) worker of ``scope``."""
+    def effective(self, name: str, scope: str | dict[str, str] | None) -> bool | None:
+        """The value a rule gives a switch for every (non-canary) worker of ``scope``; None when no rule
+        decides it (each worker keeps its own)."""
         want = parse_scope(scope)
         rules, _ = self.snapshot()
         best: Rule | None = None
@@ -191,7 +197,7 @@ class Switchboard:
                 continue
             if all(want.get(k) == v for k, v in r.scope_dict.items()) and (best is None or r.rank() > best.rank()):
                 best = r
-        return best.value if best is not None else DEFAULTS[name]
+        return best.value if best is not None else None
 
     def rules(self) -> list[Rule]:
         return sorted(self.snapshot()[0], key=lambda r: (r.name, r.scope, r.cohort))
@@ -251,7 +257,8 @@ class Switchboard:
     def set(self, name: str, value: bool, scope: str | dict[str, str] | None = None, *, actor: str, reason: str,
             source: str = "api", ref: str = "", evidence: dict[str, Any] | None = None,
             action: str = "set") -> Decision:
-        """Turn a switch on or off for a scope; a no-op (recorded) when it already is."""
+        """Turn a switch on or off for a scope; a no-op (recorded) when a rule already makes it so (with no
+        rule the workers keep their own values, so a rule is written even for the production default)."""
         check_name(name)
         scope_s = canonical_scope(scope)
         with self.lock:
@@ -271,7 +278,8 @@ class Switchboard:
 
     def clear(self, name: str, scope: str | dict[str, str] | None = None, *, actor: str, reason: str,
               source: str = "api") -> Decision:
-        """Remove the scope's own rule: the switch inherits from broader rules (or the default) again."""
+        """Remove the scope's own rule: the switch inherits from broader rules again (None when none
+        decides it: workers keep the value they have)."""
         check_name(name)
         scope_s = canonical_scope(scope)
         with self.lock:

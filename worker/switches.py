@@ -7,7 +7,9 @@
 
 The HTTP source implements contract 3: a background thread GETs ``/v1/switches`` with
 ``If-None-Match`` (304 = unchanged) every ``interval_s``; ``poll`` only hands over what the thread
-already has, so the step loop never waits on the network. The session validates the mapping
+already has, so the step loop never waits on the network. The body's ``switches`` names only what a
+rule in the worker's scope decides; every other switch keeps the worker's current value (the one it
+started with, unless an earlier rule changed it: the session merges the mapping over its switches). The session validates the mapping
 (``Switches.from_mapping``) and applies it at the next step boundary.
 """
 
@@ -70,7 +72,10 @@ class FileSource(SwitchSource):
 
 
 class HttpSource(SwitchSource):
-    """Contract 3: ``GET /v1/switches?worker_id=&release=&gpu_kind=`` with ETag, from a thread."""
+    """Contract 3: ``GET /v1/switches?worker_id=&release=&gpu_kind=`` with ETag, from a thread.
+
+    ``poll`` hands over the decided switches only (a partial mapping; ``{}`` when no rule applies):
+    names left out are not the control plane's to change."""
 
     def __init__(self, url: str, worker_id: str, release: str, gpu_kind: str, token: str | None = None,
                  interval_s: float = 1.0):

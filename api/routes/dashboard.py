@@ -22,7 +22,8 @@ from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse
 from api import dashboard as d
 from api.routes import queries as qr
 from api.routes._common import Label, StoreDep, SwitchSettingsDep, TimeRangeDep, require_reader
-from api.switchboard import get_switchboard
+from api.switchboard import DEFAULTS, get_switchboard
+from collector.records import SWITCH_NAMES
 
 router = APIRouter(tags=["dashboard pages"], dependencies=[Depends(require_reader)])
 
@@ -43,7 +44,8 @@ def fleet_page(store: StoreDep, tr: TimeRangeDep, gpu_kind: Label = None) -> str
     weeks = qr.fps_table(store, tr.start, tr.end, ["week", "release"], gpu_kind=gpu_kind)
     kinds = qr.fps_table(store, tr.start, tr.end, ["gpu_kind"])
     switches, version = get_switchboard(store).resolve()
-    sw_rows = [{"switch": k, "fleet default": v} for k, v in switches.items()]
+    sw_rows = [{"switch": k, "fleet-wide rule": switches.get(k, "none (workers keep their own)"),
+               "production default": DEFAULTS[k]} for k in SWITCH_NAMES]
     fig_kind = d.fig_counts(kinds["gpu_kind"].to_list() if kinds.height else [],
                             kinds["mean_fps"].to_list() if kinds.height else [], "mean session fps per GPU kind")
     return d.page("Fleet overview", [

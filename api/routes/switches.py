@@ -1,10 +1,15 @@
 """Switch control plane (contract 3): workers poll ``GET /v1/switches``; admins change switches.
 
     GET  /v1/switches?worker_id=w3&release=v7&gpu_kind=h200   -> {"switches": {...}, "version": n} + ETag
+         ``switches`` holds only the names some rule in the worker's scope decides (scope rules and
+         canary cohorts); a name left out is the worker's own business: it keeps the value it started
+         with (``{}`` when no rule applies). ``version`` changes with every rule change.
     PUT  /v1/switches/{name}   {"value": false, "scope": "release=v7", "who": "...", "why": "..."}  (admin)
     POST /v1/switches/{name}/clear  {"scope": "release=v7", "who": "...", "why": "..."}  (admin): the scope
          inherits again
-    GET  /v1/switches/rules    the active rules;   GET /v1/switches/history   the audit trail
+    GET  /v1/switches/rules    the active rules, and ``defaults``: the production configuration a
+         release's workers start with (information for dashboards; never applied by the control plane)
+    GET  /v1/switches/history  the audit trail
 
 An ``If-None-Match`` equal to the current ETag answers 304 (an unchanged poll costs nothing).
 Turning a switch off that is already off in that scope is answered 200 with ``changed: false``
@@ -29,14 +34,15 @@ from api.routes._common import (
     StoreDep,
     SwitchSettingsDep,
 )
-from api.switchboard import SwitchError, check_name, get_switchboard
+from api.switchboard import DEFAULTS, SwitchError, check_name, get_switchboard
 from collector.records import SWITCH_NAMES
 
 router = APIRouter(prefix="/v1/switches", tags=["switches"])
 
 
 class SwitchesOut(BaseModel):
-    switches: dict[str, bool]
+    switches: dict[str, bool] = Field(description="only the switches a rule in scope decides; absent = the "
+                                                  "worker keeps its own value")
     version: int
     poll_interval_s: float
 
@@ -96,6 +102,7 @@ def list_rules(store: StoreDep, _auth: ReaderDep) -> dict[str, Any]:
     return {
         "version": version,
         "names": list(SWITCH_NAMES),
+        "defaults": dict(DEFAULTS),
         "rules": [
             {"name": r.name, "scope": r.scope, "cohort": r.cohort, "value": r.value,
              "buckets": [r.bucket_lo, r.bucket_hi], "version": r.version, "who": r.actor, "why": r.reason,

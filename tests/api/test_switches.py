@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-from collector.records import SWITCH_NAMES
 
-
-def test_poll_returns_every_switch_with_etag_and_304(client):
+def test_poll_returns_only_decided_switches_with_etag_and_304(client):
     r = client.get("/v1/switches", params={"worker_id": "w1", "release": "v7", "gpu_kind": "h200"})
     assert r.status_code == 200
     body = r.json()
-    assert set(body["switches"]) == set(SWITCH_NAMES)
-    assert body["switches"]["ring_cache"] is True and body["switches"]["buffer_per_shape"] is False
+    assert body["switches"] == {}  # no rule: every switch is the worker's own
     assert isinstance(body["version"], int)
     etag = r.headers["etag"]
     r2 = client.get("/v1/switches", params={"worker_id": "w1", "release": "v7", "gpu_kind": "h200"},
@@ -27,7 +24,7 @@ def test_change_invalidates_etag_and_is_scoped(client, admin):
     r = client.get("/v1/switches", params=q, headers={"If-None-Match": etag})
     assert r.status_code == 200 and r.json()["switches"]["fused_allreduce"] is False
     other = client.get("/v1/switches", params={**q, "release": "v6"}).json()
-    assert other["switches"]["fused_allreduce"] is True
+    assert "fused_allreduce" not in other["switches"]
 
 
 def test_turning_off_an_off_switch_is_a_recorded_noop(client, admin):
@@ -39,7 +36,7 @@ def test_turning_off_an_off_switch_is_a_recorded_noop(client, admin):
     assert client.get("/v1/switches", params={"release": "v7"}).json()["version"] == v
     hist = client.get("/v1/switches/history", params={"name": "fused_allreduce"}).json()["decisions"]
     assert [(d["actor"], d["changed"], d["old_value"], d["new_value"]) for d in hist] == [
-        ("bob", False, False, False), ("alice", True, True, False)]
+        ("bob", False, False, False), ("alice", True, None, False)]  # None: no rule before alice's
     assert all(d["reason"] == "leak" and d["source"] == "api" for d in hist)
 
 
@@ -81,7 +78,7 @@ def test_cuda_gpu_kind_names_with_spaces_are_valid_scopes(client, admin):
     assert r.status_code == 200 and r.json()["scope"] == "gpu_kind=NVIDIA H200"
     got = client.get("/v1/switches", params={"worker_id": "w1", "release": "v7", "gpu_kind": "NVIDIA H200"})
     assert got.status_code == 200 and got.json()["switches"]["cuda_graphs"] is False
-    assert client.get("/v1/switches", params={"gpu_kind": "cpu"}).json()["switches"]["cuda_graphs"] is True
+    assert "cuda_graphs" not in client.get("/v1/switches", params={"gpu_kind": "cpu"}).json()["switches"]
 
 
 def test_alert_flips_and_canaries_become_control_plane_events(store):
@@ -99,8 +96,8 @@ def test_clear_removes_the_scopes_own_rule(client, admin):
     w = {"who": "a", "why": "b"}
     client.put("/v1/switches/compile", headers=admin, json={**w, "value": False, "scope": "release=v7"})
     r = client.post("/v1/switches/compile/clear", headers=admin, json={**w, "scope": "release=v7"})
-    assert r.status_code == 200 and r.json()["changed"] is True and r.json()["new_value"] is True
-    assert client.get("/v1/switches", params={"release": "v7"}).json()["switches"]["compile"] is True
+    assert r.status_code == 200 and r.json()["changed"] is True and r.json()["new_value"] is None
+    assert "compile" not in client.get("/v1/switches", params={"release": "v7"}).json()["switches"]
     again = client.post("/v1/switches/compile/clear", headers=admin, json={**w, "scope": "release=v7"}).json()
     assert again["changed"] is False and again["action"] == "noop"
     assert client.post("/v1/switches/warp/clear", headers=admin, json=w).status_code == 404
@@ -127,3 +124,50 @@ def test_scope_parsing_is_canonical_and_strict():
     for bad in ("release", "release=", "planet=mars", "release=v7,release=v8", "release=" + "x" * 200):
         with pytest.raises(SwitchError):
             canonical_scope(bad)
+
+
+def _run_polling_worker(client, switches, steps=4):
+    """A real tiny worker whose switch source is the control plane's poll (one poll at step 1)."""
+    from worker.session import run_session
+    from worker.switches import CallableSource
+
+    q = {"worker_id": "w-plain", "release": "v7", "gpu_kind": "cpu"}
+    polled = []
+
+    def poll(step):
+        if step != 1:
+            return None
+        r = client.get("/v1/switches", params=q)
+        assert r.status_code == 200 and "version" in r.json() and r.headers["etag"]
+        polled.append(r.json()["switches"])
+        return polled[-1]
+
+    s = run_session("tiny", steps=steps, switches=switches, switch_source=CallableSource(poll), release="v7",
+                    worker_id="w-plain", realtime=False, telemetry=False, seed=0)
+    return s, polled
+
+
+def test_a_worker_keeps_the_switches_no_rule_names(client, admin):
+    from worker.config import Switches
+
+    plain, polled = _run_polling_worker(client, Switches())
+    assert plain.switch_events == [] and plain.switches == Switches().encode()  # stays plain
+    assert polled == [{}]
+    leak = Switches(ring_cache=True, rope_at_write=True, buffer_per_shape=True)
+    s, _ = _run_polling_worker(client, leak)
+    assert s.switch_events == [] and s.switches == leak.encode()  # still reproducing the leak
+    # a rule decides only its own switch; the rest stay the worker's
+    client.put("/v1/switches/ring_cache", headers=admin, json={"value": False, "scope": "release=v7", "who": "a",
+                                                               "why": "b"})
+    s, polled = _run_polling_worker(client, leak)
+    assert polled == [{"ring_cache": False}]
+    assert [e["changed"] for e in s.switch_events] == [{"ring_cache": False}]
+    assert s.switches == Switches(rope_at_write=True, buffer_per_shape=True).encode()
+
+
+def test_the_production_defaults_are_a_separate_field(client):
+    from api.switchboard import DEFAULTS
+
+    rules = client.get("/v1/switches/rules").json()
+    assert rules["defaults"] == DEFAULTS and rules["defaults"]["buffer_per_shape"] is False
+    assert client.get("/v1/switches").json()["switches"] == {}
