@@ -202,9 +202,13 @@ class PowerSampler:
             self._stop.wait(self.interval_s)
 
     def energy_between(self, t0: float, t1: float) -> float | None:
-        """Energy (mJ) between two perf_counter times, interpolated from the samples."""
+        """Energy (mJ) between two perf_counter times, interpolated from the samples.
+
+        A step is emitted a few ms after it ends, usually before the next ~100 ms sample: up to two
+        sample intervals past the last sample the energy is extrapolated at the last measured power
+        (without that, most steps would report none)."""
         h = list(self._hist)
-        if not self.available or len(h) < 2 or t1 < t0 or t0 < h[0][0] or t1 > h[-1][0]:
+        if not self.available or len(h) < 2 or t1 < t0 or t0 < h[0][0] or t1 > h[-1][0] + 2 * self.interval_s:
             return None
         return max(0.0, _interp(h, t1) - _interp(h, t0))
 
@@ -222,8 +226,9 @@ def _interp(h: list[tuple[float, float]], t: float) -> float:
     i = bisect.bisect_left(h, (t, float("-inf")))
     if i <= 0:
         return h[0][1]
-    if i >= len(h):
-        return h[-1][1]
+    if i >= len(h):  # past the last sample: the last segment's power carries on
+        (ta, ea), (tb, eb) = h[-2], h[-1]
+        return eb + (eb - ea) * (t - tb) / max(tb - ta, 1e-9)
     (ta, ea), (tb, eb) = h[i - 1], h[i]
     return ea + (eb - ea) * (t - ta) / max(tb - ta, 1e-9)
 

@@ -105,3 +105,16 @@ def test_upkeep_spans_sampled_every_nth_step():
     timed = [r["step"] for r in sink.rows["step"] if r["cache_upkeep_ms"] is not None]
     assert timed == [0, 4, 8]
     assert all(r["attention_ms"] is None for r in sink.rows["step"] if r["step"] not in timed)
+
+
+def test_step_energy_from_cumulative_counter_interpolated_and_just_past_the_last_sample():
+    from worker.telemetry import PowerSampler
+
+    p = PowerSampler([], emit=lambda kind, row: None, interval_s=0.1)  # no NVML here: fill the history
+    p.available = True
+    p._hist.extend([(10.0, 0.0), (10.1, 70_000.0), (10.2, 140_000.0)])  # 700 W as mJ per s
+    assert p.energy_between(10.05, 10.15) == pytest.approx(70_000.0)
+    # a step that ended after the last sample (emitted before the next one): extrapolated at 700 W
+    assert p.energy_between(10.15, 10.25) == pytest.approx(70_000.0)
+    assert p.energy_between(10.15, 10.45) is None  # too far past the last sample to guess
+    assert p.energy_between(9.9, 10.05) is None  # before the first sample
