@@ -5,6 +5,9 @@
 
 Options override the ``LIVESTEP_*`` environment (see api/settings.py); a non-loopback bind needs
 the tokens and secret its role requires, else the command stops with one line saying which.
+With the collector role, ``POST /v1/telemetry`` takes a fast lane past the app's middleware and
+routing (``collector.routes.with_ingest_fast_lane``: the same handler, same answers); uvicorn runs
+on uvloop + httptools (its "auto" choice when they are installed, as with ``uvicorn[standard]``).
 """
 
 from __future__ import annotations
@@ -36,6 +39,10 @@ def run(args: argparse.Namespace) -> int:
                              spool_dir=args.spool_dir)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = create_app(settings)
+    if "collector" in settings.roles:
+        from collector.routes import with_ingest_fast_lane
+
+        app = with_ingest_fast_lane(app)
     print(f"livestep serve: http://{settings.host}:{settings.port} role={settings.role} "
           f"store={settings.clickhouse_dsn.split('@')[-1]} spool={settings.spool_dir}", flush=True)
     uvicorn.run(app, host=settings.host, port=settings.port, workers=1, log_level=args.log_level,
