@@ -2,8 +2,8 @@
 
 simulated history with the August incident -> the memory job's critical finding -> notify posts it,
 signed, to /v1/alerts -> fused_allreduce off for the leaking release -> a live tiny worker polling
-/v1/switches applies it at its next step boundary, within one poll interval -> its switch_applied
-event is stored through the collector -> the report of this week shows the change and the event.
+/v1/switches applies it at a step boundary once its poller sees the new version -> its switch_applied
+event (after the flip's audit row; every step from it on without the switch) is stored through the collector -> the report of this week shows the change and the event.
 """
 
 from __future__ import annotations
@@ -75,9 +75,9 @@ def test_incident_finding_webhook_switch_off_worker_applies_report_shows(tmp_pat
         flips = [d for d in app.state.notifier.sent]
         assert flips and all(r["ok"] for r in flips), flips
         decision = wait_for(lambda: store.query_rows(
-            "SELECT ts, scope, actor FROM switch_audit WHERE source = 'alert' AND changed AND name = 'fused_allreduce' "
+            "SELECT ts, version FROM switch_audit WHERE source = 'alert' AND changed AND name = 'fused_allreduce' "
             "AND scope = {s:String}", {"s": f"release={leaking}"}), 10, "the switch decision")
-        flipped_at = decision[0][0]
+        flipped_at, flip_version = decision[0]
 
         worker.join(60)
         assert not worker.is_alive()
@@ -89,14 +89,20 @@ def test_incident_finding_webhook_switch_off_worker_applies_report_shows(tmp_pat
             "the switch_applied event in the store")
         applied_at, detail = ev[0][0], orjson.loads(ev[0][1])
         assert detail["changed"] == {"fused_allreduce": False}
-        # applied at a step boundary within one poll interval (plus the step in flight) of the flip
-        lag = (applied_at - flipped_at).total_seconds()
-        print(f"switch applied {lag:.3f} s after the flip")
-        assert 0 <= lag <= POLL_S + 1.0, lag  # + the step in flight and the HTTP round trip, on a busy CI
-        after = store.query_rows(
-            "SELECT DISTINCT switches FROM steps WHERE worker_id = 'live-1' AND step >= {s:UInt32}",
-            {"s": detail["step"]})
-        assert after and all("fused_allreduce" not in s for (s,) in after)
+        # the worker's poller saw the flip's version, and applied it after the decision was recorded
+        assert source.version is not None and source.version >= flip_version, (source.version, flip_version)
+        assert flipped_at <= applied_at, (flipped_at, applied_at)
+        print(f"switch applied {(applied_at - flipped_at).total_seconds():.3f} s after the flip (information)")
+        # ... at a step boundary: every stored step before it ran the switch, every one from it on did not
+        n_steps = summary["s"].steps
+        wait_for(lambda: store.query_rows("SELECT count() FROM steps WHERE worker_id = 'live-1'")[0][0] >= n_steps,
+                 20, "every step of the live worker in the store")
+        rows = store.query_rows("SELECT step, switches FROM steps WHERE worker_id = 'live-1' ORDER BY step")
+        before = [sw for step, sw in rows if step < detail["step"]]
+        after = [sw for step, sw in rows if step >= detail["step"]]
+        assert before and after, (detail["step"], len(rows))
+        assert all("fused_allreduce" in sw.split(",") for sw in before)
+        assert all("fused_allreduce" not in sw.split(",") for sw in after)
         # no rule names the switch for the other release: its workers keep their own value
         assert "fused_allreduce" not in httpx_get(base, {"release": sim.releases[0].name})["switches"]
 
