@@ -3,7 +3,8 @@
 Sign the body with HMAC-SHA256 over ``'<timestamp>.<body>'`` (api/alerts.py ``sign``): headers
 ``X-Livestep-Timestamp`` and ``X-Livestep-Signature``; or Grafana's contact-point HMAC signing
 (``X-Grafana-Alert-Signature``, timestamp header set to ``X-Grafana-Alert-Timestamp``). Unsigned, badly signed or stale deliveries
-are 401, a replayed signature 409, a malformed body 422, an unknown switch 422 (the message lists
+are 401, a replayed signature 409 (a signature counts as accepted once its decisions are stored, so
+a delivery that failed can be retried as is), a malformed body 422, an unknown switch 422 (the message lists
 the valid ones); resolved, duplicate and unmapped alerts are answered 200 with recorded no-ops.
 Where the app runs the analytics scheduler, api/notify.py posts their critical findings here (wired by
 api/app.py's lifespan; ``_act`` is also its in-process delivery).
@@ -50,13 +51,19 @@ _BODY_DOC = {
 }
 
 
-def _check_replay(store, digest: str) -> None:
+def _handle_once(store, board, digest: str, fmt: str, alerts) -> list[dict[str, Any]]:
+    """Handle a signed delivery unless its signature was accepted before (409). The signature is
+    recorded only once the decisions are stored: a delivery that failed half-way (store down) can be
+    retried with the same signature, and the alert-key dedup of ``handle_alerts`` keeps the flip single.
+    The lock makes check, handling and record one step for concurrent copies in this process."""
     key = f"sig:{digest}"
     with _replay_lock:
         if seen(store, key):
             raise HTTPException(409, detail="replayed delivery: this signature was accepted before; "
                                             "sign each delivery with a fresh timestamp")
+        decisions = handle_alerts(store, board, fmt, alerts)
         remember(store, key, "signature", "accepted")
+    return decisions
 
 
 def _act(store, settings, body: bytes, ts: str | None, sig: str | None, sep: str = ".") -> dict[str, Any]:
@@ -71,9 +78,8 @@ def _act(store, settings, body: bytes, ts: str | None, sig: str | None, sep: str
     bad = unknown_switches(alerts)
     if bad:
         raise HTTPException(422, detail=f"unknown switch(es) {bad}; valid switches: {', '.join(SWITCH_NAMES)}")
-    _check_replay(store, digest)
     board = get_switchboard(store, settings.switch_cache_s)
-    decisions = handle_alerts(store, board, fmt, alerts)
+    decisions = _handle_once(store, board, digest, fmt, alerts)
     return {"format": fmt, "alerts": len(alerts), "flipped": sum(1 for d in decisions if d["changed"]),
             "decisions": decisions}
 

@@ -115,6 +115,43 @@ def test_replayed_signature_is_409(client):
     assert r.status_code == 409 and "replayed" in r.json()["detail"]
 
 
+class _FailingOnce:
+    """The store's client with one failing insert into ``table`` (a store outage mid-delivery)."""
+
+    def __init__(self, client, table):
+        self._client, self._table, self.failed = client, table, False
+
+    def __getattr__(self, name):
+        return getattr(self._client, name)
+
+    def insert(self, table, *a, **kw):
+        if table == self._table and not self.failed:
+            self.failed = True
+            raise ConnectionError(f"store unavailable while writing {table}")
+        return self._client.insert(table, *a, **kw)
+
+
+def test_a_delivery_that_failed_to_store_can_be_retried(app, store, monkeypatch):
+    from fastapi.testclient import TestClient
+
+    real = store.client
+    fault = _FailingOnce(real(), "switch_rules")
+    monkeypatch.setattr(store, "client", lambda: fault)
+    body = orjson.dumps(am())
+    headers = sign(SECRET, body)  # the sender retries the very same signed delivery
+    with TestClient(app, raise_server_exceptions=False) as c:
+        first = post(c, None, raw=body, headers=headers)
+        assert first.status_code == 500 and fault.failed
+        retry = post(c, None, raw=body, headers=headers)
+        assert retry.status_code == 200, retry.text
+        assert retry.json()["flipped"] == 1
+        assert switch_of(c, release="v7") is False
+        again = post(c, None, raw=body, headers=headers)  # stored now: a replay
+        assert again.status_code == 409
+        hist = c.get("/v1/switches/history").json()["decisions"]
+    assert [d["action"] for d in hist if d["changed"]] == ["set"]
+
+
 @pytest.mark.parametrize("raw,fragment", [
     (b"not json", "not JSON"),
     (b"[1, 2]", "JSON object"),
