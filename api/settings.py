@@ -6,7 +6,8 @@
 Extends ``collector.settings.CollectorSettings`` (store DSN, ingest tokens, spool, writer), so one
 flat ``LIVESTEP_*`` namespace configures the whole server. On loopback everything may stay unset
 (development); on any other bind the server refuses to start until the tokens and secret its role
-needs are set. Token lists are comma-separated in the environment.
+needs are set (the scheduler's findings notifier needs the webhook secret and admin tokens; the
+public development secret never counts). Token lists are comma-separated in the environment.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from api.switch_settings import DEV_WEBHOOK_SECRET
 from collector.settings import REPO_DIR, CollectorSettings, TokenList, split_tokens
 
 ROLES = ("all", "collector", "api", "scheduler")
@@ -53,10 +55,11 @@ class Settings(CollectorSettings):
                                    "empty = open reads, allowed only on loopback")
     admin_tokens: TokenList = Field(default_factory=list, max_length=1024,
                                     description="bearer tokens for writes (switches, canaries); "
-                                    "required outside loopback")
+                                    "required outside loopback (roles api, scheduler)")
     webhook_secret: str | None = Field(default=None, min_length=16, max_length=4096,
-                                       description="HMAC-SHA256 secret of the alert webhook; required "
-                                       "outside loopback")
+                                       description="HMAC-SHA256 secret of the alert webhook and of the "
+                                       "scheduler's findings posts; required outside loopback (roles api, "
+                                       "scheduler)")
     reports_dir: Path = Field(default=REPO_DIR / "var" / "reports",
                               description="where weekly reports (HTML + JSON) are written")
 
@@ -74,6 +77,7 @@ class Settings(CollectorSettings):
         if is_loopback(self.host):
             return self
         missing = []
+        secret_ok = bool(self.webhook_secret) and self.webhook_secret != DEV_WEBHOOK_SECRET  # that one is public
         if "collector" in self.roles and not self.ingest_tokens:
             missing.append("LIVESTEP_INGEST_TOKENS")
         if "api" in self.roles:
@@ -81,8 +85,14 @@ class Settings(CollectorSettings):
                 missing.append("LIVESTEP_READ_TOKENS")
             if not self.admin_tokens:
                 missing.append("LIVESTEP_ADMIN_TOKENS")
-            if not self.webhook_secret:
+            if not secret_ok:
                 missing.append("LIVESTEP_WEBHOOK_SECRET")
+        if "scheduler" in self.roles:  # the findings notifier (automatic rollback): it signs its posts, and
+            if not self.admin_tokens:  # its switch settings refuse a non-loopback bind without admin tokens
+                missing.append("LIVESTEP_ADMIN_TOKENS")
+            if not secret_ok:
+                missing.append("LIVESTEP_WEBHOOK_SECRET")
+        missing = list(dict.fromkeys(missing))
         if missing:
             raise ValueError(
                 f"refusing to bind {self.host} (not loopback) without {', '.join(missing)}; set them, or bind "

@@ -63,6 +63,8 @@ class SwitchSettings(BaseSettings):
     def _secrets_outside_loopback(self) -> SwitchSettings:
         if not is_loopback(self.host):
             missing = [f"LIVESTEP_{n.upper()}" for n in ("admin_tokens", "webhook_secret") if not getattr(self, n)]
+            if self.webhook_secret == DEV_WEBHOOK_SECRET:  # public: never off loopback
+                missing.append("LIVESTEP_WEBHOOK_SECRET (not the public development secret)")
             if missing:
                 raise ValueError(f"binding {self.host} (not loopback) needs {', '.join(missing)} set; "
                                  "development defaults are allowed on 127.0.0.1/::1/localhost only")
@@ -87,7 +89,10 @@ def from_app_settings(app_settings) -> SwitchSettings:
     base = env_switch_settings()
     keep = {k: getattr(app_settings, k) for k in ("host", "port", "admin_tokens", "read_tokens", "ingest_tokens",
                                                    "webhook_secret", "reports_dir") if hasattr(app_settings, k)}
-    return SwitchSettings(**{**base.model_dump(), **{k: v for k, v in keep.items() if v is not None}})
+    merged = {**base.model_dump(), **{k: v for k, v in keep.items() if v is not None}}
+    if merged.get("webhook_secret") == DEV_WEBHOOK_SECRET:  # the env's loopback fallback, not a configured
+        merged["webhook_secret"] = None                      # secret: re-decided for the server's own bind
+    return SwitchSettings(**merged)
 
 
 def get_switch_settings(request: Request) -> SwitchSettings:

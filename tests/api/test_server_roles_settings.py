@@ -1,0 +1,49 @@
+"""Server settings per role off loopback: a process that runs the analytics scheduler refuses to start
+without what its findings notifier needs (automatic rollback must not be lost to a log line), and the
+public development webhook secret is never used off loopback."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+
+from api.settings import Settings, SettingsError, load_settings
+from tests.api.conftest import SECRET
+
+OFF = "10.0.0.5"
+
+
+def test_scheduler_role_off_loopback_needs_the_webhook_secret_and_admin_tokens():
+    with pytest.raises(SettingsError) as e:
+        load_settings(host=OFF, role="scheduler")
+    msg = str(e.value)
+    assert "LIVESTEP_WEBHOOK_SECRET" in msg and "LIVESTEP_ADMIN_TOKENS" in msg and "127.0.0.1" in msg
+    assert "LIVESTEP_INGEST_TOKENS" not in msg and "LIVESTEP_READ_TOKENS" not in msg  # not what it serves
+    with pytest.raises(SettingsError, match="LIVESTEP_ADMIN_TOKENS"):
+        load_settings(host=OFF, role="scheduler", webhook_secret="s" * 32)
+    with pytest.raises(SettingsError, match="LIVESTEP_WEBHOOK_SECRET"):
+        load_settings(host=OFF, role="scheduler", admin_tokens="a")
+    assert load_settings(host="127.0.0.1", role="scheduler").roles == {"scheduler"}  # development
+
+
+def test_the_public_development_secret_is_refused_off_loopback():
+    from api.switch_settings import DEV_WEBHOOK_SECRET, SwitchSettings, from_app_settings
+
+    with pytest.raises(SettingsError, match="LIVESTEP_WEBHOOK_SECRET"):
+        load_settings(host=OFF, role="scheduler", admin_tokens="a", webhook_secret=DEV_WEBHOOK_SECRET)
+    with pytest.raises(ValueError, match="LIVESTEP_WEBHOOK_SECRET"):
+        SwitchSettings(host=OFF, admin_tokens=["a"], webhook_secret=DEV_WEBHOOK_SECRET)
+    # a collector off loopback has no secret of its own: its switch settings must not borrow the dev one
+    collector = Settings(host=OFF, role="collector", ingest_tokens=["t"], admin_tokens=["a"])
+    with pytest.raises(ValueError, match="LIVESTEP_WEBHOOK_SECRET"):
+        from_app_settings(collector)
+
+
+def test_a_scheduler_only_process_off_loopback_runs_its_notifier_with_its_secret(store, tmp_path):
+    from api.app import create_app
+
+    s = Settings(clickhouse_dsn=store.dsn.redacted(), role="scheduler", host=OFF, admin_tokens=["a"],
+                 webhook_secret=SECRET, spool_dir=tmp_path / "spool", reports_dir=tmp_path / "reports")
+    app = create_app(s)
+    with TestClient(app):
+        assert app.state.notifier is not None and app.state.notifier.secret == SECRET
