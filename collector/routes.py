@@ -27,7 +27,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from collector import records
-from collector.spool import IpcStream, SpoolError, SpoolFullError
+from collector.spool import IpcStream, SpoolError, SpoolFullError, read_ipc_stream
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 JSON = "application/json"
@@ -274,35 +274,12 @@ def _schema_text(schema: pa.Schema) -> str:
     return ", ".join(f"{f.name}: {f.type}" for f in schema)
 
 
-# each kind's schema as the IPC stream's first message (what the shipping client's writer sends)
-_SCHEMA_MESSAGES = tuple((records.ARROW_SCHEMAS[k].serialize().to_pybytes(), records.ARROW_SCHEMAS[k])
-                         for k in records.RECORD_KINDS)
-
-
-def _read_stream(body: bytes) -> tuple[pa.Schema, pa.Table, int]:
-    """An IPC stream -> (schema, table, bytes consumed). A stream that opens with a canonical schema
-    message (byte for byte) skips decoding and comparing the schema: only its batches are read."""
-    br = pa.BufferReader(body)
-    for message, schema in _SCHEMA_MESSAGES:
-        if body.startswith(message):
-            br.seek(len(message))
-            reader = pa.ipc.MessageReader.open_stream(br)
-            batches = []
-            while True:
-                try:
-                    batches.append(pa.ipc.read_record_batch(reader.read_next_message(), schema))
-                except StopIteration:
-                    return schema, pa.Table.from_batches(batches, schema), br.tell()
-    reader = pa.ipc.open_stream(br)
-    return reader.schema, reader.read_all(), br.tell()
-
-
 def parse_arrow(body: bytes) -> dict[str, pa.Table | IpcStream]:
     if len(body) < 8 or body[-8:] != _EOS:
         raise BadBatchError(400, "truncated Arrow IPC stream: it must end with the end-of-stream marker "
                                  "(close the stream writer); send one record kind per body")
     try:
-        schema, table, consumed = _read_stream(body)
+        schema, table, consumed = read_ipc_stream(body)
     except (pa.ArrowInvalid, pa.ArrowException, OSError, ValueError) as e:
         raise BadBatchError(400, f"not a readable Arrow IPC stream ({e}); expected one record batch stream "
                                  f"of one record kind, Content-Type {ARROW_STREAM}") from e

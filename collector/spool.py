@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import io
 import os
 import queue
 import struct
@@ -36,7 +35,7 @@ from typing import NamedTuple
 import orjson
 import pyarrow as pa
 
-from collector.records import RECORD_KINDS
+from collector.records import ARROW_SCHEMAS, RECORD_KINDS
 
 MAGIC = b"LSP1"
 HEADER = struct.Struct("<4sIQI")  # magic, payload length, seq, crc32(payload)
@@ -125,11 +124,8 @@ class IpcStream(NamedTuple):
 def encode_payload(batch_id: str, tables: dict[str, pa.Table | IpcStream]) -> tuple[bytes, dict[str, int]]:
     """Batch id + one Arrow IPC stream per kind -> payload bytes, rows per kind."""
     bid = batch_id.encode()
-    out = io.BytesIO()
-    out.write(struct.pack("<H", len(bid)))
-    out.write(bid)
     kinds = [k for k in RECORD_KINDS if k in tables and tables[k].num_rows]
-    out.write(struct.pack("<B", len(kinds)))
+    parts = [struct.pack("<H", len(bid)), bid, struct.pack("<B", len(kinds))]
     rows = {}
     for kind in kinds:
         t = tables[kind]
@@ -141,12 +137,9 @@ def encode_payload(batch_id: str, tables: dict[str, pa.Table | IpcStream]) -> tu
                 w.write_table(t)
             ipc = sink.getvalue().to_pybytes()
         kb = kind.encode()
-        out.write(struct.pack("<B", len(kb)))
-        out.write(kb)
-        out.write(struct.pack("<II", t.num_rows, len(ipc)))
-        out.write(ipc)
+        parts += [struct.pack("<B", len(kb)), kb, struct.pack("<II", t.num_rows, len(ipc)), ipc]
         rows[kind] = t.num_rows
-    return out.getvalue(), rows
+    return b"".join(parts), rows
 
 
 def _decode_head(payload: bytes) -> tuple[str, dict[str, int], list[tuple[str, int, int]]]:
@@ -171,10 +164,34 @@ def _decode_head(payload: bytes) -> tuple[str, dict[str, int], list[tuple[str, i
     return batch_id, rows, parts
 
 
+# each kind's schema as an IPC stream's first message, byte for byte (what our writers emit)
+_SCHEMA_MESSAGES = tuple((ARROW_SCHEMAS[k].serialize().to_pybytes(), ARROW_SCHEMAS[k]) for k in RECORD_KINDS)
+_HEAD = max(len(m) for m, _ in _SCHEMA_MESSAGES)
+
+
+def read_ipc_stream(data: bytes | pa.Buffer) -> tuple[pa.Schema, pa.Table, int]:
+    """An Arrow IPC stream -> (schema, table, bytes consumed). A stream that opens with a canonical
+    schema message (byte for byte) skips decoding the schema: only its record batches are read."""
+    br = pa.BufferReader(data)
+    head = bytes(memoryview(data)[:_HEAD])
+    for message, schema in _SCHEMA_MESSAGES:
+        if head.startswith(message):
+            br.seek(len(message))
+            reader = pa.ipc.MessageReader.open_stream(br)
+            batches = []
+            while True:
+                try:
+                    batches.append(pa.ipc.read_record_batch(reader.read_next_message(), schema))
+                except StopIteration:
+                    return schema, pa.Table.from_batches(batches, schema), br.tell()
+    reader = pa.ipc.open_stream(br)
+    return reader.schema, reader.read_all(), br.tell()
+
+
 def decode_payload(payload: bytes) -> tuple[str, dict[str, pa.Table]]:
     batch_id, _, parts = _decode_head(payload)
     buf = pa.py_buffer(payload)
-    tables = {kind: pa.ipc.open_stream(buf.slice(off, ln)).read_all() for kind, off, ln in parts}
+    tables = {kind: read_ipc_stream(buf.slice(off, ln))[1] for kind, off, ln in parts}
     return batch_id, tables
 
 
