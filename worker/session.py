@@ -151,7 +151,7 @@ class Session:
         if steps is None:
             steps = max(1, round((seconds if seconds is not None else 10.0) / chunk_period_s))
         self.n_steps = steps
-        self.switches = _as_switches(switches)
+        self.switches = self.start_switches = _as_switches(switches)
         self.session_id = session_id or uuid.uuid4().hex[:16]
         rng = random.Random(seed if seed is not None else self.session_id)
         lo, hi = shape.cond_tokens
@@ -216,7 +216,8 @@ class Session:
         if m is None:
             return
         try:
-            new = Switches.from_mapping({**self.switches.as_dict(), **m})
+            base = self.start_switches if self.source.full_state else self.switches
+            new = Switches.from_mapping({**base.as_dict(), **m})
         except SwitchError as e:  # refused: the session keeps its switches
             self.tel.event("error", step=step, where="switches", error=str(e))
             return

@@ -30,7 +30,13 @@ class SwitchSourceError(ValueError):
 
 
 class SwitchSource:
-    """No control plane: the switches given at start stay."""
+    """No control plane: the switches given at start stay.
+
+    ``full_state``: each poll answers the whole set of switches the source decides (a name it stops
+    naming goes back to the session's start value), rather than a change to apply on top of the
+    current switches."""
+
+    full_state = False
 
     def poll(self, step: int) -> dict[str, Any] | None:
         return None
@@ -75,7 +81,9 @@ class HttpSource(SwitchSource):
     """Contract 3: ``GET /v1/switches?worker_id=&release=&gpu_kind=`` with ETag, from a thread.
 
     ``poll`` hands over the decided switches only (a partial mapping; ``{}`` when no rule applies):
-    names left out are not the control plane's to change."""
+    a name left out keeps the session's start value, so a cleared rule gives the switch back."""
+
+    full_state = True  # every poll returns the switches the control plane's rules decide
 
     def __init__(self, url: str, worker_id: str, release: str, gpu_kind: str, token: str | None = None,
                  interval_s: float = 1.0):

@@ -118,3 +118,21 @@ def test_step_energy_from_cumulative_counter_interpolated_and_just_past_the_last
     assert p.energy_between(10.15, 10.25) == pytest.approx(70_000.0)
     assert p.energy_between(10.15, 10.45) is None  # too far past the last sample to guess
     assert p.energy_between(9.9, 10.05) is None  # before the first sample
+
+
+def test_full_state_source_gives_a_cleared_switch_back_its_start_value():
+    from worker.config import Switches
+    from worker.switches import SwitchSource
+
+    class RulesSource(SwitchSource):  # what the control plane answers, step by step
+        full_state = True
+
+        def poll(self, step):
+            return {2: {"compile": False}, 5: {}}.get(step)
+
+    start = Switches(ring_cache=True, rope_at_write=True, compile=True)
+    sink = ListSink()
+    s = run_session("tiny", steps=8, realtime=False, switches=start, switch_source=RulesSource(), sink=sink)
+    assert [e["changed"] for e in s.switch_events] == [{"compile": False}, {"compile": True}]
+    states = [r["switches"] for r in sink.rows["step"]]
+    assert "compile" not in states[3].split(",") and states[7] == start.encode()
