@@ -12,7 +12,9 @@ crash re-forms exactly the same block, so its deduplication token matches), ``ke
 batches whose segment was deleted, so a late retry is still recognised) and ``spool.id`` (this
 spool's identity, part of every deduplication token). Appends are group-committed: one write and
 one fsync for every batch queued meanwhile. A torn tail (crash mid-write) is truncated at start;
-it was never acked.
+it was never acked. The writer gets the batches this process appended from memory, as they were
+validated (up to ``RECENT_BYTES``); after a restart, or beyond that bound, they are read back from
+their segment.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from collector.records import ARROW_SCHEMAS, RECORD_KINDS
 MAGIC = b"LSP1"
 HEADER = struct.Struct("<4sIQI")  # magic, payload length, seq, crc32(payload)
 _SEG_PREFIX, _SEG_SUFFIX = "seg-", ".log"
+RECENT_BYTES = 64 << 20  # decoded batches kept in memory for the writer (beyond: read back from disk)
 
 
 class SpoolError(Exception):
@@ -93,6 +96,7 @@ class _Pending:
     payload: bytes
     rows: dict[str, int]
     future: Future
+    tables: dict[str, pa.Table] | None = None  # the payload decoded, if the caller had it
 
 
 def _fsync_dir(path: Path) -> None:
@@ -115,10 +119,12 @@ def _write_durable(path: Path, data: bytes) -> None:
 
 
 class IpcStream(NamedTuple):
-    """An already-encoded Arrow IPC stream of a kind's canonical schema (spooled as is, not re-encoded)."""
+    """An already-encoded Arrow IPC stream of a kind's canonical schema (spooled as is, not re-encoded);
+    ``table``, when given, is the same rows decoded (kept for the writer, which then skips decoding)."""
 
     data: bytes
     num_rows: int
+    table: pa.Table | None = None
 
 
 def encode_payload(batch_id: str, tables: dict[str, pa.Table | IpcStream]) -> tuple[bytes, dict[str, int]]:
@@ -212,6 +218,8 @@ class Spool:
         self._inflight: dict[str, Future] = {}
         self._segments: dict[Path, list[tuple[int, str, dict[str, int]]]] = {}  # seg -> [(seq, id, rows)]
         self._depth_bytes = 0  # uncommitted + queued bytes
+        self._recent: dict[int, dict[str, pa.Table]] = {}  # seq -> tables of recent appends (for ``read``)
+        self._recent_bytes = 0
         self._queue: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
         self._closed = False
         self.uid = self._load_uid()
@@ -390,7 +398,8 @@ class Spool:
                 raise SpoolFullError(self._depth_bytes, self.max_bytes, retry_after_s=1)
             self._depth_bytes += size
             self._inflight[batch_id] = fut
-        return fut, _Pending(batch_id, payload, rows, fut)
+        decoded = {k: t.table if isinstance(t, IpcStream) else t for k, t in tables.items() if k in rows}
+        return fut, _Pending(batch_id, payload, rows, fut, None if None in decoded.values() else decoded)
 
     def _dup_future(self, batch_id: str) -> Future:
         """(under the lock) An ack marked duplicate: now if stored, else when the first copy lands."""
@@ -469,6 +478,9 @@ class Spool:
                 self._remember(it.batch_id, it.rows)
                 self._inflight.pop(it.batch_id, None)
                 recs.append((e.seq, it.batch_id, it.rows))
+                if it.tables is not None and self._recent_bytes + e.length <= RECENT_BYTES:
+                    self._recent[e.seq] = it.tables
+                    self._recent_bytes += e.length
             self._cond.notify_all()
         for it, e in zip(items, new, strict=True):
             it.future.set_result(Ack(it.batch_id, it.rows, False, e.seq))
@@ -501,11 +513,18 @@ class Spool:
             return [e for e in self._entries if first <= e.seq <= last]
 
     def read(self, entries: list[Entry]) -> dict[str, list[pa.Table]]:
-        """The Arrow tables of ``entries``, per kind, in spool order (crc-checked)."""
+        """The Arrow tables of ``entries``, per kind, in spool order: batches appended by this process
+        from memory (up to ``RECENT_BYTES``), the others read back from their segment (crc-checked)."""
         out: dict[str, list[pa.Table]] = {}
         handles: dict[Path, object] = {}
+        with self._lock:
+            recent = [self._recent.get(e.seq) for e in entries]
         with contextlib.ExitStack() as stack:
-            for e in entries:
+            for e, tables in zip(entries, recent, strict=True):
+                if tables is not None:  # appended by this process: the rows as validated, no disk read
+                    for kind, t in tables.items():
+                        out.setdefault(kind, []).append(t)
+                    continue
                 f = handles.get(e.segment)
                 if f is None:
                     f = handles[e.segment] = stack.enter_context(open(e.segment, "rb"))
@@ -549,7 +568,10 @@ class Spool:
             self.committed_seq = last
             self.recovered_intent = None
             while self._entries and self._entries[0].seq <= last:
-                self._depth_bytes -= self._entries.popleft().nbytes
+                e = self._entries.popleft()
+                self._depth_bytes -= e.nbytes
+                if self._recent.pop(e.seq, None) is not None:
+                    self._recent_bytes -= e.length
         self._drop_committed_segments()
         if self._wlog_lines > 10_000:
             self._wlog.close()

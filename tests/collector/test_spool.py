@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import pyarrow as pa
 import pytest
 
 from collector import records
-from collector.spool import Spool, SpoolFullError
+from collector.spool import IpcStream, Spool, SpoolFullError
 from tests.collector.helpers import step_rows
 
 
@@ -110,4 +111,28 @@ def test_async_submits_share_writes_and_twins_are_acked_once(tmp_path):
     sp.close()
     sp = Spool(tmp_path, max_bytes=1 << 24)
     assert len(sp.take(10_000)) == 21
+    sp.close()
+
+
+def test_batches_read_from_memory_equal_the_same_batches_read_back_from_disk(tmp_path, monkeypatch):
+    from collector import spool as spool_mod
+
+    t = records.to_arrow("step", step_rows(4, start=100))
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, t.schema) as w:
+        w.write_table(t)
+    stream = IpcStream(sink.getvalue().to_pybytes(), t.num_rows, t)
+    monkeypatch.setattr(spool_mod, "RECENT_BYTES", 3 * 4096)  # room for some batches only: the rest from disk
+    sp = Spool(tmp_path, max_bytes=1 << 24)
+    for i in range(6):  # tables, IPC streams with their table, one IPC stream without
+        tables = _t(3, start=3 * i) if i % 2 else {"step": stream if i != 4 else stream._replace(table=None)}
+        sp.submit(f"b{i}", tables).result()
+    mem = sp.read(sp.take(max_rows=1000))
+    assert 0 < len(sp._recent) < 6  # both paths taken
+    sp.close()
+    sp = Spool(tmp_path, max_bytes=1 << 24)
+    entries = sp.take(max_rows=1000)
+    disk = sp.read(entries)
+    assert [x.to_pylist() for x in mem["step"]] == [x.to_pylist() for x in disk["step"]]
+    assert len(mem["step"]) == 6
     sp.close()
