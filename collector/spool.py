@@ -399,7 +399,8 @@ class Spool:
             self._depth_bytes += size
             self._inflight[batch_id] = fut
         decoded = {k: t.table if isinstance(t, IpcStream) else t for k, t in tables.items() if k in rows}
-        return fut, _Pending(batch_id, payload, rows, fut, None if None in decoded.values() else decoded)
+        known = all(t is not None for t in decoded.values())  # (``in`` would compare tables with ==)
+        return fut, _Pending(batch_id, payload, rows, fut, decoded if known else None)
 
     def _dup_future(self, batch_id: str) -> Future:
         """(under the lock) An ack marked duplicate: now if stored, else when the first copy lands."""
