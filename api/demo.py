@@ -457,7 +457,8 @@ def rollback_story(server: DemoServer, token: str | None, weeks: float, live_sec
     for e in applied:
         print(f"  live-demo applied {e['changed']} at step {e['step']} (a step boundary; the session went on)")
     if summary is not None:
-        print(f"  live-demo session: {summary.steps} steps, {summary.avg_fps or 0:.1f} fps on this CPU, "
+        print(f"  live-demo session: {summary.steps} steps, late chunks {summary.late_chunks}; the tiny model "
+              f"generates {summary.avg_fps or 0:.0f} fps on this CPU (the player takes 24); "
               f"switches at the end: {summary.switches or '(none)'}")
 
     _title("6. this week's regression report")
