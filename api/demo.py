@@ -114,7 +114,7 @@ class SessionSpec:
     steps: int = 300
     worker_id: str = "demo-w1"
     release: str = "demo"
-    gpu_kind: str = "H100"
+    gpu_kind: str = "h100"
     tp_size: int = 3
     gpus: int = 4  # TP group + one decoder GPU
     shape: str = "prod57b"
