@@ -1,14 +1,18 @@
-"""``livestep demo``: the README's main job on the embedded store, in small steps.
+"""``livestep demo``: the README's main job on the embedded store — the whole story, in ~30 s.
 
-    livestep demo                     serve, stream a session through the shipping client, summarize, exit
-    livestep demo --keep-serving      ... then keep serving until Ctrl-C
-    livestep demo --dsn chdb:///tmp/x --port 0
+    livestep demo                     the story below, then exit
+    livestep demo --keep-serving      ... then keep serving (open the dashboards) until Ctrl-C
+    livestep demo --quick             step 1 only
+    livestep demo --dsn chdb:///tmp/x?database=demo --port 0
 
-Steps (each a function, so later stories slot in between): ``start_server`` (the app in this
-process on a uvicorn thread: chDB allows one process per data directory, so the demo reads the
-server's own store), ``stream_session`` (a synthetic ~24 fps session replayed at full speed through
-``collector.client.TelemetryClient`` over HTTP), ``wait_stored``, ``session_summary`` and
-``print_summary``. Ends by itself in well under 20 s.
+A fresh ``demo`` database (and spool) each run, the app on a uvicorn thread in this process (chDB
+allows one process per data directory, so the demo reads the server's own store). Steps, each a
+function: 1. ``stream_session`` — a synthetic ~24 fps session through ``TelemetryClient`` over HTTP,
+then ``wait_stored`` / ``session_summary``; 2-6. ``rollback_story`` — simulated fleet history through
+the collector (a sync-bug release, then the August incident), a live tiny worker of the leaking
+release polling the control plane, the analytics jobs, critical findings posted signed to the alert
+webhook which turns ``fused_allreduce`` off, the worker applying it at its next step boundary, and
+this week's report; ``print_links`` ends with the dashboard URLs.
 """
 
 from __future__ import annotations
