@@ -7,8 +7,9 @@
 
 Layout of ``dir``: ``seg-<first seq>.log`` append-only segments of records
 ``[magic u32 len u64 seq u32 crc32][payload]`` (payload = batch id + one Arrow IPC stream per kind),
-``writer.log`` (``intent a b`` before a block insert, ``commit b`` after it: a replay after a
-crash re-forms exactly the same block, so its deduplication token matches), ``keys.log`` (ids of
+``writer.log`` (``intent a b`` before a block insert, ``split a b <kinds>`` before the block goes
+in batch by batch (the kinds already stored whole, or ``-``), ``commit b`` after it: a replay after a
+crash re-forms exactly the same block, the same way, so its deduplication tokens match), ``keys.log`` (ids of
 batches whose segment was deleted, so a late retry is still recognised) and ``spool.id`` (this
 spool's identity, part of every deduplication token). Appends are group-committed: one write and
 one fsync for every batch queued meanwhile. A torn tail (crash mid-write) is truncated at start;
@@ -223,7 +224,8 @@ class Spool:
         self._queue: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
         self._closed = False
         self.uid = self._load_uid()
-        self.committed_seq, self.recovered_intent = self._read_writer_log()
+        # the block logged and not committed yet (replayed first), and its split (see ``log_split``)
+        self.committed_seq, self.recovered_intent, self.recovered_split = self._read_writer_log()
         self._load_keys_log()
         self._next_seq = self._scan_segments()
         self._compact_writer_log()
@@ -247,8 +249,8 @@ class Spool:
         _write_durable(p, uid.encode())
         return uid
 
-    def _read_writer_log(self) -> tuple[int, tuple[int, int] | None]:
-        committed, intent = 0, None
+    def _read_writer_log(self) -> tuple[int, tuple[int, int] | None, frozenset[str] | None]:
+        committed, intent, split = 0, None, None
         p = self.dir / "writer.log"
         if p.exists():
             for line in p.read_text().splitlines():
@@ -257,17 +259,21 @@ class Spool:
                     if parts[0] == "commit" and len(parts) == 2:
                         committed = max(committed, int(parts[1]))
                     elif parts[0] == "intent" and len(parts) == 3:
-                        intent = (int(parts[1]), int(parts[2]))
+                        intent, split = (int(parts[1]), int(parts[2])), None
+                    elif parts[0] == "split" and len(parts) == 4 and (int(parts[1]), int(parts[2])) == intent:
+                        split = frozenset(k for k in parts[3].split(",") if k != "-")
                 except (ValueError, IndexError):
                     continue  # a torn last line: the intent/commit it held never completed
         if intent is not None and intent[1] <= committed:
-            intent = None
-        return committed, intent
+            intent, split = None, None
+        return committed, intent, split
 
     def _compact_writer_log(self) -> None:
         text = f"commit {self.committed_seq}\n"
         if self.recovered_intent:
             text += f"intent {self.recovered_intent[0]} {self.recovered_intent[1]}\n"
+            if self.recovered_split is not None:
+                text += self._split_line(*self.recovered_intent, self.recovered_split)
         _write_durable(self.dir / "writer.log", text.encode())
         self._wlog = open(self.dir / "writer.log", "ab")  # noqa: SIM115 (held open: appended per block)
         self._wlog_lines = 2
@@ -561,13 +567,27 @@ class Spool:
     def log_intent(self, first: int, last: int) -> None:
         """Record the block about to be inserted, before inserting it (replays re-form the same block)."""
         self._log(f"intent {first} {last}\n")
+        with self._lock:
+            self.recovered_intent, self.recovered_split = (first, last), None
+
+    @staticmethod
+    def _split_line(first: int, last: int, stored: frozenset[str]) -> str:
+        return f"split {first} {last} {','.join(sorted(stored)) or '-'}\n"
+
+    def log_split(self, first: int, last: int, stored: frozenset[str]) -> None:
+        """Record that the logged block ``first..last`` goes in batch by batch from now on, its
+        ``stored`` kinds being in the store already as a whole (a replay inserts the rest batch by
+        batch with the same per-batch tokens)."""
+        self._log(self._split_line(first, last, stored))
+        with self._lock:
+            self.recovered_split = frozenset(stored)
 
     def mark_committed(self, last: int) -> None:
         """Every batch up to ``last`` is in the store: forget them, delete segments fully stored."""
         self._log(f"commit {last}\n")
         with self._lock:
             self.committed_seq = last
-            self.recovered_intent = None
+            self.recovered_intent, self.recovered_split = None, None
             while self._entries and self._entries[0].seq <= last:
                 e = self._entries.popleft()
                 self._depth_bytes -= e.nbytes

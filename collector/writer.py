@@ -6,13 +6,16 @@
 One background thread takes the oldest uncommitted batches from the spool (up to ``flush_rows``
 rows, or whatever is there once the oldest waited ``flush_interval_s``), logs the block's spool
 range (intent), inserts one Arrow table per kind with the deduplication token
-``<spool id>:<first seq>-<last seq>:<kind>``, then marks the range committed. A crash between
-insert and commit replays the same range with the same tokens, which ClickHouse deduplicates.
-While the store is down the writer retries with jittered exponential backoff; the spool keeps
-the rows (and answers 429 once full). A block the store keeps refusing while it answers pings
-(``poison_after`` failures: data it cannot take, e.g. a dropped table) is retried batch by batch,
-and a batch still refused is quarantined (``<spool>/quarantine/<seq>-<kind>.arrow``, an Arrow IPC
-stream that can be POSTed again) so it cannot hold up the batches behind it.
+``<spool id>:<first seq>-<last seq>:<kind>``, then marks the range committed. A logged range is
+pinned until it is committed: a crash between insert and commit (or a retry) replays the same range
+with the same tokens, which ClickHouse deduplicates. While the store is down the writer retries with
+jittered exponential backoff; the spool keeps the rows (and answers 429 once full). A block the
+store keeps refusing while it answers pings (``poison_after`` failures: data it cannot take, e.g. a
+dropped table) is retried batch by batch: the split is logged first (with the kinds already stored
+as a block), and from then on the block's other kinds go in only batch by batch, with the tokens
+``<spool id>:<seq>-<seq>:<kind>``, in this process and in any replay after a crash, so every acked
+row is stored once. A batch still refused is quarantined (``<spool>/quarantine/<seq>-<kind>.arrow``,
+an Arrow IPC stream that can be POSTed again) so it cannot hold up the batches behind it.
 """
 
 from __future__ import annotations
@@ -96,19 +99,21 @@ class BlockWriter:
 
     # -- the loop --------------------------------------------------------------------------------
     def _run(self) -> None:
-        intent = self.spool.recovered_intent
         while not self._stop.is_set():
-            if intent is not None:  # replay exactly the block that was in flight at the crash
+            intent = self.spool.recovered_intent  # a logged block not committed yet: pinned until it is
+            if intent is not None:  # replay exactly that block, the same way (whole or batch by batch)
                 entries = self.spool.entries_between(*intent)
-                intent = None
+                split = self.spool.recovered_split
                 if not entries:
+                    self.spool.mark_committed(intent[1])  # nothing of it is left uncommitted
                     continue
             else:
                 entries = self._next_block()
                 if not entries:
                     continue
                 self.spool.log_intent(entries[0].seq, entries[-1].seq)
-            if self._insert_with_retry(entries):
+                split = None
+            if self._insert_with_retry(entries, split):
                 self.spool.mark_committed(entries[-1].seq)
 
     def _next_block(self) -> list[Entry]:
@@ -125,25 +130,36 @@ class BlockWriter:
             self._stop.wait(min(self.flush_interval_s - age, 0.05))
         return []
 
-    def _insert_with_retry(self, entries: list[Entry]) -> bool:
+    def _insert_with_retry(self, entries: list[Entry], split: frozenset[str] | None = None) -> bool:
+        """Insert the logged block ``entries`` until it is in (False only when stopped). ``split``: the
+        block goes batch by batch (the split was logged), these kinds being already stored whole."""
         done: set[str] = set()  # kinds of this block already in the store (their token is spent)
         attempt = 0
         while not self._stop.is_set():
-            try:
-                self._insert(entries, done)
-                self.last_error = None
-                return True
-            except Exception as e:  # noqa: BLE001 (store down, network, chDB: keep the rows, retry)
-                self.failures += 1
-                self.last_error = f"{type(e).__name__}: {e}"[:500]
-                if attempt == 0:
-                    log.warning("insert of spool %d-%d failed, retrying: %s",
-                                entries[0].seq, entries[-1].seq, self.last_error)
-                attempt += 1
-                if attempt >= self.poison_after and self._store_answers():
-                    return self._insert_one_by_one(entries, done)
-                delay = min(self.retry_max_s, 0.05 * 2**attempt) * (0.5 + random.random() / 2)
-                self._stop.wait(delay)
+            if split is not None:
+                if self._store_answers() and self._insert_one_by_one(entries, split):
+                    return True
+                self.failures += 1  # the store went away: retry the same batches, same tokens, later
+                self.last_error = "store unavailable while inserting a refused block batch by batch"
+            else:
+                try:
+                    self._insert(entries, done)
+                    self.last_error = None
+                    return True
+                except Exception as e:  # noqa: BLE001 (store down, network, chDB: keep the rows, retry)
+                    self.failures += 1
+                    self.last_error = f"{type(e).__name__}: {e}"[:500]
+                    if attempt == 0:
+                        log.warning("insert of spool %d-%d failed, retrying: %s",
+                                    entries[0].seq, entries[-1].seq, self.last_error)
+                    if attempt + 1 >= self.poison_after and self._store_answers():
+                        # logged before any batch goes in alone: a replay must use the same tokens
+                        split = frozenset(done)
+                        self.spool.log_split(entries[0].seq, entries[-1].seq, split)
+                        continue
+            attempt += 1
+            delay = min(self.retry_max_s, 0.05 * 2**attempt) * (0.5 + random.random() / 2)
+            self._stop.wait(delay)
         return False
 
     def _store_answers(self) -> bool:
@@ -155,10 +171,11 @@ class BlockWriter:
         except Exception:  # noqa: BLE001 (an unreachable store is a plain "no")
             return False
 
-    def _insert_one_by_one(self, entries: list[Entry], done: set[str]) -> bool:
-        """The store is up but refuses this block: insert its remaining kinds batch by batch (own
-        deterministic tokens, so a replay after a crash here is deduplicated too) and quarantine the
-        batches the store still refuses, so one bad batch cannot hold up the rest."""
+    def _insert_one_by_one(self, entries: list[Entry], done: frozenset[str]) -> bool:
+        """The store is up but refuses this block (split logged): insert its kinds not ``done`` batch
+        by batch (own deterministic tokens, so a replay after a crash here is deduplicated too) and
+        quarantine the batches the store still refuses, so one bad batch cannot hold up the rest.
+        False: stopped, or the store went away (retry the same batches later)."""
         for e in entries:
             for kind, tables in self.spool.read([e]).items():
                 if kind in done:

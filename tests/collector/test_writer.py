@@ -110,3 +110,82 @@ def test_a_batch_the_store_refuses_is_quarantined_and_the_rest_stored(store, tmp
     q = tmp_path / "quarantine" / f"{2:020d}-event.arrow"
     assert pa.ipc.open_stream(q.read_bytes()).read_all().num_rows == 2
     assert "e1" in q.with_suffix(".error.txt").read_text()
+
+
+class _RefusesBlocks:
+    """The real store, refusing (while ``refuse``) a block of more than one batch, as a store refuses
+    a block too large for it; ``on_batch(seq)`` runs before each one-batch insert (crash, outage)."""
+
+    def __init__(self, store, on_batch=None):
+        self.store, self.on_batch, self.refuse = store, on_batch, True
+
+    def __getattr__(self, name):
+        return getattr(self.store, name)
+
+    def insert_arrow(self, table, arrow_table, dedup_token):
+        first, last = dedup_token.split(":")[1].split("-")
+        if first != last and self.refuse:
+            raise RuntimeError("block too large")
+        if first == last and self.on_batch is not None:
+            self.on_batch(int(first))
+        self.store.insert_arrow(table, arrow_table, dedup_token=dedup_token)
+
+
+class _Crash(BaseException):
+    """The process dies here (not an ``Exception``: nothing in the writer catches it)."""
+
+
+def test_replay_after_crash_while_inserting_batch_by_batch_is_stored_once(store, tmp_path):
+    sp = Spool(tmp_path, max_bytes=1 << 24)
+    for i in range(3):
+        sp.submit(f"b{i}", _t(10, start=10 * i)).result()
+
+    def crash_at_second(seq):
+        if seq == 2:
+            raise _Crash
+
+    crashed = BlockWriter(sp, lambda: refusing, flush_rows=1000, retry_max_s=0.01, poison_after=2)
+    refusing = _RefusesBlocks(store, crash_at_second)
+    entries = sp.take(1000)
+    sp.log_intent(entries[0].seq, entries[-1].seq)
+    try:  # refused as a block, batch 1 lands on its own, the process dies before batch 2
+        crashed._insert_with_retry(entries)
+    except _Crash:
+        pass
+    sp.close()
+    assert _counts(store) == ((10, 10), 10)
+
+    sp = Spool(tmp_path, max_bytes=1 << 24)  # restart: the store takes the whole block now
+    w = BlockWriter(sp, lambda: store, flush_rows=1000, flush_interval_s=0.01)
+    w.start()
+    wait_for(lambda: sp.stats()["batches"] == 0, what="spool drained")
+    w.stop()
+    sp.close()
+    assert _counts(store) == ((30, 30), 30)  # batch 1 replayed with its own token: deduplicated
+
+
+def test_store_lost_while_inserting_batch_by_batch_retries_the_same_batches(store, tmp_path):
+    down = tmp_path / "store-down"
+    sp = Spool(tmp_path / "spool", max_bytes=1 << 24)
+    for i in range(2):
+        sp.submit(f"b{i}", _t(10, start=10 * i)).result()
+
+    def lose_store_at_second(seq):  # batch 1 landed; more traffic arrives, then the store goes away
+        if seq == 2:
+            if not down.exists():
+                sp.submit("b2", _t(10, start=20)).result()
+                down.touch()
+            raise RuntimeError("connection refused")
+
+    refusing = _RefusesBlocks(store, lose_store_at_second)
+    w = BlockWriter(sp, lambda: refusing, flush_rows=1000, flush_interval_s=0.01, retry_max_s=0.01,
+                    fault_store_down_file=down, poison_after=1)
+    w.start()
+    wait_for(lambda: down.exists() and w.failures >= 4, what="writer retrying while the store is away")
+    refusing.refuse, refusing.on_batch = False, None
+    down.unlink()
+    wait_for(lambda: sp.stats()["batches"] == 0, what="spool drained")
+    w.stop()
+    sp.close()
+    assert w.quarantined == 0 and w.last_error is None
+    assert _counts(store) == ((30, 30), 30)  # batch 1 not stored again inside a larger block
