@@ -14,7 +14,8 @@ errors, 5xx and 429 (``Retry-After`` honoured) are retried under that same key w
 backoff and full jitter, until ``give_up_after_s`` or ``max_attempts``; a 4xx other than 429 is never
 retried. Given-up and refused batches count in ``failed_batches`` and their rows in ``dropped``.
 Drops show up in telemetry too: at most every ``report_drops_s`` (and at close) the client ships a
-``telemetry_dropped`` event (labels of the latest record; detail: rows dropped since the last one).
+``telemetry_dropped`` event (labels of the latest record; detail: ``where: "client"``, ``dropped``:
+rows this client dropped since the last one; the worker reports its own losses with ``where: "worker"``).
 A client still open when the interpreter exits is closed then (atexit, ``AT_EXIT_TIMEOUT_S``).
 
 Imports only pyarrow, httpx, orjson and ``collector.records`` (no server code): the GPU machine has
@@ -352,7 +353,7 @@ class TelemetryClient:
             self._buffered += 1
         new = dropped - self._reported_dropped
         self._reported_dropped, self._last_report = dropped, time.monotonic()
-        detail = {"dropped": new, "dropped_total": dropped, "failed_batches_total": failed}
+        detail = {"where": "client", "dropped": new, "dropped_total": dropped, "failed_batches_total": failed}
         return {**self._labels, "ts": datetime.now(UTC), "kind": "telemetry_dropped", "detail": detail}
 
     def _ship(self, kind: str, rows: list[dict[str, Any]]) -> None:

@@ -318,9 +318,9 @@ class Session:
         tel.session(phase="end", streamed_s=streamed, frames=frames, avg_fps=fps, late_chunks=pl.late_chunks,
                     stall_ms=pl.stall_s * 1e3, switches=self.switches.encode(), **common)
         tel.event("session_end", frames=frames, avg_fps=fps, late_chunks=pl.late_chunks)
-        dropped = int(getattr(self.sink, "dropped", 0)) + tel.dropped
-        if dropped:
-            tel.event("telemetry_dropped", dropped=dropped)
+        if tel.dropped:  # records the worker's own path lost (failed to build or put); the client
+            # reports the rows it dropped itself, in its own telemetry_dropped events (where=client)
+            tel.event("telemetry_dropped", where="worker", dropped=tel.dropped)
         if self._own_sink:
             self.sink.close(timeout_s=2.0)  # ships what it can; the rest counts as dropped
         else:

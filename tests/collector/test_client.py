@@ -345,6 +345,7 @@ def test_drops_are_reported_as_a_telemetry_dropped_event(fake_collector):
     rows = pa.concat_tables(events).to_pylist()
     assert {r["kind"] for r in rows} == {"telemetry_dropped"}
     assert sum(orjson.loads(r["detail"])["dropped"] for r in rows) == 15
+    assert {orjson.loads(r["detail"])["where"] for r in rows} == {"client"}  # the records IT dropped
     assert all({k: r[k] for k in _LABELS} == _LABELS for r in rows)
     assert c.sent == 5 + len(rows) and c.dropped == 15
 

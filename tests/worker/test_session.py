@@ -136,3 +136,34 @@ def test_full_state_source_gives_a_cleared_switch_back_its_start_value():
     assert [e["changed"] for e in s.switch_events] == [{"compile": False}, {"compile": True}]
     states = [r["switches"] for r in sink.rows["step"]]
     assert "compile" not in states[3].split(",") and states[7] == start.encode()
+
+
+class _SinkWithDrops(ListSink):
+    """A sink that has dropped rows of its own (it reports them itself) and refuses the first
+    ``refuse`` step records (the worker's own telemetry path loses those)."""
+
+    def __init__(self, refuse: int = 0):
+        super().__init__()
+        self.dropped, self.refuse = 7, refuse
+
+    def put(self, kind, row):
+        if kind == "step" and self.refuse > 0:
+            self.refuse -= 1
+            raise ValueError("record refused")
+        super().put(kind, row)
+
+
+def _drop_events(sink):
+    return [e["detail"] for e in sink.rows["event"] if e["kind"] == "telemetry_dropped"]
+
+
+def test_session_reports_only_the_drops_of_the_worker_path():
+    sink = _SinkWithDrops()
+    s = run_session("tiny", steps=4, realtime=False, sink=sink)
+    assert _drop_events(sink) == []  # the sink's own drops are the sink's to report
+    assert s.telemetry_dropped == 7  # the summary counts every loss
+
+    sink = _SinkWithDrops(refuse=2)
+    s = run_session("tiny", steps=4, realtime=False, sink=sink)
+    assert _drop_events(sink) == [{"where": "worker", "dropped": 2}]
+    assert s.telemetry_dropped == 7 + 2
