@@ -27,10 +27,11 @@ MIN_STREAMED_S = 1.0
 
 FILTER_KEYS: tuple[str, ...] = ("release", "gpu_kind", "worker_id", "session_id", "switches")
 
-# One finalized row per session. The inner WHERE prunes partitions (a session's partial rows may
-# carry a later first_ts, hence the day of slack); HAVING puts the session in the window by its start.
-_SESSIONS_SQL = """
-SELECT
+# One finalized row per session: the aggregate columns every per-session read shares (analytics'
+# frames, the dashboard's fleet views, the API's ``GET /v1/sessions``). A session is spread over
+# several partial rows (one per insert block until merged): its switch state is the one of the row
+# with the latest step (argMax on last_ts), never whichever partial row a query happens to read last.
+_SESSION_COLUMNS = """
     release, gpu_kind, worker_id, session_id,
     min(first_ts)                                   AS start_ts,
     max(last_ts)                                    AS end_ts,
@@ -43,13 +44,28 @@ SELECT
     sumMerge(energy_mj_sum)                         AS energy_mj,
     max(mem_reserved_max)                           AS mem_reserved_max,
     max(buffers_max)                                AS buffers_max,
-    anyLast(switches)                               AS switch_state
+    argMax(switches, last_ts)                       AS switch_state"""
+
+# The session listing's extra columns (``detail=True``): reset steps and t-digest quantiles
+# [p50, p95, p99] of the step period and the diffusion time.
+_DETAIL_COLUMNS = """,
+    countIfMerge(reset_steps)                       AS reset_steps,
+    quantilesTDigestMerge(0.5, 0.95, 0.99)(period_ms_q)     AS period_ms_q,
+    quantilesTDigestMerge(0.5, 0.95, 0.99)(diffusion_ms_q)  AS diffusion_ms_q"""
+
+_SESSIONS_SQL = """
+SELECT {columns}
 FROM session_stats
-WHERE first_ts >= {start:DateTime64(3, 'UTC')} - INTERVAL 1 DAY AND first_ts < {end:DateTime64(3, 'UTC')}
-      {filters}
+WHERE 1 {where} {filters}
 GROUP BY release, gpu_kind, worker_id, session_id
-HAVING start_ts >= {start:DateTime64(3, 'UTC')} AND start_ts < {end:DateTime64(3, 'UTC')}
+{having}
 """
+
+# Sessions that started in [start, end). The WHERE prunes partitions (a session's partial rows may
+# carry a later first_ts, hence the day of slack); HAVING puts the session in the window by its start.
+_STARTED_WHERE = ("AND first_ts >= {start:DateTime64(3, 'UTC')} - INTERVAL 1 DAY "
+                  "AND first_ts < {end:DateTime64(3, 'UTC')}")
+_STARTED_HAVING = "HAVING start_ts >= {start:DateTime64(3, 'UTC')} AND start_ts < {end:DateTime64(3, 'UTC')}"
 
 # Per-session metrics derived from the finalized states (streamed seconds, fps, per-chunk figures).
 _METRICS_SQL = """
@@ -80,9 +96,31 @@ def filter_clause(filters: dict[str, Any] | None, params: dict[str, Any], prefix
     return " ".join(parts)
 
 
-def session_sql(filters: dict[str, Any] | None, params: dict[str, Any], prefix: str = "f") -> str:
-    """The per-session SQL (with derived metrics) for a cohort; ``params`` gets the filter values."""
-    inner = _SESSIONS_SQL.replace("{filters}", filter_clause(filters, params, prefix))
+def _sessions_sql(filters: str, window: str = "started", detail: bool = False,
+                  start: bool = True, end: bool = True) -> str:
+    """The finalized per-session rows (no derived metrics). ``window``: "started" (sessions that
+    started in [start, end), partition-pruned) or "overlap" (sessions that overlap [start, end);
+    either bound may be left out with ``start``/``end`` False, and every partial row is read)."""
+    if window == "started":
+        where, having = _STARTED_WHERE, _STARTED_HAVING
+    elif window == "overlap":
+        where = ""
+        conds = (["end_ts >= {start:DateTime64(3, 'UTC')}"] if start else []) + \
+                (["start_ts < {end:DateTime64(3, 'UTC')}"] if end else [])
+        having = "HAVING " + " AND ".join(conds) if conds else ""
+    else:
+        raise QueryError(f"unknown session window {window!r}; valid windows: started, overlap")
+    return (_SESSIONS_SQL.replace("{columns}", _SESSION_COLUMNS + (_DETAIL_COLUMNS if detail else ""))
+            .replace("{where}", where).replace("{filters}", filters).replace("{having}", having))
+
+
+def session_sql(filters: dict[str, Any] | None, params: dict[str, Any], prefix: str = "f", *,
+                window: str = "started", detail: bool = False) -> str:
+    """The per-session SQL (with derived metrics) for a cohort; ``params`` gets the filter values.
+    ``window``/``detail`` as in ``_sessions_sql``; with "overlap" the bounds present in ``params``
+    ("start", "end") apply."""
+    inner = _sessions_sql(filter_clause(filters, params, prefix), window, detail,
+                          start="start" in params, end="end" in params)
     return _METRICS_SQL.replace("{sessions}", inner).replace("{frames}", str(FRAMES_PER_STEP))
 
 
@@ -90,6 +128,27 @@ def session_frame(store, start: datetime, end: datetime, filters: dict[str, Any]
     """One row per session that started in [start, end): labels, counts, per-session metrics."""
     params: dict[str, Any] = {"start": start, "end": end}
     return store.query_df(session_sql(filters, params) + " ORDER BY start_ts", params)
+
+
+def session_list(
+    store, filters: dict[str, Any] | None = None, start: datetime | None = None, end: datetime | None = None,
+    min_streamed_s: float = 0.0, simulated: bool | None = None, limit: int = 100, offset: int = 0,
+) -> tuple[list[dict[str, Any]], int]:
+    """A page of sessions that overlap [start, end) (either bound optional), newest start first, with
+    the listing's detail columns; and the number of sessions that match. The API's ``GET /v1/sessions``."""
+    params: dict[str, Any] = {"min_s": min_streamed_s, "limit": limit, "offset": offset}
+    params.update({k: v for k, v in (("start", start), ("end", end)) if v is not None})
+    cond = "streamed_s >= {min_s:Float64}"
+    if simulated is not None:
+        cond += " AND simulated = {simulated:Bool}"
+        params["simulated"] = simulated
+    source = f"SELECT * FROM ({session_sql(filters, params, window='overlap', detail=True)}) WHERE {cond}"
+    rows = store.query_arrow(
+        f"SELECT *, count() OVER () AS total FROM ({source}) ORDER BY start_ts DESC, session_id "
+        "LIMIT {limit:UInt32} OFFSET {offset:UInt64}", params).to_pylist()
+    if rows:
+        return rows, rows[0]["total"]
+    return rows, store.query_rows(f"SELECT count() FROM ({source})", params)[0][0]  # offset past the end
 
 
 # Per-session aggregates of one cohort, as rows of fleet_daily (the roll-up table's shape).
@@ -279,7 +338,7 @@ def memory_sessions(store, start: datetime, end: datetime) -> pl.DataFrame:
     SELECT s.release AS release, s.gpu_kind AS gpu_kind, s.worker_id AS worker_id, s.session_id AS session_id,
            s.start_ts AS start_ts, s.mem_reserved_max AS mem_reserved_max, s.buffers_max AS buffers_max,
            s.switch_state AS switch_state, t.first_forward_tokens AS first_forward_tokens
-    FROM ({_SESSIONS_SQL.replace("{filters}", "")}) AS s
+    FROM ({_sessions_sql("")}) AS s
     INNER JOIN (
         SELECT session_id, any(first_forward_tokens) AS first_forward_tokens
         FROM sessions

@@ -3,9 +3,10 @@
 
     GET /v1/sessions?release=v7&gpu_kind=h200&min_streamed_s=1&start=2026-11-01T00:00:00Z&limit=50&offset=0
 
-A session's figures come from the per-session aggregate states (never a scan of raw steps):
-frames = 4 per step, streamed_s = sum of step periods, fps = frames / streamed_s. The time range
-selects sessions that overlap [start, end).
+A session's figures come from the per-session aggregate states (never a scan of raw steps), through
+``analytics.queries.session_list`` (the one per-session SQL): frames = FRAMES_PER_STEP per step,
+streamed_s = sum of step periods, fps = frames / streamed_s, switches = the state at the session's
+latest steps. The time range selects sessions that overlap [start, end).
 """
 
 from __future__ import annotations
@@ -17,11 +18,11 @@ from typing import Annotated, Any
 from fastapi import APIRouter, HTTPException, Path, Query
 from pydantic import BaseModel
 
+from analytics.queries import FRAMES_PER_STEP, session_list
 from api.deps import ReadAuth, StoreDep
 
 router = APIRouter(tags=["sessions"], dependencies=[ReadAuth])
 
-FRAMES_PER_STEP = 4
 MAX_LIMIT = 1000
 MAX_OFFSET = 10_000_000
 TIME_MIN = datetime(1970, 1, 1, tzinfo=UTC)  # what DateTime64(3, 'UTC') holds, with margin
@@ -78,31 +79,6 @@ def _utc(t: datetime) -> datetime:
     return t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)
 
 
-_SESSIONS_SQL = """
-SELECT
-    session_id, release, gpu_kind, worker_id,
-    max(simulated)                                          AS s_simulated,
-    min(first_ts)                                           AS s_first_ts,
-    max(last_ts)                                            AS s_last_ts,
-    countMerge(steps)                                       AS s_steps,
-    countIfMerge(late_chunks)                               AS s_late,
-    countIfMerge(reset_steps)                               AS s_resets,
-    sumMerge(period_ms_sum) / 1000                          AS s_streamed_s,
-    quantilesTDigestMerge(0.5, 0.95, 0.99)(period_ms_q)     AS s_period_q,
-    quantilesTDigestMerge(0.5, 0.95, 0.99)(diffusion_ms_q)  AS s_diffusion_q,
-    max(mem_reserved_max)                                   AS s_mem_max,
-    max(buffers_max)                                        AS s_buffers_max,
-    argMax(switches, last_ts)                               AS s_switches,
-    count() OVER ()                                         AS s_total
-FROM session_stats
-WHERE 1 {where}
-GROUP BY release, gpu_kind, worker_id, session_id
-HAVING s_streamed_s >= {{min_streamed_s:Float64}} {having}
-ORDER BY s_first_ts DESC, session_id
-LIMIT {{limit:UInt32}} OFFSET {{offset:UInt64}}
-"""
-
-
 @router.get("/v1/sessions", response_model=SessionPage, summary="Sessions with their per-session figures")
 def list_sessions(
     store: StoreDep,
@@ -116,53 +92,33 @@ def list_sessions(
     limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = 100,
     offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
 ) -> SessionPage:
-    params: dict[str, Any] = {"min_streamed_s": min_streamed_s, "limit": limit, "offset": offset}
-    where, having = [], []
-    for name, value in (("release", release), ("gpu_kind", gpu_kind), ("worker_id", worker_id)):
-        if value is not None:
-            where.append(f"AND {name} = {{{name}:String}}")
-            params[name] = value
     for name, t in (("start", start), ("end", end)):
         if t is not None and not TIME_MIN <= _utc(t) <= TIME_MAX:
             raise HTTPException(422, f"{name} ({t.isoformat()}) is out of range; valid: a UTC time between "
                                      f"{TIME_MIN.date()} and {TIME_MAX.date()}")
     if start is not None and end is not None and _utc(start) >= _utc(end):
         raise HTTPException(422, f"start ({start.isoformat()}) must be before end ({end.isoformat()})")
-    if start is not None:
-        having.append("AND s_last_ts >= {start:DateTime64(3, 'UTC')}")
-        params["start"] = _utc(start)
-    if end is not None:
-        having.append("AND s_first_ts < {end:DateTime64(3, 'UTC')}")
-        params["end"] = _utc(end)
-    if simulated is not None:
-        having.append("AND s_simulated = {simulated:Bool}")
-        params["simulated"] = simulated
-    sql = _SESSIONS_SQL.format(where=" ".join(where), having=" ".join(having))
-    rows = store.query_arrow(sql, params).to_pylist()
-    total = rows[0]["s_total"] if rows else _count_sessions(store, sql, params)
+    filters = {k: v for k, v in (("release", release), ("gpu_kind", gpu_kind), ("worker_id", worker_id)) if v is not None}
+    rows, total = session_list(
+        store, filters, start=_utc(start) if start is not None else None, end=_utc(end) if end is not None else None,
+        min_streamed_s=min_streamed_s, simulated=simulated, limit=limit, offset=offset)
     out = []
     for r in rows:
-        streamed = r["s_streamed_s"] or 0.0
-        frames = r["s_steps"] * FRAMES_PER_STEP
-        pq = [_finite(float(x)) for x in (r["s_period_q"] or [None] * 3)]
-        dq = [_finite(float(x)) for x in (r["s_diffusion_q"] or [None] * 3)]
+        streamed = r["streamed_s"] or 0.0
+        frames = r["steps"] * FRAMES_PER_STEP
+        pq = [_finite(float(x)) for x in (r["period_ms_q"] or [None] * 3)]
+        dq = [_finite(float(x)) for x in (r["diffusion_ms_q"] or [None] * 3)]
         out.append(SessionSummary(
             session_id=r["session_id"], release=r["release"], gpu_kind=r["gpu_kind"], worker_id=r["worker_id"],
-            simulated=bool(r["s_simulated"]), first_ts=r["s_first_ts"], last_ts=r["s_last_ts"],
-            steps=r["s_steps"], frames=frames, streamed_s=_finite(streamed) or 0.0,
+            simulated=bool(r["simulated"]), first_ts=r["start_ts"], last_ts=r["end_ts"],
+            steps=r["steps"], frames=frames, streamed_s=_finite(streamed) or 0.0,
             fps=_finite(frames / streamed) if streamed > 0 else None,
-            late_chunks=r["s_late"], reset_steps=r["s_resets"],
+            late_chunks=r["late_chunks"], reset_steps=r["reset_steps"],
             step_period_ms_p50=pq[0], step_period_ms_p95=pq[1], step_period_ms_p99=pq[2],
             diffusion_ms_p50=dq[0], diffusion_ms_p95=dq[1], diffusion_ms_p99=dq[2],
-            mem_reserved_max=r["s_mem_max"], buffers_max=r["s_buffers_max"], switches=r["s_switches"],
+            mem_reserved_max=r["mem_reserved_max"], buffers_max=r["buffers_max"], switches=r["switch_state"],
         ))
     return SessionPage(sessions=out, total=total, limit=limit, offset=offset)
-
-
-def _count_sessions(store, sql: str, params: dict) -> int:
-    """The total when the page is empty (an offset past the end): count the filtered sessions."""
-    inner = sql.split("ORDER BY")[0]
-    return store.query_rows(f"SELECT count() FROM ({inner})", params)[0][0]
 
 
 @router.get("/v1/sessions/{session_id}/steps", response_model=StepPage, summary="Raw steps of one session")
