@@ -6,6 +6,7 @@ windows, the ``fleet_daily`` roll-up of closed days plus the time-ordered ``sess
 for the hours not rolled up yet (sql/012, sql/013):
 
     df = session_frame(store, start, end)                  # one row per session, finalized
+    rows, total = session_list(store, {"release": "v7"}, start=t, limit=50)  # GET /v1/sessions's page
     df = fps_fractions(store, start, end)                   # per ISO week, release, GPU kind
     df = release_distribution(store, start, end)            # per release: fps / step-time quantiles
 
