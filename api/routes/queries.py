@@ -48,7 +48,6 @@ QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95, 0.99)
 FPS_BUDGET = 24.0
 FPS_LOW = 23.5
 MIN_STREAMED_S = 1.0
-FRAMES_PER_STEP = 4
 FILTER_KEYS = ("release", "gpu_kind", "worker_id")
 
 def session_frame(store, start: datetime, end: datetime, filters: dict[str, Any] | None = None) -> pl.DataFrame:
