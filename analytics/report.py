@@ -34,10 +34,7 @@ def _audit(store, start: datetime, end: datetime) -> list[dict[str, Any]]:
         "SELECT ts, source, action, name, scope, cohort, old_value, new_value, changed, actor, reason, ref, evidence "
         "FROM switch_audit WHERE ts >= {s:DateTime64(3, 'UTC')} AND ts < {e:DateTime64(3, 'UTC')} "
         "AND (changed OR action LIKE 'canary%') ORDER BY ts", {"s": start, "e": end})
-    out = qr.rows(df)
-    for r in out:
-        r["evidence"] = orjson.loads(r["evidence"] or "{}")
-    return out
+    return qr.rows(df, json_cols=("evidence",))
 
 
 def _events(store, start: datetime, end: datetime) -> list[dict[str, Any]]:
@@ -46,13 +43,7 @@ def _events(store, start: datetime, end: datetime) -> list[dict[str, Any]]:
         "WHERE kind IN ('switch_applied', 'rollback', 'canary_start', 'canary_promote', 'canary_rollback', 'oom') "
         "AND ts >= {s:DateTime64(3, 'UTC')} AND ts < {e:DateTime64(3, 'UTC')} ORDER BY ts LIMIT 5000",
         {"s": start, "e": end})
-    out = qr.rows(df)
-    for r in out:
-        try:
-            r["detail"] = orjson.loads(r["detail"] or "{}")
-        except orjson.JSONDecodeError:
-            pass
-    return out
+    return qr.rows(df, json_cols=("detail",))
 
 
 def _canaries(store, start: datetime, end: datetime) -> list[dict[str, Any]]:
@@ -60,10 +51,7 @@ def _canaries(store, start: datetime, end: datetime) -> list[dict[str, Any]]:
         "SELECT id, name, scope, fraction, status, started_at, decided_at, actor, reason, evidence FROM canaries FINAL "
         "WHERE started_at < {e:DateTime64(3, 'UTC')} AND (decided_at IS NULL OR decided_at >= {s:DateTime64(3, 'UTC')}) "
         "ORDER BY started_at", {"s": start, "e": end})
-    out = qr.rows(df)
-    for r in out:
-        r["evidence"] = orjson.loads(r["evidence"] or "{}")
-    return out
+    return qr.rows(df, json_cols=("evidence",))
 
 
 def weekly_data(store, iso_week: str) -> dict[str, Any]:

@@ -65,8 +65,9 @@ def releases_seen(store) -> list[str]:
     return [r[0] for r in store.query_rows("SELECT DISTINCT release FROM session_stats ORDER BY release")]
 
 
-def rows(df: pl.DataFrame) -> list[dict[str, Any]]:
-    """A frame as JSON-ready rows (datetimes as ISO strings, NaN as null)."""
+def rows(df: pl.DataFrame, json_cols: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """A frame as JSON-ready rows (datetimes as ISO strings, NaN as null); ``json_cols`` hold JSON
+    text (evidence, event detail) and come back decoded (empty as ``{}``, unparsable text as is)."""
     out = []
     for r in df.iter_rows(named=True):
         for k, v in r.items():
@@ -74,6 +75,11 @@ def rows(df: pl.DataFrame) -> list[dict[str, Any]]:
                 r[k] = v.isoformat()
             elif isinstance(v, float) and math.isnan(v):
                 r[k] = None
+        for k in json_cols:
+            try:
+                r[k] = orjson.loads(r[k] or "{}")
+            except orjson.JSONDecodeError:
+                pass
         out.append(r)
     return out
 
@@ -214,13 +220,7 @@ def findings_frame(store, *, kind: str | None = None, severity: str | None = Non
 
 
 def finding_rows(df: pl.DataFrame) -> list[dict[str, Any]]:
-    out = rows(df)
-    for r in out:
-        try:
-            r["evidence"] = orjson.loads(r["evidence"] or "{}")
-        except orjson.JSONDecodeError:
-            pass
-    return out
+    return rows(df, json_cols=("evidence",))
 
 
 @router.get("/releases/compare")
@@ -323,12 +323,7 @@ def _known_session(store, session_id: str) -> None:
 def events_of_session(store: StoreDep, session_id: SessionId, page: PageDep) -> dict[str, Any]:
     _known_session(store, session_id)
     df = session_events(store, session_id, page.limit, page.offset)
-    out = rows(df)
-    for r in out:
-        try:
-            r["detail"] = orjson.loads(r["detail"] or "{}")
-        except orjson.JSONDecodeError:
-            pass
+    out = rows(df, json_cols=("detail",))
     return {"session_id": session_id, "events": out, "limit": page.limit, "offset": page.offset}
 
 
