@@ -15,9 +15,15 @@ and the conditioning, 240 calls each), the telemetry on/off step-time ratio of t
 loop, and the full model (all heads) ms/step and peak memory if it fits. Prints a table and, last,
 the ratio of the best row against the plain path.
 
-The last row, +fused_blocks, is +cuda_graphs with the blocks' elementwise chains compiled
+The row +fused_blocks is +cuda_graphs with the blocks' elementwise chains compiled
 (``model.BlockFusion``: residual + LayerNorm + FP8 quantization, the query's RoPE, GELU + quantization);
-the rows before it run with ``fuse_blocks`` off, so both are measured in the same run.
+the rows before it run with ``fuse_blocks`` off, so both are measured in the same run. The last row,
++row_scales, quantizes activations per token (``DiT.act_scales = "row"``: no global amax, one pass).
+
+"upkeep GPU ms": the GPU time of one step's cache upkeep with the row's ops (begin_step + the 240
+``cache.update`` calls on the row's full window, new K/V fixed) captured as one CUDA graph and
+replayed: free of the host launch stalls that the eager rows' event spans include, and defined
+under CUDA graphs too, where events cannot sit inside the step's graph.
 
 Telemetry on/off: whole sessions of the real loop (``Session``, all switches of the best row),
 alternating on/off for ``--telemetry-rounds`` rounds; each session runs its window fill and graph
@@ -64,9 +70,12 @@ ROWS = [
     ("+triton_kernels", {"triton_kernels": True}),
     ("+cuda_graphs", {"cuda_graphs": True}),
     ("+fused_blocks", {}),  # model.fuse_blocks: BlockFusion under compile (not a switch)
+    ("+row_scales", {}),  # model.act_scales = "row": per-token FP8 activation scales, one pass
 ]
 FUSED_ROW = "+fused_blocks"
-PROFILED_ROWS = ("+cuda_graphs", FUSED_ROW)
+ROW_SCALES_ROW = "+row_scales"
+FUSED_ROWS = (FUSED_ROW, ROW_SCALES_ROW)
+PROFILED_ROWS = ("+cuda_graphs", FUSED_ROW, ROW_SCALES_ROW)
 
 # kernel name -> group, first match wins (names lower-cased)
 GROUPS = [
@@ -99,15 +108,54 @@ def sync(dev):
         torch.cuda.synchronize(dev)
 
 
+def upkeep_gpu_ms(model: DiT, cache, reps: int = 5) -> float | None:
+    """GPU ms of one step's cache upkeep with this cache's ops: begin_step + passes x blocks
+    ``cache.update`` as one CUDA graph (warmed on a side stream first). Leaves the cache's book
+    advanced: call it last on a cache that is thrown away. None off CUDA."""
+    if model.device.type != "cuda":
+        return None
+    s = model.shape
+    g = torch.Generator(device=model.device).manual_seed(7)
+    kv = torch.randn(2, s.heads, s.new_tokens, s.head_dim, generator=g, device=model.device).to(model.dtype)
+
+    def step():
+        cache.begin_step(s.new_tokens)
+        for _ in range(s.passes):
+            for b in range(s.n_blocks):
+                cache.update(b, kv[0], kv[1])
+        cache.end_step()
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    graph.replay()
+    times = []
+    for _ in range(reps):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        graph.replay()
+        e1.record()
+        e1.synchronize()
+        times.append(e0.elapsed_time(e1))
+    del graph
+    return statistics.median(times)
+
+
 def measure_row(model: DiT, sw: Switches, steps: int, cond_tokens: int, fuse: bool = False,
-                profile_replays: int = 0):
-    """(diffusion, upkeep, attention) ms per steady step, the reset step's diffusion ms, and (with
-    ``profile_replays``) the torch profiler over that many more steady steps (None otherwise)."""
+                profile_replays: int = 0, act_scales: str = "tensor"):
+    """(diffusion, upkeep, attention) ms per steady step, the reset step's diffusion ms, the torch
+    profiler over ``profile_replays`` more steady steps (None without), and the upkeep GPU ms."""
     shape, dev = model.shape, model.device
     cuda = dev.type == "cuda"
     timer = CudaTimer() if cuda else CpuTimer()
     model.set_timer(timer)
     model.fuse_blocks = fuse
+    model.act_scales = act_scales
     model.set_compile(sw.compile)
     cache = make_cache(shape, sw, dev, model.dtype)
     runner = ChunkRunner(model, sw.cuda_graphs)
@@ -156,9 +204,15 @@ def measure_row(model: DiT, sw: Switches, steps: int, cond_tokens: int, fuse: bo
     steady = [r for r in rows if not r[0]]
     reset_ms = next(r[1] for r in rows if r[0])
     med = lambda xs: statistics.median(xs) if xs and xs[0] is not None else None
-    del cache, runner, cond_kv
+    del runner, cond_kv
+    try:
+        upkeep_gpu = upkeep_gpu_ms(model, cache)
+    except Exception as e:  # noqa: BLE001 - the row's other figures stand
+        print(f"#   upkeep graph failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
+        upkeep_gpu = None
+    del cache
     return (med([r[1] for r in steady]), med([r[2] for r in steady]), med([r[3] for r in steady]), reset_ms,
-            prof)
+            prof, upkeep_gpu)
 
 
 def kernel_times(prof, cuda: bool) -> list[tuple[str, float, int]]:
@@ -340,10 +394,10 @@ def main(argv=None) -> int:
     have_kernels = kernels_available() and dev.type == "cuda"
     sw = {}
     results = []
-    print(f"{'row':<28}{'diffusion ms':>13}{'upkeep ms':>11}{'attention ms':>14}{'reset step ms':>15}"
-          f"{'x floor':>9}{'vs plain':>10}", flush=True)
+    print(f"{'row':<28}{'diffusion ms':>13}{'upkeep ms':>11}{'upkeep GPU ms':>15}{'attention ms':>14}"
+          f"{'reset step ms':>15}{'x floor':>9}{'vs plain':>10}", flush=True)
     plain_ms = None
-    fused_ok = False
+    fused_ok = rows_ok = False
     cuda = dev.type == "cuda"
     profiled = PROFILED_ROWS if cuda else ("+delta_rotation",)  # CPU: the smoke test of the profile path
     profiles = []
@@ -354,10 +408,10 @@ def main(argv=None) -> int:
         if row == "+triton_kernels" and not have_kernels:
             print(f"{row:<28}  (skipped: kernels not importable or not on CUDA)")
             continue
-        if row in ("+cuda_graphs", "+compile", FUSED_ROW) and not cuda:
+        if row in ("+cuda_graphs", "+compile", *FUSED_ROWS) and not cuda:
             print(f"{row:<28}  (skipped: CUDA only)")
             continue
-        if row == FUSED_ROW and not model.fp8:
+        if row in FUSED_ROWS and not model.fp8:
             print(f"{row:<28}  (skipped: needs FP8 weights)")
             continue
         if late():
@@ -366,16 +420,18 @@ def main(argv=None) -> int:
         t_row = time.perf_counter()
         replays = args.profile_replays if (args.profile and row in profiled) else 0
         try:
-            diff, upkeep, attn, reset_ms, prof = measure_row(model, Switches.from_mapping(sw), args.steps, cond,
-                                                             fuse=row == FUSED_ROW, profile_replays=replays)
+            diff, upkeep, attn, reset_ms, prof, upkeep_gpu = measure_row(
+                model, Switches.from_mapping(sw), args.steps, cond, fuse=row in FUSED_ROWS,
+                profile_replays=replays, act_scales="row" if row == ROW_SCALES_ROW else "tensor")
         except Exception as e:  # noqa: BLE001 - a row that fails is reported, the waterfall goes on
             print(f"{row:<28}  FAILED: {type(e).__name__}: {str(e)[:300]}", flush=True)
             sw = {k: v for k, v in sw.items() if k not in add}
             continue
         fused_ok = fused_ok or row == FUSED_ROW
+        rows_ok = rows_ok or row == ROW_SCALES_ROW
         plain_ms = plain_ms or diff
-        results.append((row, diff, upkeep, attn, reset_ms))
-        print(f"{row:<28}{fmt(diff):>13}{fmt(upkeep):>11}{fmt(attn):>14}{fmt(reset_ms):>15}"
+        results.append((row, diff, upkeep, attn, reset_ms, upkeep_gpu))
+        print(f"{row:<28}{fmt(diff):>13}{fmt(upkeep):>11}{fmt(upkeep_gpu, 2):>15}{fmt(attn):>14}{fmt(reset_ms):>15}"
               f"{diff / floor:>9.2f}{plain_ms / diff:>9.2f}x   ({time.perf_counter() - t_row:.0f} s)", flush=True)
         if prof is not None:
             profiles.append((row, prof, diff))
@@ -390,6 +446,8 @@ def main(argv=None) -> int:
 
     best_sw = Switches.from_mapping(sw)  # every switch that worked: the production configuration
     model.fuse_blocks = fused_ok
+    fastest = min(results, key=lambda r: r[1])[0] if results else None
+    model.act_scales = "row" if (rows_ok and fastest == ROW_SCALES_ROW) else "tensor"
     if args.telemetry_steps and not late():
         t_tel = time.perf_counter()
         try:
@@ -398,7 +456,7 @@ def main(argv=None) -> int:
                                 and time.perf_counter() - t_start > args.deadline_s + 40)
             print(f"# telemetry on/off (sessions alternating x {len(r['ratios'])} rounds, steady graphed steps only:"
                   f" {r['n'][0]} / {r['n'][1]} steps; switches [{best_sw.encode()}]"
-                  f"{', fused blocks' if fused_ok else ''}): median step period {r['on']:.2f} / {r['off']:.2f}"
+                  f"{', fused blocks' if fused_ok else ''}, {model.act_scales} activation scales): median step period {r['on']:.2f} / {r['off']:.2f}"
                   f" ms = {r['ratio']:.4f}; per-round ratios {', '.join(f'{x:.4f}' for x in r['ratios'])};"
                   f" diffusion (GPU) {r['diff_on']:.2f} / {r['diff_off']:.2f} ms; host syncs in steady steps:"
                   f" on {r['syncs'][True]}, off {r['syncs'][False]} (whole loop incl. fill and capture: on"
@@ -410,6 +468,7 @@ def main(argv=None) -> int:
             print(f"# telemetry on/off: FAILED {type(e).__name__}: {str(e)[:300]}", flush=True)
 
     if not args.no_full and args.tp > 1 and dev.type == "cuda" and not late():
+        act = model.act_scales
         del model
         gc.collect()
         torch.cuda.empty_cache()
@@ -417,8 +476,8 @@ def main(argv=None) -> int:
         try:
             full = DiT(base, dev)
             full_sw = best_sw
-            diff, upkeep, attn, reset_ms, _ = measure_row(full, full_sw, max(2, args.steps // 2), cond,
-                                                          fuse=fused_ok)
+            diff, upkeep, attn, reset_ms, _, _ = measure_row(full, full_sw, max(2, args.steps // 2), cond,
+                                                             fuse=fused_ok, act_scales=act)
             peak = torch.cuda.max_memory_allocated(dev) / 2**30
             print(f"# full {base.name} ({base.n_heads} heads) on one GPU, switches [{full_sw.encode()}]: "
                   f"{diff:.1f} ms/step, upkeep {fmt(upkeep)} ms, attention {fmt(attn)} ms, reset step "
@@ -430,8 +489,12 @@ def main(argv=None) -> int:
 
     if results:
         best = min(results, key=lambda r: r[1])
-        print(f"best row {best[0]}: {best[1]:.1f} ms/step vs plain {results[0][1]:.1f} ms/step "
-              f"= {results[0][1] / best[1]:.2f}x (upkeep {fmt(results[0][2])} -> {fmt(best[2] if best[2] is not None else min((r[2] for r in results if r[2] is not None), default=None))} ms/step)")
+        gpu_upkeep = [(r[0], r[5]) for r in results if r[5] is not None]
+        if gpu_upkeep:
+            print("# upkeep GPU ms/step (graph of one step's upkeep): "
+                  + ", ".join(f"{name} {ms:.2f}" for name, ms in gpu_upkeep))
+        print(f"best row {best[0]}: {best[1]:.1f} ms/step = {best[1] / floor:.2f}x floor {floor:.1f}; "
+              f"vs plain {results[0][1]:.1f} ms/step = {results[0][1] / best[1]:.2f}x")
     return 0
 
 

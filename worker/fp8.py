@@ -4,6 +4,10 @@
     x = dequantize(q, scale, torch.bfloat16)
     y = fp8_linear(x, w_fp8, w_scale)      # x: [M, K] bf16, w_fp8: [N, K] -> [M, N] bf16
 
+Activations are quantized per tensor (``quantize_act``: scale [], a global amax first, so two passes
+over x) or per row (``quantize_act_rows``: scale [M, 1], each row's amax and its quantization in one
+pass; ``_scaled_mm`` then takes the weight's scale as a [1, N] row, ``col_scale``).
+
 Quantized = clamp(x / scale, -448, 448).to(float8_e4m3fn): never NaN/inf (contract 6). Scales are
 device tensors: nothing here reads a value back to the host.
 """
@@ -45,7 +49,29 @@ def quantize_act(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (x / scale).to(FP8), scale
 
 
-def fp8_linear(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, quant=quantize_act) -> torch.Tensor:
-    """y = x @ w.T with x quantized per tensor (dynamic scale, on device) -> bf16."""
-    xq, x_scale = quant(x)
+def quantize_act_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row (per-token) dynamic FP8 of an activation [M, K]: (x_fp8, scale fp32 [M, 1]). One
+    reduction per row, so a compiled caller fuses it with the producer of x into one pass."""
+    amax = torch.linalg.vector_norm(x, float("inf"), dim=-1, keepdim=True, dtype=torch.float32)
+    scale = amax.clamp_min(1e-12) * (1.0 / FP8_MAX)
+    return (x / scale).to(FP8), scale
+
+
+def col_scale(w_scale: torch.Tensor, n: int) -> torch.Tensor:
+    """A per-tensor weight scale as the [1, N] row ``_scaled_mm`` needs beside a per-row activation scale."""
+    return w_scale.reshape(1, 1).expand(1, n).contiguous()
+
+
+def scaled_mm(xq: torch.Tensor, x_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
+              w_col_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """bf16 ``(xq @ w.T) * scales``; a per-row x_scale [M, 1] pairs with the weight's [1, N] scale."""
+    if x_scale.dim() == 2:
+        w_scale = w_col_scale if w_col_scale is not None else col_scale(w_scale, w.shape[0])
     return torch._scaled_mm(xq, w.t(), scale_a=x_scale, scale_b=w_scale, out_dtype=torch.bfloat16)
+
+
+def fp8_linear(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, quant=quantize_act,
+               w_col_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """y = x @ w.T with x quantized by ``quant`` (per tensor or per row, scale on device) -> bf16."""
+    xq, x_scale = quant(x)
+    return scaled_mm(xq, x_scale, w, w_scale, w_col_scale)

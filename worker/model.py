@@ -17,8 +17,9 @@ row-parallel weights (attention out, cross out, FFN down) are sized by the rank'
 Weights are generated per head (and per FFN chunk of ffn/n_heads) from a seed of (block, name,
 index), so a rank's shard equals the slice of the single-process model's weights.
 
-GEMMs are FP8 (``torch._scaled_mm``, per-tensor scales) when the shape says ``fp8_weights`` on CUDA,
-bf16 otherwise on CUDA, fp32 on CPU.
+GEMMs are FP8 (``torch._scaled_mm``, per-tensor weight scales) when the shape says ``fp8_weights`` on
+CUDA, bf16 otherwise on CUDA, fp32 on CPU. Activations are quantized on the fly, per tensor or per row
+(``DiT.act_scales``: "row" needs no global amax, so a compiled chain quantizes in the same pass).
 
 With FP8 GEMMs and the compile switch on CUDA, ``DiT.set_compile`` also installs a ``BlockFusion``:
 the elementwise chains around the GEMMs compiled into few kernels (residual + LayerNorm/modulation
@@ -40,7 +41,7 @@ import torch.nn.functional as F
 
 from worker.cache import KVCache
 from worker.config import ModelShape
-from worker.fp8 import fp8_linear, quantize_act, quantize_weight
+from worker.fp8 import col_scale, fp8_linear, quantize_act, quantize_act_rows, quantize_weight, scaled_mm
 from worker.rope import apply_rope_tables
 
 
@@ -77,10 +78,15 @@ class Linear:
     w: torch.Tensor
     scale: torch.Tensor | None = None
     quant: Callable = quantize_act  # the activation quantizer (compiled under the compile switch)
+    col_scale: torch.Tensor | None = None  # the scale as a [1, N] row, for per-row activation scales
+
+    def __post_init__(self):
+        if self.scale is not None:
+            self.col_scale = col_scale(self.scale, self.w.shape[0])
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.scale is not None:
-            return fp8_linear(x, self.w, self.scale, self.quant)
+            return fp8_linear(x, self.w, self.scale, self.quant, self.col_scale)
         return x @ self.w.t()
 
     @property
@@ -89,25 +95,31 @@ class Linear:
 
 
 def _mm(xq: torch.Tensor, xs: torch.Tensor, lin: Linear) -> torch.Tensor:
-    """FP8 GEMM on an activation already quantized (x_fp8 [M, K], scale []) -> bf16 [M, N]."""
-    return torch._scaled_mm(xq, lin.w.t(), scale_a=xs, scale_b=lin.scale, out_dtype=torch.bfloat16)
+    """FP8 GEMM on an activation already quantized (x_fp8 [M, K], scale [] or [M, 1]) -> bf16 [M, N]."""
+    return scaled_mm(xq, xs, lin.w, lin.scale, lin.col_scale)
 
 
-def _ln_quant(x: torch.Tensor, w: torch.Tensor | None, b: torch.Tensor | None):
-    """LayerNorm (modulated when w/b are given) then per-tensor FP8: (h_fp8, scale)."""
-    return quantize_act(F.layer_norm(x, (x.shape[-1],), w, b))
+def _chains(quant: Callable) -> tuple[Callable, Callable, Callable]:
+    """The block's elementwise chains ending in the activation quantizer ``quant``."""
+
+    def ln_quant(x: torch.Tensor, w: torch.Tensor | None, b: torch.Tensor | None):
+        """LayerNorm (modulated when w/b are given) then FP8: (h_fp8, scale)."""
+        return quant(F.layer_norm(x, (x.shape[-1],), w, b))
+
+    def res_ln_quant(x: torch.Tensor, g: torch.Tensor | None, y: torch.Tensor, w: torch.Tensor | None,
+                     b: torch.Tensor | None):
+        """Residual (x + g*y, or x + y) then its LayerNorm and FP8: (x_new, h_fp8, scale)."""
+        x = torch.addcmul(x, g, y) if g is not None else x + y
+        hq, hs = quant(F.layer_norm(x, (x.shape[-1],), w, b))
+        return x, hq, hs
+
+    def gelu_quant(u: torch.Tensor):
+        return quant(F.gelu(u, approximate="tanh"))
+
+    return ln_quant, res_ln_quant, gelu_quant
 
 
-def _res_ln_quant(x: torch.Tensor, g: torch.Tensor | None, y: torch.Tensor, w: torch.Tensor | None,
-                  b: torch.Tensor | None):
-    """Residual (x + g*y, or x + y) then its LayerNorm and FP8: (x_new, h_fp8, scale)."""
-    x = torch.addcmul(x, g, y) if g is not None else x + y
-    hq, hs = quantize_act(F.layer_norm(x, (x.shape[-1],), w, b))
-    return x, hq, hs
-
-
-def _gelu_quant(u: torch.Tensor):
-    return quantize_act(F.gelu(u, approximate="tanh"))
+ACT_QUANT = {"tensor": quantize_act, "row": quantize_act_rows}  # DiT.act_scales -> quantizer
 
 
 @dataclass
@@ -120,12 +132,14 @@ class BlockFusion:
     gelu_quant: Callable
 
     @classmethod
-    def eager(cls) -> BlockFusion:
-        return cls(_ln_quant, _res_ln_quant, apply_rope_tables, _gelu_quant)
+    def eager(cls, act_scales: str = "tensor") -> BlockFusion:
+        ln, res, gelu = _chains(ACT_QUANT[act_scales])
+        return cls(ln, res, apply_rope_tables, gelu)
 
     @classmethod
-    def compiled(cls) -> BlockFusion:
-        return cls(*(torch.compile(f) for f in (_ln_quant, _res_ln_quant, apply_rope_tables, _gelu_quant)))
+    def compiled(cls, act_scales: str = "tensor") -> BlockFusion:
+        ln, res, gelu = _chains(ACT_QUANT[act_scales])
+        return cls(*(torch.compile(f) for f in (ln, res, apply_rope_tables, gelu)))
 
 
 class WeightMaker:
@@ -265,6 +279,7 @@ class DiT:
         fp8 = (shape.fp8_weights and cuda) if fp8 is None else fp8  # fp8=True on CPU: tests of the FP8 path
         self.fp8 = fp8
         self.fuse_blocks = True  # BlockFusion under the compile switch (CUDA, FP8 weights)
+        self.act_scales = "tensor"  # FP8 activation scales: "tensor" (two passes) or "row" (one pass)
         wm = WeightMaker(shape.seed, self.device, self.dtype, fp8)
         d, c = shape.d_model, shape.latent_channels
         self.t_embed = wm.chunk((d, 256), 1 / 16, "t_embed")
@@ -287,13 +302,18 @@ class DiT:
 
     def set_compile(self, on: bool) -> None:
         """The compile switch's share in the model (CUDA only): the FP8 activation quantizer compiled,
-        and with FP8 weights and ``fuse_blocks`` the blocks' elementwise chains (``BlockFusion``)."""
+        and with FP8 weights and ``fuse_blocks`` the blocks' elementwise chains (``BlockFusion``).
+        Both use ``act_scales``; set it before calling this."""
+        if self.act_scales not in ACT_QUANT:
+            raise ValueError(f"act_scales {self.act_scales!r}; valid: {sorted(ACT_QUANT)}")
         use = on and self.device.type == "cuda"
-        quant = torch.compile(quantize_act) if use else quantize_act
+        quant = ACT_QUANT[self.act_scales]
+        quant = torch.compile(quant) if use else quant
         for b in self.blocks:
             for lin in (b.qkv, b.cq, b.ckv, b.up, b.o, b.co, b.down):
                 lin.quant = quant
-        self.set_fusion(BlockFusion.compiled() if (use and self.fp8 and self.fuse_blocks) else None)
+        use_fusion = use and self.fp8 and self.fuse_blocks
+        self.set_fusion(BlockFusion.compiled(self.act_scales) if use_fusion else None)
 
     def set_fusion(self, fusion: BlockFusion | None) -> None:
         """Install (or remove) the fused block path; ``BlockFusion.eager()`` on CPU for tests."""

@@ -76,6 +76,47 @@ def test_fused_block_path_equals_the_unfused_fp8_path():
     torch.testing.assert_close(fused, plain, rtol=0, atol=0)
 
 
+def test_row_scaled_activations_fused_equal_unfused_and_track_the_per_tensor_path():
+    from worker.model import BlockFusion
+
+    model = DiT(ModelShape.from_name("tiny"), dtype=torch.bfloat16, fp8=True)
+    per_tensor = _fp8_chunks(model, None)
+    model.act_scales = "row"
+    model.set_compile(False)  # installs the per-row quantizer on every linear
+    assert all(b.qkv.quant.__name__ == "quantize_act_rows" for b in model.blocks)
+    plain = _fp8_chunks(model, None)
+    fused = _fp8_chunks(model, BlockFusion.eager("row"))
+    assert torch.isfinite(plain.float()).all()
+    torch.testing.assert_close(fused, plain, rtol=0, atol=0)
+    # a different rounding of the same model: close to the per-tensor path, not equal to it
+    assert not torch.equal(plain, per_tensor)
+    err = (plain.float() - per_tensor.float()).norm() / per_tensor.float().norm()
+    assert err < 0.1, err
+
+
+def test_per_row_quantization_is_one_scale_per_row_and_saturates_nowhere():
+    from worker.fp8 import FP8_MAX, quantize_act_rows, scaled_mm
+
+    x = torch.randn(37, 64) * torch.logspace(-3, 3, 37)[:, None]  # rows six decades apart
+    q, s = quantize_act_rows(x)
+    assert s.shape == (37, 1) and q.dtype == torch.float8_e4m3fn
+    assert torch.isfinite(q.float()).all() and q.float().abs().amax(-1).eq(FP8_MAX).all()
+    w = torch.randn(48, 64).to(torch.float8_e4m3fn)
+    y = scaled_mm(q, s, w, torch.tensor(0.5))
+    ref = x @ (w.float() * 0.5).t()
+    rel = ((y.float() - ref).norm(dim=-1) / ref.norm(dim=-1)).max()
+    assert rel < 0.08, rel  # every row keeps FP8's relative precision, however small it is
+
+
+def test_unknown_activation_scales_are_refused():
+    import pytest
+
+    model = DiT(ModelShape.from_name("tiny"))
+    model.act_scales = "block"
+    with pytest.raises(ValueError, match="valid"):
+        model.set_compile(False)
+
+
 def test_fusion_needs_fp8_weights():
     import pytest
 
