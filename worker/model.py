@@ -23,7 +23,8 @@ CUDA, bf16 otherwise on CUDA, fp32 on CPU. Activations are quantized on the fly,
 
 With FP8 GEMMs and the compile switch on CUDA, ``DiT.set_compile`` also installs a ``BlockFusion``:
 the elementwise chains around the GEMMs compiled into few kernels (residual + LayerNorm/modulation
-+ the FP8 activation quantization; the query's RoPE; GELU + quantization of the FFN-down input when
++ the FP8 activation quantization, a block's last residual added in the next block's first such
+kernel; the query's RoPE; GELU + quantization of the FFN-down input when
 the block's ``row_parallel`` is not overridden). Same math as the unfused path (``BlockFusion.eager()``
 is that path with the chains grouped; the tests compare both on CPU). ``DiT.fuse_blocks = False``
 keeps the unfused path under compile (the bench measures both).
@@ -215,13 +216,21 @@ class Block:
         kv = self.ckv(cond).view(L, 2, H, hd).permute(1, 2, 0, 3)
         return kv[0].contiguous(), kv[1].contiguous()
 
-    def _fused(self, x, t: float, cache: KVCache, ckv, b: int) -> torch.Tensor:
-        """``__call__`` with the elementwise chains fused (``self.fusion``); FP8 weights only."""
+    def fused(self, x, pending, t: float, cache: KVCache, ckv, b: int):
+        """``__call__`` with the elementwise chains fused (``self.fusion``); FP8 weights only.
+
+        The block's last residual (x + gate * mlp) is returned unapplied as ``pending = (gate, y)``:
+        the next block adds it in the kernel of its first LayerNorm + quantization (``res_ln_quant``),
+        so x is read once there instead of once more by a residual kernel; the caller applies the
+        last block's. Returns (x, pending)."""
         fu = self.fusion
         T, _ = x.shape
         H, hd = self.shape.heads, self.shape.head_dim
         sh1, sc1, g1, sh2, sc2, g2 = self.mods[t]
-        hq, hs = fu.ln_quant(x, sc1, sh1)
+        if pending is None:
+            hq, hs = fu.ln_quant(x, sc1, sh1)
+        else:
+            x, hq, hs = fu.res_ln_quant(x, pending[0], pending[1], sc1, sh1)
         q, k, v = _mm(hq, hs, self.qkv).view(T, 3, H, hd).permute(1, 2, 0, 3).unbind(0)
         q = fu.rope(q, cache.cos, cache.sin)
         with self.timer.span("upkeep"):
@@ -242,11 +251,10 @@ class Block:
             if self.allreduce is not _identity:
                 with self.timer.span("allreduce"):
                     y = self.allreduce(y)
-        return torch.addcmul(x, g2, y)
+        return x, (g2, y)
 
-    def __call__(self, x, t: float, cache: KVCache, ckv, b: int, fused: bool = True) -> torch.Tensor:
-        if fused and self.fusion is not None:
-            return self._fused(x, t, cache, ckv, b)
+    def __call__(self, x, t: float, cache: KVCache, ckv, b: int) -> torch.Tensor:
+        """The unfused block (any weights): x -> x after self-attention, cross-attention and MLP."""
         T, d = x.shape
         H, hd = self.shape.heads, self.shape.head_dim
         sh1, sc1, g1, sh2, sc2, g2 = self.mods[t]  # timestep modulation (scales already 1 + scale)
@@ -335,8 +343,13 @@ class DiT:
         return F.silu(self.t_embed @ emb)  # [d]
 
     def forward_tokens(self, x: torch.Tensor, t: float, cache: KVCache, cond_kv, fused: bool = True) -> torch.Tensor:
+        if fused and self.blocks and self.blocks[0].fusion is not None:
+            pending = None
+            for b, blk in enumerate(self.blocks):
+                x, pending = blk.fused(x, pending, t, cache, cond_kv[b], b)
+            return torch.addcmul(x, *pending)
         for b, blk in enumerate(self.blocks):
-            x = blk(x, t, cache, cond_kv[b], b, fused)
+            x = blk(x, t, cache, cond_kv[b], b)
         return x
 
     def first_forward(self, cond: torch.Tensor, cache: KVCache):
