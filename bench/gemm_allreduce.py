@@ -1,17 +1,26 @@
 """The fused FP8 GEMM + all-reduce kernel at world size 1 vs ``torch._scaled_mm``, one H200, one run.
 
     python bench/gemm_allreduce.py [--m 757]
+    python bench/gemm_allreduce.py --sweep [--m 757]   # every candidate config, every rank shape
 
 Shapes: one prod57b TP=3 rank's block GEMMs at M=757 tokens (QKV 7680->3*2560, attn-out 2560->7680,
 FFN up 7680->10240, FFN down 10240->7680). GPU time per call under CUDA graphs (as the worker runs
 with ``cuda_graphs``), both with fp32-promoted accumulation (the default of both) and with fast
 accumulation (same tiles); every tile config `tune` tried; eager us per call (host launch included); the fused
 path's push + reduce with 3 ranks emulated on this GPU. LAST: the rate ratio kernel / _scaled_mm.
+
+``--sweep`` times every config of ``ga.CONFIGS`` (classic and variant kernels: persistent, stream-K,
+TMA, promotion modes) at each shape, precise and fast accumulation (fast once per tiling: the `acc`
+mode only changes the precise path), against ``_scaled_mm`` measured in the same run. Each variant's
+result is first checked against ``gemm_allreduce_ref`` (a wrong one is reported "wrong", never
+timed); a variant that fails to compile or launch is reported "failed: <why>" and the sweep goes on.
+LAST: the best config per shape and the time-weighted ratios of the best (precise, then fast).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -40,7 +49,7 @@ def eager_us(fn) -> float:
 
 
 def _cfg(c: ga.TileConfig) -> str:
-    return f"{c.block_m}x{c.block_n}x{c.block_k} w{c.num_warps} s{c.num_stages}"
+    return c.label()
 
 
 def measure(name: str, m: int, n: int, k: int) -> dict:
@@ -97,9 +106,118 @@ def emulated_fused(m: int, world: int = 3) -> tuple[float, float, float]:
     return t_gemm, t_push, t_call - t_push
 
 
+def _check(out: torch.Tensor, a, w, sa, sb, mm: torch.Tensor) -> str | None:
+    """None when `out` is within 2x _scaled_mm's own error of the reference (bf16 of the fp32 GEMM)
+    + one bf16 ulp of its largest value, else why. A wrong tile, a lost or doubled K-block is far
+    outside that; a different rounding of the same sum is not."""
+    ref = ga.gemm_allreduce_ref(a, w.t(), sa, sb).double()
+    bound = 2 * (mm.double() - ref).abs().max().item() + 2.0**-7 * ref.abs().max().item()
+    err = (out.double() - ref).abs().max().item()
+    if not err <= bound:  # NaN-safe
+        return f"max err {err:.3g} > {bound:.3g}"
+    return None
+
+
+def _sweep_one(cfg: ga.TileConfig, fast: bool, a, w, sa, sb, mm, rep: int) -> tuple[float | None, str]:
+    """us per call of one variant, or (None, why): compile/launch failure or a wrong result."""
+    try:
+        out = ga.fp8_gemm(a, w.t(), sa, sb, config=cfg, fast_accum=fast)
+        torch.cuda.synchronize()
+        bad = _check(out, a, w, sa, sb, mm)
+        if bad:
+            return None, f"wrong: {bad}"
+        t = triton.testing.do_bench_cudagraph(
+            lambda: ga.fp8_gemm(a, w.t(), sa, sb, config=cfg, fast_accum=fast), rep=rep, return_mode="median"
+        )
+        return t * 1e3, ""
+    except Exception as e:  # noqa: BLE001 -- one variant's failure must not end the sweep
+        try:
+            torch.cuda.synchronize()
+        except RuntimeError:
+            pass  # a sticky CUDA error: later variants report it too
+        why = str(e).strip().splitlines()
+        return None, f"failed: {type(e).__name__}: {why[-1][:120] if why else ''}"
+
+
+def _cell(t: float | None, mm_t: float) -> str:
+    return f"{t:8.1f} {mm_t / t:6.3f}" if t is not None else f"{'-':>8} {'-':>6}"
+
+
+def sweep(m: int, rep: int = 10, device: str = "cuda") -> int:
+    """Every candidate at every rank shape vs _scaled_mm (precise and fast) in this run."""
+    best = {}
+    for name, (n, k) in SHAPES.items():
+        a = torch.randn(m, k, device=device).to(ga.FP8)
+        w = torch.randn(n, k, device=device).to(ga.FP8)
+        sa = torch.tensor(0.02, device=device)
+        sb = torch.tensor(0.03, device=device)
+        flops = 2.0 * m * n * k
+        mm, mm_us = {}, {}
+        for fast in (False, True):
+
+            def call(fast=fast, a=a, w=w, sa=sa, sb=sb):
+                return torch._scaled_mm(
+                    a, w.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16, use_fast_accum=fast
+                )
+
+            mm[fast] = call()
+            mm_us[fast] = gpu_us(call)
+        print(f"\n## {name} M={m} N={n} K={k}: _scaled_mm prec {mm_us[False]:.1f} us, "
+              f"fast {mm_us[True]:.1f} us")  # fmt: skip
+        print(f"{'config':44s} | {'prec us':>8} {'ratio':>6} | {'fast us':>8} {'ratio':>6} | note")
+        fast_of: dict[tuple, tuple] = {}  # fast accumulation ignores `acc`: time once per tiling
+        res: dict[bool, list] = {False: [], True: []}
+        for cfg in ga.CONFIGS:
+            t_p, why_p = _sweep_one(cfg, False, a, w, sa, sb, mm[False], rep)
+            key = dataclasses.replace(cfg, acc="flag")
+            if key not in fast_of:
+                fast_of[key] = _sweep_one(cfg, True, a, w, sa, sb, mm[True], rep)
+            t_f, why_f = fast_of[key]
+            for fast, t in ((False, t_p), (True, t_f)):
+                if t is not None:
+                    res[fast].append((t, cfg))
+            notes = [f"prec {why_p}" if why_p else "", f"fast {why_f}" if why_f else ""]
+            print(
+                f"{cfg.label():44s} | {_cell(t_p, mm_us[False])} | {_cell(t_f, mm_us[True])} | "
+                f"{'; '.join(x for x in notes if x)}",
+                flush=True,
+            )
+        best[name] = {
+            fast: (min(res[fast], key=lambda r: r[0]) if res[fast] else None, mm_us[fast], flops)
+            for fast in res
+        }
+    print("\nbest per shape (GPU us under CUDA graphs)")
+    ok = True
+    for fast in (False, True):
+        tag = "fast" if fast else "prec"
+        for name in SHAPES:
+            r, mm_t, flops = best[name][fast]
+            if r is None:
+                ok = False
+                print(f"{tag} {name:9s} no variant worked")
+                continue
+            t, cfg = r
+            print(
+                f"{tag} {name:9s} _scaled_mm {mm_t:7.1f} us  ours {t:7.1f} us  "
+                f"{flops / t / 1e6:6.1f} TFLOP/s  ratio {mm_t / t:.3f}  {cfg.label()}"
+            )
+    if not ok:
+        print("ratio: not every shape has a working variant")
+        return 1
+    for fast in (True, False):  # the goal (precise) LAST
+        tot_mm = sum(best[nm][fast][1] for nm in SHAPES)
+        tot = sum(best[nm][fast][0][0] for nm in SHAPES)
+        worst = min(best[nm][fast][1] / best[nm][fast][0][0] for nm in SHAPES)
+        tag = "fast accumulation" if fast else "default (fp32-promoted) accumulation"
+        print(f"ratio kernel/_scaled_mm rate, best per shape (4 rank GEMMs, time-weighted, {tag}): "
+              f"{tot_mm / tot:.3f} (worst shape {worst:.3f})")
+    return 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--m", type=int, default=757)
+    p.add_argument("--sweep", action="store_true", help="time every candidate config at every shape")
     args = p.parse_args()
     if not torch.cuda.is_available():
         print("needs a CUDA GPU")
@@ -107,6 +225,8 @@ def main() -> int:
     m = args.m
     torch.manual_seed(0)
     print(f"# {torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__} M={m}")
+    if args.sweep:
+        return sweep(m)
     rows = [measure(name, m, n, k) for name, (n, k) in SHAPES.items()]
     t_gemm, t_push, t_reduce = emulated_fused(m)
 

@@ -46,17 +46,60 @@ class GemmAllReduceError(ValueError):
 
 @dataclass(frozen=True)
 class TileConfig:
+    """One tiling and main-loop variant (every variant computes the same product; see ACCUMULATION).
+
+    persistent: grid = the SM count, each program loops over output tiles (grouped order);
+    stream_k: persistent, and the (tile, K-block) iteration space is cut evenly between programs, a
+    tile split between two programs is summed through a small fp32 workspace (no wave tail);
+    tma: operands loaded through host-side TMA tensor descriptors (K-major operands only; other
+    layouts fall back to pointer loads); flatten: ``tl.range(flatten=True)`` over the persistent
+    tile loop (prefetch across tiles); acc: how fp32 promotion is done (ACCUMULATION).
+    The classic kernel runs unless persistent, stream_k or tma is set.
+    """
+
     block_m: int
     block_n: int
     block_k: int
     group_m: int = 8
     num_warps: int = 8
     num_stages: int = 4
+    persistent: bool = False
+    stream_k: bool = False
+    tma: bool = False
+    flatten: bool = False
+    acc: str = "flag"
+
+    @property
+    def classic(self) -> bool:
+        return not (self.persistent or self.stream_k or self.tma)
+
+    def label(self) -> str:
+        kind = "sk" if self.stream_k else "pers" if self.persistent else "tile"
+        extra = "".join(f" {f}" for f in ("tma", "flatten") if getattr(self, f))
+        return (
+            f"{self.block_m}x{self.block_n}x{self.block_k} w{self.num_warps} s{self.num_stages} "
+            f"{kind}{extra} {self.acc}"
+        )
+
+
+# ACCUMULATION (the default, fp32-promoted path; ``fast_accum=True`` ignores `acc` and lets the FP8
+# tensor cores accumulate the whole K in their own reduced-precision accumulator, as
+# ``_scaled_mm(use_fast_accum=True)``). In every `acc` mode a partial sum of BLOCK_K products is
+# formed in the tensor-core accumulator (starting from zero) and then added into the fp32
+# accumulator, so the promotion interval is exactly BLOCK_K products:
+#   "flag": ``tl.dot(a, b, acc, max_num_imprecise_acc=BLOCK_K)`` (the compiler's partial accumulator);
+#   "add":  ``acc += tl.dot(a, b)`` (an explicit zero-initialised dot, then an fp32 add);
+#   "lag":  as "add", but the add of block i is issued after the dot of block i+1 (same sums, same
+#           order of fp32 additions as "add": identical results; only the schedule differs).
+# BLOCK_K = 128 matches cuBLAS/CUTLASS's default FP8 promotion (every 4 wgmma k-groups of 32 = 128
+# products, ``use_fast_accum=False``); BLOCK_K = 64 promotes more often (more precise than cuBLAS);
+# BLOCK_K = 256 promotes every 256 products (less precise than cuBLAS: not its default).
+ACC_MODES = {"flag": 0, "add": 1, "lag": 2}
 
 
 # candidates: the best of a first H200 sweep at M=757 (10 configs; 128x256x64, 64x128, 128x64 and
 # 64x256 w8 never won); `tune` picks among them per steady shape
-CONFIGS: tuple[TileConfig, ...] = (
+CLASSIC_CONFIGS: tuple[TileConfig, ...] = (
     TileConfig(128, 128, 128, 8, 8, 4),
     TileConfig(128, 128, 128, 8, 4, 5),
     TileConfig(128, 128, 128, 8, 8, 3),
@@ -64,6 +107,32 @@ CONFIGS: tuple[TileConfig, ...] = (
     TileConfig(64, 256, 128, 8, 4, 4),
     TileConfig(128, 256, 128, 8, 8, 3),
 )
+# variants for the wave tail at M=757 (6 row tiles of 128; 360 / 180 tiles on 132 SMs = 2.73 / 1.36
+# waves) and for the cost of promotion; not yet measured: bench/gemm_allreduce.py --sweep compares
+# them all at the rank shapes, and `tune` keeps the winner per shape
+VARIANT_CONFIGS: tuple[TileConfig, ...] = (
+    TileConfig(128, 128, 128, 8, 8, 4, acc="add"),
+    TileConfig(128, 128, 128, 8, 8, 4, acc="lag"),
+    TileConfig(128, 256, 128, 8, 8, 3, acc="add"),
+    TileConfig(128, 128, 128, 8, 8, 4, tma=True),
+    TileConfig(128, 128, 128, 8, 8, 4, tma=True, acc="add"),
+    TileConfig(128, 256, 128, 8, 8, 3, tma=True),
+    TileConfig(128, 128, 128, 8, 8, 4, persistent=True),
+    TileConfig(128, 128, 128, 8, 8, 4, persistent=True, tma=True),
+    TileConfig(128, 128, 128, 8, 8, 4, persistent=True, tma=True, flatten=True),
+    TileConfig(128, 256, 128, 8, 8, 3, persistent=True, tma=True),
+    TileConfig(128, 256, 128, 8, 8, 3, persistent=True, tma=True, acc="add"),
+    TileConfig(128, 128, 128, 8, 8, 4, stream_k=True),
+    TileConfig(128, 128, 128, 8, 8, 4, stream_k=True, tma=True),
+    TileConfig(128, 128, 128, 8, 8, 4, stream_k=True, tma=True, acc="add"),
+    TileConfig(128, 256, 128, 8, 8, 3, stream_k=True),
+    TileConfig(128, 256, 128, 8, 8, 3, stream_k=True, tma=True),
+    TileConfig(128, 256, 128, 8, 8, 3, stream_k=True, tma=True, acc="add"),
+    TileConfig(128, 256, 64, 8, 8, 4, stream_k=True, tma=True),
+    TileConfig(64, 256, 128, 8, 4, 4, stream_k=True, tma=True),
+    TileConfig(256, 128, 128, 8, 8, 3, stream_k=True, tma=True),
+)
+CONFIGS: tuple[TileConfig, ...] = CLASSIC_CONFIGS + VARIANT_CONFIGS
 # The fused path always uses this tiling: every rank must cut the output into the same tiles (the
 # flags are per tile), and a per-rank `tune` could disagree. It won both row-parallel shapes
 # (attn-out K=2560, FFN down K=10240) on the H200 at M=757 (bench/gemm_allreduce.py).
@@ -81,25 +150,34 @@ def pick_config(m: int, n: int, k: int, fast_accum: bool = False) -> TileConfig:
     return TUNED.get((m, n, k, fast_accum), CONFIGS[0])
 
 
-def tune(m: int, n: int, k: int, fast_accum: bool = False, device="cuda") -> TileConfig:
-    """Time every candidate config at (M, N, K) under CUDA graphs and keep the fastest for
-    `pick_config`. Call at warm-up for the steady-state shapes (it synchronises), never per step."""
+def tune(m: int, n: int, k: int, fast_accum: bool = False, device="cuda",
+         candidates: tuple[TileConfig, ...] | None = None) -> TileConfig:  # fmt: skip
+    """Time every candidate config (default CONFIGS) at (M, N, K) under CUDA graphs and keep the
+    fastest for `pick_config`. A candidate that fails to compile/launch or gives a wrong result is
+    skipped. Call at warm-up for the steady-state shapes (it synchronises), never per step."""
     key = (m, n, k, fast_accum)
     if key in TUNED:
         return TUNED[key]
     a = torch.randn(m, k, device=device).to(FP8)
     w = torch.randn(n, k, device=device).to(FP8)
     one = torch.ones((), device=device)
+    ref = gemm_allreduce_ref(a, w.t(), one, one).float()
+    tol = 2.0**-6 * ref.abs().max().item()
     best, best_t = CONFIGS[0], float("inf")
-    log = TUNE_LOG.setdefault(key, [])
-    for cfg in CONFIGS:
+    tlog = TUNE_LOG.setdefault(key, [])
+    for cfg in candidates or CONFIGS:
         try:
+            out = fp8_gemm(a, w.t(), one, one, config=cfg, fast_accum=fast_accum)
+            if not (out.float() - ref).abs().max().item() <= tol:
+                log.warning("tune: %s gives a wrong result at %s: skipped", cfg, key)
+                continue
             t = triton.testing.do_bench_cudagraph(
                 lambda cfg=cfg: fp8_gemm(a, w.t(), one, one, config=cfg, fast_accum=fast_accum), rep=20
             )
-        except (RuntimeError, triton.runtime.errors.OutOfResources):
-            continue  # does not fit this GPU: not a candidate
-        log.append((cfg, t))
+        except Exception as e:  # noqa: BLE001 -- does not compile / fit on this GPU: not a candidate
+            log.info("tune: %s unavailable at %s (%s)", cfg, key, type(e).__name__)
+            continue
+        tlog.append((cfg, t))
         if t < best_t:
             best, best_t = cfg, t
     TUNED[key] = best
@@ -134,6 +212,7 @@ def _fp8_gemm_kernel(
     A_ROWWISE: tl.constexpr, B_COLWISE: tl.constexpr,
     PUSH: tl.constexpr, WORLD: tl.constexpr, EVEN_K: tl.constexpr, MAX_IMPRECISE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    ACC: tl.constexpr = 0,
 ):  # fmt: skip
     # a: [M, K] e4m3; b: [K, N] e4m3 (any strides; K-major is fastest); c: [M, N] bf16 (when not PUSH)
     pid = tl.program_id(0)
@@ -147,6 +226,7 @@ def _fp8_gemm_kernel(
     a_ptrs = a_ptr + offs_am[:, None] * stride_am + offs_k[None, :] * stride_ak
     b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_bn[None, :] * stride_bn
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    prev = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for kk in range(tl.cdiv(K, BLOCK_K)):
         if EVEN_K:
             a = tl.load(a_ptrs)
@@ -156,10 +236,18 @@ def _fp8_gemm_kernel(
             a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
             b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
         # MAX_IMPRECISE=BLOCK_K: FP8 tensor-core sums are promoted to fp32 every BLOCK_K products
-        # (as cuBLAS does by default); None: the backend's fast accumulation
-        acc = tl.dot(a, b, acc, max_num_imprecise_acc=MAX_IMPRECISE)
+        # (as cuBLAS does by default); None: the backend's fast accumulation. ACC: see ACCUMULATION
+        if ACC == 0:
+            acc = tl.dot(a, b, acc, max_num_imprecise_acc=MAX_IMPRECISE)
+        elif ACC == 1:
+            acc += tl.dot(a, b)
+        else:
+            acc += prev
+            prev = tl.dot(a, b)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
+    if ACC == 2:
+        acc += prev
     if A_ROWWISE:
         acc = acc * tl.load(a_scale_ptr + offs_am)[:, None]
     else:
@@ -198,6 +286,147 @@ def _push_tile(c, mask, offs_m, offs_n, tile, slot_ptrs, flag_ptrs, epoch_ptr, M
     for r in tl.static_range(WORLD):
         flags = tl.load(flag_ptrs + r).to(tl.pointer_type(tl.int64))
         tl.atomic_xchg(flags + flag_off, epoch, sem="release", scope="sys")
+
+
+@triton.jit
+def _k_loop(a_ptr, b_ptr, a_desc, b_desc, off_m, off_n, k_lo, k_hi, M, N, K,
+            stride_am, stride_ak, stride_bk, stride_bn,
+            TMA: tl.constexpr, EVEN_K: tl.constexpr, ACC: tl.constexpr, MAX_IMPRECISE: tl.constexpr,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+    """fp32 sum over K-blocks [k_lo, k_hi) of one output tile (rows off_m.., cols off_n..)."""
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    prev = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    offs_k = tl.arange(0, BLOCK_K)
+    if not TMA:
+        # rows/cols past the edge wrap around (loads stay in bounds without masks)
+        offs_am = (off_m + tl.arange(0, BLOCK_M)) % M
+        offs_bn = (off_n + tl.arange(0, BLOCK_N)) % N
+        a_ptrs = a_ptr + offs_am[:, None] * stride_am + (k_lo * BLOCK_K + offs_k)[None, :] * stride_ak
+        b_ptrs = b_ptr + (k_lo * BLOCK_K + offs_k)[:, None] * stride_bk + offs_bn[None, :] * stride_bn
+    for kk in range(k_lo, k_hi):
+        if TMA:  # out-of-bounds rows and the K tail read as zeros
+            a = a_desc.load([off_m, kk * BLOCK_K])
+            b = b_desc.load([off_n, kk * BLOCK_K]).T
+        else:
+            if EVEN_K:
+                a = tl.load(a_ptrs)
+                b = tl.load(b_ptrs)
+            else:
+                k_left = K - kk * BLOCK_K
+                a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+                b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+            a_ptrs += BLOCK_K * stride_ak
+            b_ptrs += BLOCK_K * stride_bk
+        if ACC == 0:
+            acc = tl.dot(a, b, acc, max_num_imprecise_acc=MAX_IMPRECISE)
+        elif ACC == 1:
+            acc += tl.dot(a, b)
+        else:
+            acc += prev
+            prev = tl.dot(a, b)
+    if ACC == 2:
+        acc += prev
+    return acc
+
+
+@triton.jit
+def _epilogue(acc, pid_m, pid_n, tile, c_ptr, a_scale_ptr, b_scale_ptr, slot_ptrs, flag_ptrs, epoch_ptr,
+              M, N, stride_cm, stride_cn, rank, max_tiles,
+              A_ROWWISE: tl.constexpr, B_COLWISE: tl.constexpr, PUSH: tl.constexpr, WORLD: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+    """Scales, bf16, then the masked store (or the push to every rank's slot + flags)."""
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    if A_ROWWISE:
+        acc = acc * tl.load(a_scale_ptr + offs_m, mask=offs_m < M, other=0.0)[:, None]
+    else:
+        acc = acc * tl.load(a_scale_ptr)
+    if B_COLWISE:
+        acc = acc * tl.load(b_scale_ptr + offs_n, mask=offs_n < N, other=0.0)[None, :]
+    else:
+        acc = acc * tl.load(b_scale_ptr)
+    c = acc.to(tl.bfloat16)
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    if PUSH:
+        _push_tile(
+            c, mask, offs_m, offs_n, tile, slot_ptrs, flag_ptrs, epoch_ptr, M, N, rank, max_tiles, WORLD
+        )
+    else:
+        tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn, c, mask=mask)
+
+
+@triton.jit
+def _fp8_gemm_tiles_kernel(
+    a_ptr, b_ptr, a_desc, b_desc, c_ptr, a_scale_ptr, b_scale_ptr,
+    slot_ptrs, flag_ptrs, epoch_ptr, part_ptr, count_ptr,
+    M, N, K,
+    stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+    rank, max_tiles,
+    A_ROWWISE: tl.constexpr, B_COLWISE: tl.constexpr,
+    PUSH: tl.constexpr, WORLD: tl.constexpr, EVEN_K: tl.constexpr, MAX_IMPRECISE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    ACC: tl.constexpr, TMA: tl.constexpr, STREAM_K: tl.constexpr, FLATTEN: tl.constexpr,
+):  # fmt: skip
+    """The variant kernel: programs loop over output tiles (grid = tiles: one each; grid = SMs:
+    persistent), or with STREAM_K over an even share of the (tile, K-block) iterations.
+
+    TMA: a_desc [M, K] and b_desc [N, K] (K-major) tensor descriptors, else pointer loads. Tile ids
+    and the epilogue (incl. PUSH) are the classic kernel's, so `_tile_reduce_kernel` pairs with it.
+    Stream-K: the grid never exceeds the tile count, so a program's share is at least one tile's K
+    and a tile is split between at most two programs, programs p-1 (its first K-blocks) and p (the
+    rest): both store their fp32 partial in boundary slot p of `part_ptr` [grid, 2, BLOCK_M*BLOCK_N]
+    and bump `count_ptr[p]`; whichever arrives second adds the other's partial (a + b: the same
+    value in either order) and finishes the tile, then re-arms the counter for the next call.
+    """
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_tiles = num_pid_m * num_pid_n
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    if STREAM_K:
+        total = num_tiles * k_tiles
+        share = total // nprog
+        extra = total % nprog
+        it = pid * share + tl.minimum(pid, extra)
+        end = it + share + (pid < extra).to(tl.int32)
+        offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+        while it < end:
+            t = it // k_tiles
+            k0 = it - t * k_tiles
+            k1 = tl.minimum(k_tiles, k0 + (end - it))
+            pid_m, pid_n, tile = _tile_coords(t, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+            acc = _k_loop(a_ptr, b_ptr, a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, k0, k1, M, N, K,
+                          stride_am, stride_ak, stride_bk, stride_bn,
+                          TMA, EVEN_K, ACC, MAX_IMPRECISE, BLOCK_M, BLOCK_N, BLOCK_K)  # fmt: skip
+            if (k0 == 0) & (k1 == k_tiles):
+                _epilogue(acc, pid_m, pid_n, tile, c_ptr, a_scale_ptr, b_scale_ptr, slot_ptrs, flag_ptrs,
+                          epoch_ptr, M, N, stride_cm, stride_cn, rank, max_tiles,
+                          A_ROWWISE, B_COLWISE, PUSH, WORLD, BLOCK_M, BLOCK_N)  # fmt: skip
+            else:
+                head = (k0 == 0).to(tl.int32)  # this program holds the tile's first K-blocks
+                slot = pid + head
+                part = part_ptr + slot.to(tl.int64) * (2 * BLOCK_M * BLOCK_N)
+                tl.store(part + (1 - head) * (BLOCK_M * BLOCK_N) + offs, acc)
+                tl.debug_barrier()  # every thread's partial precedes the counter (release below)
+                seen = tl.atomic_add(count_ptr + slot, 1, sem="acq_rel", scope="gpu")
+                if seen == 1:  # the other half is there: finish the tile
+                    tl.debug_barrier()
+                    acc += tl.load(part + head * (BLOCK_M * BLOCK_N) + offs, cache_modifier=".cg")
+                    tl.atomic_xchg(count_ptr + slot, 0)
+                    _epilogue(acc, pid_m, pid_n, tile, c_ptr, a_scale_ptr, b_scale_ptr, slot_ptrs,
+                              flag_ptrs, epoch_ptr, M, N, stride_cm, stride_cn, rank, max_tiles,
+                              A_ROWWISE, B_COLWISE, PUSH, WORLD, BLOCK_M, BLOCK_N)  # fmt: skip
+            it += k1 - k0
+    else:
+        for t in tl.range(pid, num_tiles, nprog, flatten=FLATTEN):
+            pid_m, pid_n, tile = _tile_coords(t, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+            acc = _k_loop(a_ptr, b_ptr, a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, 0, k_tiles, M, N, K,
+                          stride_am, stride_ak, stride_bk, stride_bn,
+                          TMA, EVEN_K, ACC, MAX_IMPRECISE, BLOCK_M, BLOCK_N, BLOCK_K)  # fmt: skip
+            _epilogue(acc, pid_m, pid_n, tile, c_ptr, a_scale_ptr, b_scale_ptr, slot_ptrs, flag_ptrs,
+                      epoch_ptr, M, N, stride_cm, stride_cn, rank, max_tiles,
+                      A_ROWWISE, B_COLWISE, PUSH, WORLD, BLOCK_M, BLOCK_N)  # fmt: skip
 
 
 @triton.jit
@@ -263,22 +492,81 @@ def _use_triton(t: torch.Tensor) -> bool:
     return t.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
 
 
+def _num_sms(device) -> int:
+    """Programs of a persistent grid: the SM count on a GPU; 4 under the interpreter (tests)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return _INTERPRET_SMS
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SMS:
+        _SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SMS[idx]
+
+
+_SMS: dict[int, int] = {}
+_INTERPRET_SMS = 4
+# stream-K boundary workspaces per (device, grid, BLOCK_M, BLOCK_N): fp32 partials [grid, 2, BM*BN]
+# and int32 counters [grid] (zero between calls: the finishing program re-arms its counter). One
+# stream at a time may use a workspace (the worker's GEMMs run on one stream).
+_STREAM_K_WS: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _stream_k_workspace(device, grid: int, cfg: TileConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    key = (str(device), grid, cfg.block_m, cfg.block_n)
+    ws = _STREAM_K_WS.get(key)
+    if ws is None:  # first use (tune / warm-up, before any graph capture)
+        ws = _STREAM_K_WS[key] = (
+            torch.empty((grid, 2, cfg.block_m * cfg.block_n), dtype=torch.float32, device=device),
+            torch.zeros(grid, dtype=torch.int32, device=device),
+        )
+    return ws
+
+
+def _tma_ok(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """TMA descriptors need K-major rows with 16-byte aligned bases and row strides."""
+    return (
+        a.stride(1) == 1 and b.stride(0) == 1 and a.stride(0) % 16 == 0 and b.stride(1) % 16 == 0
+        and a.data_ptr() % 16 == 0 and b.data_ptr() % 16 == 0
+    )  # fmt: skip
+
+
 def _launch_gemm(a, b, a_scale, b_scale, c, m, n, k, cfg: TileConfig, push=None, fast_accum=False) -> None:
-    grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n),)
+    tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
     dummy = a_scale  # any tensor: pointer arguments unused when PUSH is off
     slot_ptrs, flag_ptrs, epoch, rank, world, max_tiles = push or (dummy, dummy, dummy, 0, 1, 0)
-    _fp8_gemm_kernel[grid](
-        a, b, c if c is not None else dummy, a_scale, b_scale,
-        slot_ptrs, flag_ptrs, epoch,
-        m, n, k,
-        a.stride(0), a.stride(1), b.stride(0), b.stride(1),
-        c.stride(0) if c is not None else 0, c.stride(1) if c is not None else 0,
-        rank, max_tiles,
+    acc_mode = 0 if fast_accum else ACC_MODES[cfg.acc]
+    common = dict(  # noqa: C408 -- kernel keyword arguments
         A_ROWWISE=a_scale.numel() > 1, B_COLWISE=b_scale.numel() > 1,
         PUSH=push is not None, WORLD=world, EVEN_K=k % cfg.block_k == 0,
         MAX_IMPRECISE=None if fast_accum else cfg.block_k,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, ACC=acc_mode,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    strides = (
+        a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+        c.stride(0) if c is not None else 0, c.stride(1) if c is not None else 0,
+    )  # fmt: skip
+    if cfg.classic:
+        _fp8_gemm_kernel[(tiles,)](
+            a, b, c if c is not None else dummy, a_scale, b_scale, slot_ptrs, flag_ptrs, epoch,
+            m, n, k, *strides, rank, max_tiles, **common,
+        )  # fmt: skip
+        return
+    grid = min(tiles, _num_sms(a.device)) if (cfg.persistent or cfg.stream_k) else tiles
+    tma = cfg.tma and _tma_ok(a, b)
+    if tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        a_desc = TensorDescriptor.from_tensor(a, [cfg.block_m, cfg.block_k])
+        b_desc = TensorDescriptor.from_tensor(b.t(), [cfg.block_n, cfg.block_k])  # [N, K] K-major
+    else:
+        a_desc = b_desc = dummy
+    part, count = _stream_k_workspace(a.device, grid, cfg) if cfg.stream_k else (dummy, dummy)
+    _fp8_gemm_tiles_kernel[(grid,)](
+        a, b, a_desc, b_desc, c if c is not None else dummy, a_scale, b_scale,
+        slot_ptrs, flag_ptrs, epoch, part, count,
+        m, n, k, *strides, rank, max_tiles, **common,
+        TMA=tma, STREAM_K=cfg.stream_k, FLATTEN=cfg.flatten,
     )  # fmt: skip
 
 

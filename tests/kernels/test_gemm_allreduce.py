@@ -24,6 +24,21 @@ DEV = "cuda" if CUDA else "cpu"
 # the interpreter's fp8/bf16 rounding differs from the GPU's: compare loosely there, tightly on the GPU
 REL = 2.0**-8 if CUDA else 2.0**-6
 SMALL = ga.TileConfig(16, 16, 32, group_m=2, num_warps=4, num_stages=1) if not CUDA else None
+# every variant kernel at interpreter-sized tiles (the interpreter runs _INTERPRET_SMS=4 persistent
+# programs, so persistent loops take several tiles and stream-K splits tiles between programs)
+VARIANT_KINDS = {
+    "add": {"acc": "add"},
+    "lag": {"acc": "lag"},
+    "tma": {"tma": True},
+    "persistent": {"persistent": True},
+    "persistent_tma_flatten_add": {"persistent": True, "tma": True, "flatten": True, "acc": "add"},
+    "stream_k": {"stream_k": True},
+    "stream_k_tma_lag": {"stream_k": True, "tma": True, "acc": "lag"},
+}
+
+
+def _small_variant(kind: str) -> ga.TileConfig:
+    return ga.TileConfig(16, 16, 32, group_m=2, num_warps=4, num_stages=1, **VARIANT_KINDS[kind])
 
 
 def _operands(m, n, k, rowwise=False, seed=0):
@@ -66,6 +81,63 @@ def test_fp8_gemm_matches_reference(m, n, k, rowwise):
     assert torch.equal(ga.gemm_allreduce(a, w.t(), sa, sb, group=None), ga.fp8_gemm(a, w.t(), sa, sb))
 
 
+@pytest.mark.skipif(CUDA, reason="interpreter-sized tiles; the GPU test below runs the real configs")
+@pytest.mark.parametrize("kind", sorted(VARIANT_KINDS))
+@pytest.mark.parametrize("fast", [False, True])
+@pytest.mark.parametrize("m,n,k,rowwise", [(37, 48, 80, False), (29, 40, 64, True), (8, 16, 32, False)])
+def test_variant_kernels_match_reference(kind, fast, m, n, k, rowwise):
+    """M and N not multiples of the tile, K not a multiple of BLOCK_K (80 = 2.5 blocks), rowwise scales,
+    and a single tile (fewer tiles than persistent programs)."""
+    cfg = _small_variant(kind)
+    a, w, sa, sb = _operands(m, n, k, rowwise, seed=m + k)
+    out = ga.fp8_gemm(a, w.t(), sa, sb, config=cfg, fast_accum=fast)
+    assert out.dtype == torch.bfloat16 and out.shape == (m, n)
+    _assert_close_to(out, _exact(a, w, sa, sb))
+    # the same products in the same fp32 order as the classic kernel (stream-K: a 2-way split's sum
+    # is order-free): identical to it, and to itself on a second call
+    assert torch.equal(out, ga.fp8_gemm(a, w.t(), sa, sb, config=cfg, fast_accum=fast))
+    if not cfg.stream_k:
+        plain = ga.fp8_gemm(a, w.t(), sa, sb, config=SMALL, fast_accum=fast)
+        assert torch.equal(out, plain)
+
+
+@pytest.mark.skipif(CUDA, reason="interpreter grid size")
+def test_stream_k_splits_tiles_and_rearms_its_counters():
+    m, n, k = 37, 48, 80  # 9 tiles x 3 K-blocks = 27 iterations over 4 programs: 7, 7, 7, 6
+    cfg = _small_variant("stream_k")
+    a, w, sa, sb = _operands(m, n, k)
+    ga._STREAM_K_WS.clear()
+    first = ga.fp8_gemm(a, w.t(), sa, sb, config=cfg)
+    ((part, count),) = ga._STREAM_K_WS.values()
+    assert part.shape == (ga._INTERPRET_SMS, 2, 16 * 16)
+    assert (count == 0).all()  # every split tile was finished and its counter re-armed
+    part.fill_(float("nan"))
+    out = ga.fp8_gemm(a, w.t(), sa, sb, config=cfg)  # the same workspace, counters from the last call
+    # programs start at iterations 0, 7, 14, 21 of 3 K-blocks per tile: programs 1 and 2 start
+    # mid-tile (both halves of those tiles written), programs 0 and 3 at a tile's start
+    assert torch.isfinite(part[1:3]).all()
+    assert torch.isnan(part[0]).all() and torch.isnan(part[3]).all()
+    assert (count == 0).all() and torch.equal(out, first)
+    _assert_close_to(out, _exact(a, w, sa, sb))
+
+
+def test_variant_configs_are_well_formed():
+    assert ga.FUSED_CONFIG.classic and ga.pick_config(1, 2, 3) == ga.CONFIGS[0]
+    assert len(set(ga.CONFIGS)) == len(ga.CONFIGS)
+    for cfg in ga.CONFIGS:
+        assert cfg.acc in ga.ACC_MODES and cfg.block_m >= ga._MIN_TILE and cfg.block_n >= ga._MIN_TILE
+        assert cfg.label()
+
+
+def test_tma_falls_back_to_pointer_loads_for_other_layouts():
+    a, w, sa, sb = _operands(29, 40, 64)
+    assert ga._tma_ok(a, w.t())
+    b_n_major = w.t().contiguous()  # [K, N] row-major: not K-major, so pointer loads
+    assert not ga._tma_ok(a, b_n_major)
+    cfg = _small_variant("tma") if not CUDA else ga.TileConfig(64, 64, 64, tma=True)
+    _assert_close_to(ga.fp8_gemm(a, b_n_major, sa, sb, config=cfg), _exact(a, w, sa, sb))
+
+
 def test_operand_errors_list_what_is_valid():
     a, w, sa, sb = _operands(8, 16, 32)
     with pytest.raises(ga.GemmAllReduceError, match=r"\[K, N\] or \[N, K\] with K=32"):
@@ -85,7 +157,12 @@ def _emulated_call(wss, ops, config=None):
 
 
 @pytest.mark.parametrize("world", [2, 3])
-def test_tile_reduction_across_emulated_ranks(world):
+@pytest.mark.parametrize("kind", [None, "persistent_tma_flatten_add", "stream_k"])
+def test_tile_reduction_across_emulated_ranks(world, kind):
+    """The push epilogue of the classic kernel and of the variant kernels (same tile ids)."""
+    if kind is not None and CUDA:
+        pytest.skip("interpreter-sized variant tiles")
+    config = SMALL if kind is None else _small_variant(kind)
     m, n, k = 37, 48, 64
     wss = ga.emulated_workspaces(world, m, n, device=DEV)
     for call in range(3):  # parity 1, 0, 1: both slot sets, and a set reused after the other
@@ -97,7 +174,7 @@ def test_tile_reduction_across_emulated_ranks(world):
         # poison the other parity's slots: a reduction must read only this call's set
         for ws in wss:
             ws.slots[1 - parity].fill_(float("nan"))
-        outs, cfg = _emulated_call(wss, ops, SMALL)
+        outs, cfg = _emulated_call(wss, ops, config)
         n_tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
         for r, (ws, out) in enumerate(zip(wss, outs)):
             _assert_close_to(out, truth, total_abs)
@@ -176,6 +253,21 @@ def test_gpu_world1_matches_reference_at_rank_shapes(m, n, k):
     assert (out.double() - truth).abs().max().item() <= bound
     ref_err = (ref.double() - truth).abs().max().item()
     assert (out.double() - ref.double()).abs().max().item() <= bound + ref_err
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", ga.VARIANT_CONFIGS, ids=lambda c: c.label().replace(" ", "-"))
+def test_gpu_variant_configs_at_a_rank_shape(cfg):
+    m, n, k = 757, 7680, 2560
+    a, w, sa, sb = _operands(m, n, k, seed=k)
+    truth = _exact(a, w, sa, sb)
+    bound = 2 * _scaled_mm_err(a, w, sa, sb, truth) + 1e-3
+    try:
+        out = ga.fp8_gemm(a, w.t(), sa, sb, config=cfg)
+    except triton.runtime.errors.OutOfResources:
+        pytest.skip("does not fit this GPU")
+    assert (out.double() - truth).abs().max().item() <= bound
+    assert torch.equal(out, ga.fp8_gemm(a, w.t(), sa, sb, config=cfg))  # stream-K: repeatable
 
 
 @pytest.mark.gpu
