@@ -287,7 +287,9 @@ class DiT:
         fp8 = (shape.fp8_weights and cuda) if fp8 is None else fp8  # fp8=True on CPU: tests of the FP8 path
         self.fp8 = fp8
         self.fuse_blocks = True  # BlockFusion under the compile switch (CUDA, FP8 weights)
-        self.act_scales = "tensor"  # FP8 activation scales: "tensor" (two passes) or "row" (one pass)
+        # FP8 activation scales: "row" (one pass; measured faster on the H200, bench/worker_step.py
+        # +row_scales) or "tensor" (a global amax first: two passes)
+        self.act_scales = "row"
         wm = WeightMaker(shape.seed, self.device, self.dtype, fp8)
         d, c = shape.d_model, shape.latent_channels
         self.t_embed = wm.chunk((d, 256), 1 / 16, "t_embed")
@@ -299,6 +301,7 @@ class DiT:
         for blk in self.blocks:
             blk.prepare(self._temb)
         self.timer = NullTimer()
+        self.set_compile(False)  # every linear quantizes with ``act_scales`` from the start
 
     @property
     def nbytes(self) -> int:

@@ -71,7 +71,7 @@ def test_fused_block_path_equals_the_unfused_fp8_path():
 
     model = DiT(ModelShape.from_name("tiny"), dtype=torch.bfloat16, fp8=True)
     plain = _fp8_chunks(model, None)
-    fused = _fp8_chunks(model, BlockFusion.eager())
+    fused = _fp8_chunks(model, BlockFusion.eager(model.act_scales))
     assert torch.isfinite(plain.float()).all()
     torch.testing.assert_close(fused, plain, rtol=0, atol=0)
 
@@ -80,10 +80,13 @@ def test_row_scaled_activations_fused_equal_unfused_and_track_the_per_tensor_pat
     from worker.model import BlockFusion
 
     model = DiT(ModelShape.from_name("tiny"), dtype=torch.bfloat16, fp8=True)
+    assert model.act_scales == "row" and all(b.qkv.quant.__name__ == "quantize_act_rows" for b in model.blocks)
+    model.act_scales = "tensor"
+    model.set_compile(False)  # installs the per-tensor quantizer on every linear
+    assert all(b.down.quant.__name__ == "quantize_act" for b in model.blocks)
     per_tensor = _fp8_chunks(model, None)
     model.act_scales = "row"
-    model.set_compile(False)  # installs the per-row quantizer on every linear
-    assert all(b.qkv.quant.__name__ == "quantize_act_rows" for b in model.blocks)
+    model.set_compile(False)
     plain = _fp8_chunks(model, None)
     fused = _fp8_chunks(model, BlockFusion.eager("row"))
     assert torch.isfinite(plain.float()).all()
