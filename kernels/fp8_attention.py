@@ -2,17 +2,22 @@
 
 ``fp8_attention(q, k_cache, v_cache, k_scale, v_scale, n_valid)`` -> [H,Tq,D] bf16: every query attends
 to slots [0, n_valid) (no mask inside the window: RoPE carries position, ring order is irrelevant).
-Online softmax in fp32. Precision model (defaults ``qk_fp8=True, pv_fp8=False``):
+Online softmax in fp32. V may be stored in either of two layouts, same logical shape [H,S,D]:
+``v_layout(S)`` keys-contiguous (storage [H,D,S_pad], slot stride 1: what an FP8 P@V MMA wants as its
+K-major B operand) or head_dim-contiguous (plain [H,S,D]). Precision model:
   * Q is quantized per query row inside the kernel (row amax / 448: no extra pass, no host sync), so
     S = (q8 @ k8^T) * q_row_scale * k_scale is an FP8 x FP8 tensor-core dot (K is consumed as stored,
     K-major) with fp32 accumulation; the scales and log2(e) fold into one FMA before exp2;
-  * P @ V in bf16 by default: FP8 MMA needs V keys-contiguous, but the cache stores V [slots, head_dim],
-    and the transposing FP8 path measured 2x slower on an H200. ``pv_fp8=True`` casts P to FP8 with
-    P = exp2(s - m + 8) in [0, 256] (the 2**8 headroom keeps probabilities down to 2**-17 out of the
-    subnormal range; the row sum uses the same shift);
+  * ``pv_fp8=True``: P is cast to FP8 with P = exp2(s - m + 8) in [0, 256] (the 2**8 headroom keeps
+    probabilities down to 2**-17 out of the subnormal range; the row sum uses the same shift) and
+    P @ V8 is an FP8 MMA straight from shared memory when V is keys-contiguous; ``pv_fp8=False``: P and
+    V in bf16 (V converted in registers every tile). ``pv_fp8=None`` takes ``TUNED`` for V's layout;
   * out = acc * v_scale / l, rounded to bf16.
 Per-row FP8 Q costs accuracy: on random data ~2.6% relative error vs the fp64 truth (bf16 SDPA: 0.4%);
 ``qk_fp8=False`` (bf16 operands, dequantized in registers) gives 0.25% and runs ~1.35x slower.
+Split window (``SPLITS`` > 1, flash-decoding): grid (row tiles, heads, splits), each program a contiguous
+share of the window writing (acc, m, l) to fp32 scratch sized from shapes only; a second kernel combines
+them (both launches sync-free, CUDA-graph capturable, inside one ``triton_op`` under torch.compile).
 head_dim < 32 always takes the bf16 QK path (FP8 MMA needs K >= 32). ``fp8_attention_ref`` is plain
 torch in fp32; ``fp8_attention_lowp_ref`` models the kernel's precision (for the tests' error bound).
 """
@@ -36,6 +41,30 @@ from kernels.rope import (
 )
 
 LOG2E = 1.4426950408889634
+SLOT_PAD = 16  # keys-contiguous V: slot stride padded to 16 bytes so every head_dim row loads 16 B vectors
+KEYS_CONTIGUOUS_V = True  # the worker (worker/cache.py) stores FP8 V keys-contiguous for these kernels
+
+# The launch choice on Hopper per V layout: bench/kernels.py --only attention sweeps the variants and
+# prints the winner as one such line; set it here. Keys: pv_fp8, tiles (BLOCK_M x BLOCK_N), num_warps,
+# num_stages, SPLITS (window shares, 1 = one pass), WS (tl.range warp specialization).
+TUNED = {
+    "keys": {"pv_fp8": True, "BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "SPLITS": 1, "WS": False},
+    "dims": {"pv_fp8": False, "BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "SPLITS": 1, "WS": False},
+}
+
+# (qk_fp8, pv_fp8) -> relative-error bound vs the fp64 truth on random data (tests and bench use it)
+REL_ERR_BOUND = {(True, False): 0.06, (True, True): 0.08, (False, True): 0.04, (False, False): 0.02}
+
+
+def v_layout(H: int, S: int, D: int, dtype=FP8_DTYPE, device=None) -> torch.Tensor:
+    """Zeros [H,S,D] stored keys-contiguous: storage [H,D,S_pad] (slot stride 1, head_dim stride S_pad)."""
+    s_pad = triton.cdiv(S, SLOT_PAD) * SLOT_PAD
+    return torch.zeros(H, D, s_pad, dtype=dtype, device=device)[:, :, :S].transpose(1, 2)
+
+
+def keys_contiguous(v: torch.Tensor) -> bool:
+    """True when v [H,S,D] has slot stride 1 (and head_dim strided): the FP8 P@V layout."""
+    return v.stride(1) == 1 and v.stride(2) != 1
 
 
 @triton.jit
@@ -57,24 +86,37 @@ def _attn_block(
     k_base,
     v_base,
     start,
-    n_valid,
+    hi,
     stride_ks,
     stride_vs,
+    stride_vd,
     offs_d,
     offs_n0,
     MASKED: tl.constexpr,
     QK_FP8: tl.constexpr,
     PV_FP8: tl.constexpr,
+    V_KEYS: tl.constexpr,
     EXACT_ROUND: tl.constexpr,
 ):
+    """One BLOCK_N tile of slots [start, start + BLOCK_N) (masked to < hi when MASKED)."""
     offs_n = start + offs_n0
-    if MASKED:
-        nmask = offs_n < n_valid
-        k = tl.load(k_base + offs_n[:, None] * stride_ks + offs_d[None, :], mask=nmask[:, None], other=0.0)
-        v = tl.load(v_base + offs_n[:, None] * stride_vs + offs_d[None, :], mask=nmask[:, None], other=0.0)
+    k_ptr = k_base + offs_n[:, None] * stride_ks + offs_d[None, :]  # [N, D], head_dim contiguous
+    if V_KEYS:
+        v_ptr = v_base + offs_d[:, None] * stride_vd + offs_n[None, :]  # [D, N], slots contiguous (stride 1)
     else:
-        k = tl.load(k_base + offs_n[:, None] * stride_ks + offs_d[None, :])
-        v = tl.load(v_base + offs_n[:, None] * stride_vs + offs_d[None, :])
+        v_ptr = v_base + offs_n[:, None] * stride_vs + offs_d[None, :]  # [N, D]
+    if MASKED:
+        nmask = offs_n < hi
+        k = tl.load(k_ptr, mask=nmask[:, None], other=0.0)
+        if V_KEYS:
+            v = tl.load(v_ptr, mask=nmask[None, :], other=0.0)
+        else:
+            v = tl.load(v_ptr, mask=nmask[:, None], other=0.0)
+    else:
+        k = tl.load(k_ptr)
+        v = tl.load(v_ptr)
+    if V_KEYS:
+        v = tl.trans(v)  # [N, D] view of the K-major tile (no data movement for the MMA)
     if not QK_FP8:
         k = _bf16_operand(k, EXACT_ROUND)
     qk = tl.dot(q, tl.trans(k))  # [M, N] fp32 raw codes; row_c (> 0) folds all scales and log2(e)
@@ -90,7 +132,11 @@ def _attn_block(
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None]
     if PV_FP8:
-        acc = tl.dot(to_fp8_saturating(p, EXACT_ROUND), v, acc)
+        if EXACT_ROUND:
+            p8 = to_fp8_saturating(p, EXACT_ROUND)
+        else:
+            p8 = p.to(tl.float8e4nv)  # p in [0, 256], never NaN: the hardware cast needs no clamp
+        acc = tl.dot(p8, v, acc)
     else:
         acc = tl.dot(_bf16_operand(p, EXACT_ROUND), _bf16_operand(v, EXACT_ROUND), acc)
     return acc, l_i, m_new
@@ -104,6 +150,8 @@ def _fp8_attention_kernel(
     KSCALE,
     VSCALE,
     OUT,  # q [H,Tq,D] bf16; k, v [H,S,D] fp8; scales [H]; out [H,Tq,D] bf16
+    PART,
+    ML,  # SPLITS > 1: partial acc [SPLITS,H,Tq,D] fp32, (m, l) [2,SPLITS,H,Tq] fp32 (else unused)
     Tq,
     n_valid,
     qk_scale,  # qk_scale = sm_scale * log2(e)
@@ -113,6 +161,7 @@ def _fp8_attention_kernel(
     stride_ks,
     stride_vh,
     stride_vs,
+    stride_vd,
     stride_oh,
     stride_ot,
     D: tl.constexpr,
@@ -120,6 +169,9 @@ def _fp8_attention_kernel(
     BLOCK_N: tl.constexpr,
     QK_FP8: tl.constexpr,
     PV_FP8: tl.constexpr,
+    V_KEYS: tl.constexpr,
+    SPLITS: tl.constexpr,
+    WS: tl.constexpr,
     EXACT_ROUND: tl.constexpr,
 ):
     mb = tl.program_id(0)
@@ -145,48 +197,77 @@ def _fp8_attention_kernel(
     m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
-    n_full = (n_valid // BLOCK_N) * BLOCK_N
-    for start in range(0, n_full, BLOCK_N):
+    if SPLITS == 1:
+        lo = 0
+        hi = n_valid
+    else:  # this program's share: whole BLOCK_N tiles, the last share takes the tail (may be empty)
+        split = tl.program_id(2)
+        chunk = tl.cdiv(tl.cdiv(n_valid, SPLITS), BLOCK_N) * BLOCK_N
+        lo = split * chunk
+        hi = tl.maximum(tl.minimum(lo + chunk, n_valid), lo)
+    n_full = lo + ((hi - lo) // BLOCK_N) * BLOCK_N
+    if WS:
+        for start in tl.range(lo, n_full, BLOCK_N, warp_specialize=True):
+            acc, l_i, m_i = _attn_block(
+                acc, l_i, m_i, q, row_c, k_base, v_base, tl.multiple_of(start, BLOCK_N), hi,
+                stride_ks, stride_vs, stride_vd, offs_d, offs_n0,
+                False, QK_FP8, PV_FP8, V_KEYS, EXACT_ROUND,
+            )  # fmt: skip
+    else:
+        for start in range(lo, n_full, BLOCK_N):
+            acc, l_i, m_i = _attn_block(
+                acc, l_i, m_i, q, row_c, k_base, v_base, tl.multiple_of(start, BLOCK_N), hi,
+                stride_ks, stride_vs, stride_vd, offs_d, offs_n0,
+                False, QK_FP8, PV_FP8, V_KEYS, EXACT_ROUND,
+            )  # fmt: skip
+    if n_full < hi:
         acc, l_i, m_i = _attn_block(
-            acc,
-            l_i,
-            m_i,
-            q,
-            row_c,
-            k_base,
-            v_base,
-            start,
-            n_valid,
-            stride_ks,
-            stride_vs,
-            offs_d,
-            offs_n0,
-            False,
-            QK_FP8,
-            PV_FP8,
-            EXACT_ROUND,
-        )
-    if n_full < n_valid:
-        acc, l_i, m_i = _attn_block(
-            acc,
-            l_i,
-            m_i,
-            q,
-            row_c,
-            k_base,
-            v_base,
-            n_full,
-            n_valid,
-            stride_ks,
-            stride_vs,
-            offs_d,
-            offs_n0,
-            True,
-            QK_FP8,
-            PV_FP8,
-            EXACT_ROUND,
-        )
-    out = acc * (tl.load(VSCALE + h) / l_i)[:, None]
+            acc, l_i, m_i, q, row_c, k_base, v_base, n_full, hi,
+            stride_ks, stride_vs, stride_vd, offs_d, offs_n0,
+            True, QK_FP8, PV_FP8, V_KEYS, EXACT_ROUND,
+        )  # fmt: skip
+    if SPLITS == 1:
+        out = acc * (tl.load(VSCALE + h) / l_i)[:, None]
+        o_ptr = OUT + h * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :]
+        tl.store(o_ptr, to_bf16(out, EXACT_ROUND), mask=mmask[:, None])
+    else:  # unnormalized partials; an empty share stores m = -inf, l = 0, acc = 0
+        row = (tl.program_id(2) * tl.num_programs(1) + h) * Tq + offs_m  # [SPLITS,H,Tq] row index
+        tl.store(PART + row[:, None] * D + offs_d[None, :], acc, mask=mmask[:, None])
+        tl.store(ML + row, m_i, mask=mmask)
+        tl.store(ML + SPLITS * tl.num_programs(1) * Tq + row, l_i, mask=mmask)
+
+
+@triton.jit
+def _combine_kernel(
+    PART,
+    ML,
+    VSCALE,
+    OUT,  # partial acc [SPLITS,H,Tq,D], (m, l) [2,SPLITS,H,Tq] fp32; out [H,Tq,D] bf16
+    Tq,
+    stride_oh,
+    stride_ot,
+    D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    SPLITS: tl.constexpr,
+    EXACT_ROUND: tl.constexpr,
+):
+    mb = tl.program_id(0)
+    h = tl.program_id(1).to(tl.int64)
+    n_heads = tl.num_programs(1)
+    offs_m = mb * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D)
+    mmask = offs_m < Tq
+    m = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
+    for s in tl.static_range(SPLITS):
+        m = tl.maximum(m, tl.load(ML + (s * n_heads + h) * Tq + offs_m, mask=mmask, other=0.0))
+    l = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+    for s in tl.static_range(SPLITS):
+        row = (s * n_heads + h) * Tq + offs_m
+        w = tl.math.exp2(tl.load(ML + row, mask=mmask, other=0.0) - m)  # 0 for an empty share
+        l += w * tl.load(ML + SPLITS * n_heads * Tq + row, mask=mmask, other=1.0)
+        acc += w[:, None] * tl.load(PART + row[:, None] * D + offs_d[None, :], mask=mmask[:, None], other=0.0)
+    out = acc * (tl.load(VSCALE + h) / l)[:, None]
     o_ptr = OUT + h * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :]
     tl.store(o_ptr, to_bf16(out, EXACT_ROUND), mask=mmask[:, None])
 
@@ -206,25 +287,43 @@ def _check(q, k_cache, v_cache, k_scale, v_scale, n_valid) -> None:
     assert k_scale.shape == (H,) and v_scale.shape == (H,), f"scales must be [{H}]"
     assert k_scale.dtype == torch.float32 and v_scale.dtype == torch.float32, "scales must be fp32"
     assert 1 <= n_valid <= k_cache.shape[1], f"n_valid {n_valid} must be in [1, {k_cache.shape[1]}]"
-    assert q.stride(-1) == 1 and k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1, "last dim contiguous"
+    assert q.stride(-1) == 1 and k_cache.stride(-1) == 1, "q and k: last dim contiguous"
+    assert v_cache.stride(-1) == 1 or keys_contiguous(v_cache), (
+        f"v strides {v_cache.stride()}: valid layouts: head_dim contiguous, or slots contiguous (v_layout)"
+    )
 
 
-def _config(Tq: int, D: int) -> dict:
-    """Fixed tiles (no autotuning): 128 x 128, 8 warps, 3 stages on Hopper (the fastest of the tiles
-    bench/kernels.py compared on an H200); small tiles for tiny problems and the interpreter."""
+def _tuned(v_cache: torch.Tensor) -> dict:
+    return TUNED["keys" if keys_contiguous(v_cache) else "dims"]
+
+
+def _config(Tq: int, D: int, v_cache: torch.Tensor | None = None) -> dict:
+    """Launch tiles (no autotuning): ``TUNED`` for V's layout on the GPU (the sweep's winner); small
+    tiles for tiny problems and the interpreter."""
     if interpreting() or Tq <= 32:
-        return {"BLOCK_M": 16 if Tq <= 16 else 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1}
-    return {"BLOCK_M": 128, "BLOCK_N": 128 if D <= 128 else 64, "num_warps": 8, "num_stages": 3}
+        bm = 16 if Tq <= 16 else 32
+        return {"BLOCK_M": bm, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1, "SPLITS": 1, "WS": False}
+    cfg = {k: v for k, v in TUNED["dims" if v_cache is None else _tuned(v_cache)] if k != "pv_fp8"}
+    if D > 128:
+        cfg["BLOCK_N"] = min(cfg["BLOCK_N"], 64)
+    return cfg
 
 
 def _launch(
     q, k_cache, v_cache, k_scale, v_scale, n_valid, sm_scale, qk_fp8, pv_fp8, wrap=lambda k: k, cfg=None
 ):
-    """Launch the kernel; ``cfg`` overrides the fixed tiles (bench/kernels.py compares a few)."""
+    """Launch the kernel(s); ``cfg`` overrides the tiles (bench/kernels.py sweeps them, tests pin them)."""
     H, Tq, D = q.shape
     out = torch.empty_like(q)
-    cfg = cfg or _config(Tq, D)
-    grid = (triton.cdiv(Tq, cfg["BLOCK_M"]), H)
+    cfg = dict(cfg or _config(Tq, D, v_cache))
+    splits, ws = cfg.pop("SPLITS", 1), cfg.pop("WS", False)
+    v_keys = keys_contiguous(v_cache)
+    if splits > 1:
+        part = torch.empty(splits, H, Tq, D, dtype=torch.float32, device=q.device)
+        ml = torch.empty(2, splits, H, Tq, dtype=torch.float32, device=q.device)
+    else:
+        part = ml = out  # unused
+    grid = (triton.cdiv(Tq, cfg["BLOCK_M"]), H, splits)
     wrap(_fp8_attention_kernel)[grid](
         q,
         k_cache,
@@ -232,6 +331,8 @@ def _launch(
         k_scale,
         v_scale,
         out,
+        part,
+        ml,
         Tq,
         n_valid,
         sm_scale * LOG2E,
@@ -241,14 +342,34 @@ def _launch(
         k_cache.stride(1),
         v_cache.stride(0),
         v_cache.stride(1),
+        v_cache.stride(2),
         out.stride(0),
         out.stride(1),
         D=D,
         QK_FP8=qk_fp8 and D >= 32,
         PV_FP8=pv_fp8,
+        V_KEYS=v_keys,
+        SPLITS=splits,
+        WS=ws,
         EXACT_ROUND=interpreting(),
         **cfg,
     )
+    if splits > 1:
+        bm = 32 if interpreting() else 64
+        wrap(_combine_kernel)[(triton.cdiv(Tq, bm), H)](
+            part,
+            ml,
+            v_scale,
+            out,
+            Tq,
+            out.stride(0),
+            out.stride(1),
+            D=D,
+            BLOCK_M=bm,
+            SPLITS=splits,
+            EXACT_ROUND=interpreting(),
+            num_warps=4,
+        )
     return out
 
 
@@ -287,16 +408,17 @@ def fp8_attention(
     n_valid: int,
     sm_scale: float | None = None,
     qk_fp8: bool = True,
-    pv_fp8: bool = False,
+    pv_fp8: bool | None = None,
 ) -> torch.Tensor:
-    """Attention of q [H,Tq,D] bf16 over k/v [H,S,D] fp8 slots [0, n_valid) -> [H,Tq,D] bf16."""
+    """Attention of q [H,Tq,D] bf16 over k/v [H,S,D] fp8 slots [0, n_valid) -> [H,Tq,D] bf16.
+
+    v may be head_dim-contiguous or keys-contiguous (``v_layout``); ``pv_fp8=None``: ``TUNED``'s choice."""
     _check(q, k_cache, v_cache, k_scale, v_scale, n_valid)
     sm = float(sm_scale) if sm_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    pv = bool(_tuned(v_cache)["pv_fp8"]) if pv_fp8 is None else bool(pv_fp8)
     if torch.compiler.is_compiling():
-        return torch.ops.livestep.fp8_attention(
-            q, k_cache, v_cache, k_scale, v_scale, n_valid, sm, qk_fp8, pv_fp8
-        )
-    return _launch(q, k_cache, v_cache, k_scale, v_scale, n_valid, sm, qk_fp8, pv_fp8)
+        return torch.ops.livestep.fp8_attention(q, k_cache, v_cache, k_scale, v_scale, n_valid, sm, qk_fp8, pv)
+    return _launch(q, k_cache, v_cache, k_scale, v_scale, n_valid, sm, qk_fp8, pv)
 
 
 def fp8_attention_ref(

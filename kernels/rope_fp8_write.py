@@ -5,6 +5,9 @@ torch path does in several ops: cache[h, slots[t]] = fp8(clamp(rope(x[h, t], pos
 ``apply_rope=False`` writes V (quantize only); ``rope_fp8_write_kv`` writes K and V in one launch.
 ``rope_fp8_write_ref`` is the same in plain torch (fp32). cos/sin depend only on (token, frequency), so
 each program computes them once for a block of tokens and reuses them across several heads.
+A cache may be head_dim-contiguous ([H,S,D] storage) or keys-contiguous (slot stride 1, the FP8 P@V
+layout of ``kernels.fp8_attention.v_layout``): there a block's run of consecutive slots is stored as
+one token-major tile (coalesced), and the few tokens off the run (a ring wrap) are scattered.
 Works eagerly, under ``torch.compile`` (a ``torch.library.triton_op``) and on CPU with TRITON_INTERPRET=1.
 """
 
@@ -41,11 +44,18 @@ def _write_head(
     stride_xt,
     stride_ch,
     stride_cs,
+    stride_cd,
+    lin,
+    run,
     ROPE: tl.constexpr,
+    SLOTS_CONTIG: tl.constexpr,
     EXACT_ROUND: tl.constexpr,
     HALF: tl.constexpr,
 ):
-    """One head of one token block: load, rotate (cos/sin given), quantize, scatter to the ring slots."""
+    """One head of one token block: load, rotate (cos/sin given), quantize, scatter to the ring slots.
+
+    SLOTS_CONTIG (cache slot stride 1): tokens whose slot is lin (the block's first slot + token index,
+    ``run``) are stored through lin, which the compiler sees as contiguous; the rest through slot."""
     x_ptr = X + h * stride_xh + t[:, None].to(tl.int64) * stride_xt + i[None, :]
     x1 = tl.load(x_ptr, mask=tmask[:, None], other=0.0).to(tl.float32)
     x2 = tl.load(x_ptr + HALF, mask=tmask[:, None], other=0.0).to(tl.float32)
@@ -56,9 +66,21 @@ def _write_head(
         y1 = x1
         y2 = x2
     scale = tl.load(SCALE + h)
-    c_ptr = CACHE + h * stride_ch + slot[:, None] * stride_cs + i[None, :]
-    tl.store(c_ptr, to_fp8_saturating(y1 / scale, EXACT_ROUND), mask=tmask[:, None])
-    tl.store(c_ptr + HALF, to_fp8_saturating(y2 / scale, EXACT_ROUND), mask=tmask[:, None])
+    q1 = to_fp8_saturating(y1 / scale, EXACT_ROUND)
+    q2 = to_fp8_saturating(y2 / scale, EXACT_ROUND)
+    if SLOTS_CONTIG:
+        c_run = CACHE + h * stride_ch + lin[:, None] + i[None, :] * stride_cd
+        c_any = CACHE + h * stride_ch + slot[:, None] + i[None, :] * stride_cd
+        on_run = (tmask & run)[:, None]
+        off_run = (tmask & (run == 0))[:, None]
+        tl.store(c_run, q1, mask=on_run)
+        tl.store(c_run + HALF * stride_cd, q2, mask=on_run)
+        tl.store(c_any, q1, mask=off_run)
+        tl.store(c_any + HALF * stride_cd, q2, mask=off_run)
+    else:
+        c_ptr = CACHE + h * stride_ch + slot[:, None] * stride_cs + i[None, :]
+        tl.store(c_ptr, q1, mask=tmask[:, None])
+        tl.store(c_ptr + HALF, q2, mask=tmask[:, None])
 
 
 @triton.jit
@@ -77,13 +99,17 @@ def _rope_fp8_write_kernel(
     stride_xt,
     stride_ch,
     stride_cs,
+    stride_cd,
     stride_x2h,
     stride_x2t,
     stride_c2h,
     stride_c2s,
+    stride_c2d,
     freq_exp,  # 2*log2(base)/D: inv_freq[i] = 2**(-i*freq_exp)
     APPLY_ROPE: tl.constexpr,
     HAS_SECOND: tl.constexpr,
+    CONTIG: tl.constexpr,  # cache slots contiguous (stride 1)
+    CONTIG2: tl.constexpr,
     EXACT_ROUND: tl.constexpr,
     HALF: tl.constexpr,
     BLOCK_T: tl.constexpr,
@@ -94,6 +120,8 @@ def _rope_fp8_write_kernel(
     tmask = t < T
     i = tl.arange(0, HALF)
     slot = tl.load(SLOT + t, mask=tmask, other=0).to(tl.int64)
+    lin = tl.load(SLOT + tl.program_id(0) * BLOCK_T).to(tl.int64) + tl.arange(0, BLOCK_T)  # the block's run
+    run = slot == lin
     if APPLY_ROPE:
         pos = tl.load(POS + t, mask=tmask, other=0).to(tl.float32)
         inv_freq = tl.exp2(i.to(tl.float32) * -tl.cast(freq_exp, tl.float32))
@@ -121,7 +149,11 @@ def _rope_fp8_write_kernel(
             stride_xt,
             stride_ch,
             stride_cs,
+            stride_cd,
+            lin,
+            run,
             APPLY_ROPE,
+            CONTIG,
             EXACT_ROUND,
             HALF,
         )
@@ -141,10 +173,19 @@ def _rope_fp8_write_kernel(
                 stride_x2t,
                 stride_c2h,
                 stride_c2s,
+                stride_c2d,
+                lin,
+                run,
                 False,
+                CONTIG2,
                 EXACT_ROUND,
                 HALF,
             )
+
+
+def _slots_contiguous(cache: torch.Tensor) -> bool:
+    """Keys-contiguous cache (slot stride 1, head_dim strided): kernels.fp8_attention.v_layout."""
+    return cache.stride(1) == 1 and cache.stride(2) != 1
 
 
 def _check(x, positions, slots, scale, cache) -> None:
@@ -161,7 +202,10 @@ def _check(x, positions, slots, scale, cache) -> None:
     assert positions.shape == (T,) and slots.shape == (T,), f"positions/slots must be [{T}]"
     assert positions.dtype == torch.int64 and slots.dtype == torch.int64, "positions and slots must be int64"
     assert scale.shape == (H,) and scale.dtype == torch.float32, f"scale must be fp32 [{H}]"
-    assert x.stride(-1) == 1 and cache.stride(-1) == 1, "last dim must be contiguous"
+    assert x.stride(-1) == 1, "x: last dim must be contiguous"
+    assert cache.stride(-1) == 1 or _slots_contiguous(cache), (
+        f"cache strides {cache.stride()}: valid layouts: head_dim contiguous, or slots contiguous"
+    )
     assert positions.is_contiguous() and slots.is_contiguous() and scale.is_contiguous()
 
 
@@ -208,13 +252,17 @@ def _launch(
         x.stride(1),
         cache.stride(0),
         cache.stride(1),
+        cache.stride(2),
         v.stride(0),
         v.stride(1),
         v_cache.stride(0),
         v_cache.stride(1),
+        v_cache.stride(2),
         log2_base_term(D, base),
         APPLY_ROPE=apply_rope,
         HAS_SECOND=second,
+        CONTIG=_slots_contiguous(cache),
+        CONTIG2=_slots_contiguous(v_cache),
         EXACT_ROUND=interpreting(),
         HALF=D // 2,
         **cfg,
@@ -245,7 +293,8 @@ def rope_fp8_write(
 ) -> None:
     """In place: cache[h, slots[t]] = fp8(clamp(rope(x[h,t], positions[t]) / scale[h], +-448)).
 
-    x [H,T,D] bf16/fp16/fp32; positions, slots int64 [T] (slots distinct); scale fp32 [H]; cache [H,S,D] fp8.
+    x [H,T,D] bf16/fp16/fp32; positions, slots int64 [T] (slots distinct); scale fp32 [H]; cache [H,S,D] fp8
+    (head_dim- or slot-contiguous storage).
     """
     _check(x, positions, slots, scale, cache)
     if x.shape[1] == 0:

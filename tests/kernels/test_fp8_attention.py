@@ -1,31 +1,60 @@
-"""fp8_attention against the fp64 truth, bounded by its precision-model reference's own error (FA3 rule)."""
+"""fp8_attention against the fp64 truth, bounded by its precision-model reference's own error (FA3 rule).
+
+Both V layouts (head_dim-contiguous, keys-contiguous ``v_layout``) and the launch variants (split window
+with a share count that does not divide the window or leaves a share empty, warp-specialized loop)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from kernels.fp8_attention import fp8_attention, fp8_attention_lowp_ref, fp8_attention_ref
+from kernels.fp8_attention import (
+    REL_ERR_BOUND,
+    TUNED,
+    _launch,
+    fp8_attention,
+    fp8_attention_lowp_ref,
+    fp8_attention_ref,
+    v_layout,
+)
 from tests.kernels.helpers import NAN_FP8, max_err, random_fp8_window, random_scale
 
+MODES = REL_ERR_BOUND  # (qk_fp8, pv_fp8) -> relative-error bound: per-row FP8 Q costs ~3% on random data
 
-def _inputs(H, Tq, S, D, n_valid, g, device):
+
+def keys_contiguous_copy(x: torch.Tensor) -> torch.Tensor:
+    """x [H,S,D] fp8 copied into keys-contiguous storage (slot stride 1, padded head_dim stride)."""
+    out = v_layout(*x.shape, dtype=x.dtype, device=x.device)
+    out.view(torch.uint8).copy_(x.view(torch.uint8))
+    return out
+
+
+def _inputs(H, Tq, S, D, n_valid, g, device, v_keys=False):
     q = (torch.randn(H, Tq, D, generator=g, device=device) * 1.5).bfloat16()
     k_scale, v_scale = random_scale(H, g, device), random_scale(H, g, device)
     k = random_fp8_window(H, S, D, k_scale, g, device)
     v = random_fp8_window(H, S, D, v_scale, g, device)
+    if v_keys:
+        v = keys_contiguous_copy(v)
+        assert v.stride(1) == 1
     k.view(torch.uint8)[:, n_valid:] = NAN_FP8  # slots past n_valid must never be read
     v.view(torch.uint8)[:, n_valid:] = NAN_FP8
     return q, k, v, k_scale, v_scale
 
 
-def check_attention(H, Tq, S, D, n_valid, qk_fp8, pv_fp8, rng, device, rel_bound):
+def check_attention(H, Tq, S, D, n_valid, qk_fp8, pv_fp8, rng, device, rel_bound, v_keys=False, cfg=None):
     g, seed = rng
-    q, k, v, ks, vs = _inputs(H, Tq, S, D, n_valid, g, device)
-    out = fp8_attention(q, k, v, ks, vs, n_valid, qk_fp8=qk_fp8, pv_fp8=pv_fp8)
+    q, k, v, ks, vs = _inputs(H, Tq, S, D, n_valid, g, device, v_keys)
+    if cfg is None:
+        out = fp8_attention(q, k, v, ks, vs, n_valid, qk_fp8=qk_fp8, pv_fp8=pv_fp8)
+    else:
+        out = _launch(q, k, v, ks, vs, n_valid, D**-0.5, qk_fp8, pv_fp8, cfg=cfg)
     truth = fp8_attention_ref(q, k, v, ks, vs, n_valid, compute_dtype=torch.float64).double()
     lowp = fp8_attention_lowp_ref(q, k, v, ks, vs, n_valid, qk_fp8=qk_fp8, pv_fp8=pv_fp8)
-    msg = f"seed={seed} H={H} Tq={Tq} S={S} D={D} n_valid={n_valid} qk_fp8={qk_fp8} pv_fp8={pv_fp8}"
+    msg = (
+        f"seed={seed} H={H} Tq={Tq} S={S} D={D} n_valid={n_valid} qk_fp8={qk_fp8} pv_fp8={pv_fp8}"
+        f" v_keys={v_keys} cfg={cfg}"
+    )
     assert out.shape == q.shape and out.dtype == torch.bfloat16, msg
     assert torch.isfinite(out).all(), f"NaN/inf (masked slots read?): {msg}"
     err, err_ref = max_err(out, truth), max_err(lowp, truth)
@@ -36,23 +65,50 @@ def check_attention(H, Tq, S, D, n_valid, qk_fp8, pv_fp8, rng, device, rel_bound
     return rel
 
 
-# (qk_fp8, pv_fp8) -> relative-error bound vs the fp64 truth: per-row FP8 Q costs ~3% on random data
-MODES = {(True, False): 0.06, (True, True): 0.08, (False, True): 0.04, (False, False): 0.02}
-
-
 @pytest.mark.parametrize(
     "H,Tq,S,D,n_valid",
     [(3, 19, 45, 32, 37), (5, 7, 40, 16, 40), (2, 33, 70, 64, 65), (3, 40, 64, 32, 1)],
 )
 @pytest.mark.parametrize("mode", list(MODES))
-def test_matches_reference(H, Tq, S, D, n_valid, mode, rng, device):
-    check_attention(H, Tq, S, D, n_valid, *mode, rng, device, MODES[mode])
+@pytest.mark.parametrize("v_keys", [False, True], ids=["v_dims", "v_keys"])
+def test_matches_reference(H, Tq, S, D, n_valid, mode, v_keys, rng, device):
+    check_attention(H, Tq, S, D, n_valid, *mode, rng, device, MODES[mode], v_keys=v_keys)
 
 
-def test_single_valid_slot_returns_its_value(rng, device):
+def _cfg(bm=16, bn=32, splits=1, ws=False):
+    return {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": 4, "num_stages": 1, "SPLITS": splits, "WS": ws}
+
+
+@pytest.mark.parametrize(
+    "H,Tq,S,D,n_valid,cfg",
+    [
+        (3, 19, 45, 32, 37, _cfg(splits=3)),  # shares of 32: [0,32), [32,37), the third empty
+        (2, 21, 150, 32, 143, _cfg(splits=2)),  # 143 = 96 + 47: a masked tail in the last share
+        (3, 33, 200, 64, 200, _cfg(bm=32, splits=5)),  # 5 does not divide 200 / 32 tiles
+        (2, 9, 70, 32, 70, _cfg(splits=4, bn=16)),
+        (2, 17, 100, 32, 77, _cfg(ws=True)),  # warp-specialized loop (a plain loop here)
+    ],
+)
+@pytest.mark.parametrize("mode", [(True, True), (True, False), (False, True)])
+@pytest.mark.parametrize("v_keys", [False, True], ids=["v_dims", "v_keys"])
+def test_launch_variants_match_reference(H, Tq, S, D, n_valid, cfg, mode, v_keys, rng, device):
+    check_attention(H, Tq, S, D, n_valid, *mode, rng, device, MODES[mode], v_keys=v_keys, cfg=cfg)
+
+
+@pytest.mark.parametrize("v_keys", [False, True], ids=["v_dims", "v_keys"])
+def test_single_valid_slot_returns_its_value(v_keys, rng, device):
     """With one valid slot every query gets exactly that slot's V (softmax of one element is 1)."""
     g, seed = rng
-    q, k, v, ks, vs = _inputs(3, 9, 20, 32, 1, g, device)
+    q, k, v, ks, vs = _inputs(3, 9, 20, 32, 1, g, device, v_keys)
     out = fp8_attention(q, k, v, ks, vs, 1)
     want = (v[:, :1].float() * vs[:, None, None]).expand(3, 9, 32).bfloat16()
     assert torch.equal(out, want), f"seed={seed}"
+
+
+def test_default_precision_follows_the_v_layout(rng, device):
+    """pv_fp8=None takes TUNED's choice for V's layout: the same output as passing it explicitly."""
+    g, seed = rng
+    for v_keys, key in ((False, "dims"), (True, "keys")):
+        q, k, v, ks, vs = _inputs(2, 13, 50, 32, 44, g, device, v_keys)
+        want = fp8_attention(q, k, v, ks, vs, 44, pv_fp8=TUNED[key]["pv_fp8"])
+        assert torch.equal(fp8_attention(q, k, v, ks, vs, 44), want), f"seed={seed} v_keys={v_keys}"
