@@ -158,12 +158,26 @@ class CacheOps:
         self.reread = reread_torch
         self._attention = attention_torch
         self._rw = self._rwkv = self._fa = self._dr = None
+        self._v_layout = None  # FP8 V storage keys-contiguous (the FP8 P@V MMA's layout) when set
         if k is not None:
             self._rw, self._dr, self._fa = k[0].rope_fp8_write, k[1].delta_rotate, k[2].fp8_attention
             self._rwkv = getattr(k[0], "rope_fp8_write_kv", None)
+            if getattr(k[2], "KEYS_CONTIGUOUS_V", False):
+                self._v_layout = k[2].v_layout
         if switches.compile and cuda:
             self.write_pair = torch.compile(write_pair_torch)
             self.reread = torch.compile(reread_torch)
+
+    @property
+    def v_keys_contiguous(self) -> bool:
+        """True when an FP8 V cache should be stored keys-contiguous (the Triton ops write and read it)."""
+        return self._v_layout is not None
+
+    def v_buffer(self, h: int, s: int, d: int, dtype: torch.dtype, device) -> torch.Tensor:
+        """Zeros [h, s, d] for V: keys-contiguous storage for an FP8 store read by the kernels, else plain."""
+        if dtype == FP8 and self.v_keys_contiguous:
+            return self._v_layout(h, s, d, dtype, device)
+        return torch.zeros(h, s, d, dtype=dtype, device=device)
 
     def write_kv(self, k, v, positions, cos, sin, slots, k_scale, v_scale, k_cache, v_cache, rope_k: bool) -> None:
         """Write the new K and V (one fused launch with the kernels when the cache is FP8)."""
@@ -207,9 +221,10 @@ class KVCache:
         self.rope_at_write = switches.rope_at_write
         store = FP8 if self.fp8_store else dtype
         # one [heads, slots, head_dim] tensor per block (not views of one tensor: compiled ops and
-        # kernels see the same tensor layout for every block)
+        # kernels see the same tensor layout for every block); an FP8 V read by the kernels is stored
+        # keys-contiguous (same logical shape, slot stride 1: CacheOps.v_buffer)
         self.k = [torch.zeros(h, s, d, dtype=store, device=self.device) for _ in range(nb)]
-        self.v = [torch.zeros(h, s, d, dtype=store, device=self.device) for _ in range(nb)]
+        self.v = [self.ops.v_buffer(h, s, d, store, self.device) for _ in range(nb)]
         self.k_scale = torch.ones(nb, h, dtype=torch.float32, device=self.device)
         self.v_scale = torch.ones(nb, h, dtype=torch.float32, device=self.device)
         self.calibrated = [False] * nb
@@ -218,7 +233,7 @@ class KVCache:
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (*self.k, *self.v, self.k_scale, self.v_scale))
+        return sum(t.untyped_storage().nbytes() for t in (*self.k, *self.v, self.k_scale, self.v_scale))
 
     def _keep(self, name: str, value: torch.Tensor) -> None:
         """Update a per-step index buffer in place when its shape holds (CUDA graphs read it)."""

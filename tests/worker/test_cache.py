@@ -101,3 +101,75 @@ def test_ring_slot_bookkeeping():
     assert (c.book.head, c.book.n_valid, c.book.next_pos, c.book.wraps) == (54 % 40, 40, 54, 1)
     pos = c.slot_positions()
     assert pos[(c.book.head - 1) % 40] == 53 and pos[c.book.head] == 14  # newest and oldest
+
+
+def _keys_contiguous_v_when(monkeypatch, pred) -> None:
+    """CacheOps as on the GPU with the kernels: FP8 V stored keys-contiguous (for switches where pred)."""
+    from kernels.fp8_attention import v_layout
+    from worker.cache import CacheOps
+
+    init = CacheOps.__init__
+
+    def patched(self, switches, device):
+        init(self, switches, device)
+        if pred(switches):
+            self._v_layout = v_layout
+
+    monkeypatch.setattr(CacheOps, "__init__", patched)
+
+
+RING_FP8_NODELTA = Switches(ring_cache=True, rope_at_write=True, fp8_cache=True)
+
+
+def _feed(cache, steps: int, seed: int = 3):
+    """Random K/V through every block for ``steps`` steps (resets included); the windows' attention."""
+    shape = cache.shape
+    g = torch.Generator().manual_seed(seed)
+    outs = []
+    for i in range(steps):
+        cache.begin_step(shape.new_tokens, reset=i > 0 and i % shape.reset_every == 0)
+        for b in range(shape.n_blocks):
+            k, v, q = (torch.randn(shape.heads, shape.new_tokens, shape.head_dim, generator=g) for _ in range(3))
+            outs.append(cache.ops.attention(q, cache.update(b, k, v)))
+        cache.end_step()
+    return torch.stack(outs)
+
+
+def _bytes(ts):
+    return torch.stack([t.view(torch.uint8) for t in ts])
+
+
+def test_keys_contiguous_v_store_matches_plain_layout(monkeypatch):
+    """The torch ops (index_copy_ of bytes, views) on a keys-contiguous V store the same bytes."""
+    shape = ModelShape.from_name("tiny", fp8_attention=True)
+    want_c = make_cache(shape, RING_FP8, "cpu", torch.float32)
+    want = _feed(want_c, 12)
+    _keys_contiguous_v_when(monkeypatch, lambda s: True)
+    got_c = make_cache(shape, RING_FP8, "cpu", torch.float32)
+    got = _feed(got_c, 12)
+    assert got_c.ops.v_keys_contiguous and got_c.v[0].stride(1) == 1 and got_c.v[0].shape == want_c.v[0].shape
+    assert got_c.book.wraps >= 2 and got_c.book.resets >= 1
+    assert torch.equal(_bytes(got_c.v), _bytes(want_c.v)) and torch.equal(_bytes(got_c.k), _bytes(want_c.k))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)  # SDPA over other strides: fp32 rounding
+
+
+def test_switch_flips_move_the_window_between_v_layouts(monkeypatch):
+    """rebuild_cache from a keys-contiguous V (delta rotation here) to the plain layout and back keeps the
+    window: the same bytes as the same flips between plain layouts."""
+    shape = ModelShape.from_name("tiny", fp8_attention=True)
+
+    def flips():
+        c = make_cache(shape, RING_FP8, "cpu", torch.float32)
+        _feed(c, 7)
+        mid = rebuild_cache(c, RING_FP8_NODELTA)
+        back = rebuild_cache(mid, RING_FP8)
+        return c, mid, back
+
+    want = flips()
+    _keys_contiguous_v_when(monkeypatch, lambda s: s.delta_rotation)
+    got = flips()
+    assert [c.v[0].stride(1) == 1 for c in got] == [True, False, True]
+    for g_c, w_c in zip(got, want, strict=True):
+        assert torch.equal(_bytes(g_c.v), _bytes(w_c.v)) and torch.equal(_bytes(g_c.k), _bytes(w_c.k))
+        for a, b in zip(g_c.export_tokens()[:2], w_c.export_tokens()[:2], strict=True):
+            assert torch.equal(a, b)
