@@ -3,7 +3,8 @@
 Shape: 20 heads x 128, 757 new tokens, 5,788-slot window. Errors are bounded by the reference's own
 error against the fp64 truth (FA3 rule: err <= 2 * err_ref + atol). The chain is write -> attention ->
 write (across the ring wrap, K+V in one launch) -> attention -> delta rotation -> attention; compiled and graph-replayed
-results must equal the eager chain bit for bit.
+results must equal the eager chain bit for bit. V runs in both layouts (head_dim-contiguous and the
+keys-contiguous ``v_layout`` the worker uses with the kernels), and the chain also with a split window.
 """
 
 from __future__ import annotations
@@ -11,13 +12,15 @@ from __future__ import annotations
 import pytest
 import torch
 
+import kernels.fp8_attention as fa
 from kernels.delta_rotate import delta_rotate
 from kernels.fp8_attention import fp8_attention
 from kernels.rope_fp8_write import rope_fp8_write, rope_fp8_write_kv
 from tests.kernels.helpers import poisoned_cache, random_fp8_window, random_scale
 from tests.kernels.test_delta_rotate import test_matches_reference as _delta_case
-from tests.kernels.test_fp8_attention import MODES, check_attention
+from tests.kernels.test_fp8_attention import MODES, check_attention, keys_contiguous_copy
 from tests.kernels.test_rope_fp8_write import _run_case as _rope_case
+from tests.kernels.test_rope_fp8_write import poisoned_keys_cache
 
 pytestmark = pytest.mark.gpu
 
@@ -25,8 +28,9 @@ H, D, T, S = 20, 128, 757, 5788  # prod57b at TP=3: one rank's heads
 
 
 @pytest.mark.parametrize("apply_rope", [True, False])
-def test_rope_fp8_write_prod_shape_wrapping(apply_rope, rng, device):
-    _rope_case(H, T, S, D, S - 300, apply_rope, torch.bfloat16, rng, device)
+@pytest.mark.parametrize("keys", [False, True], ids=["dims", "keys"])
+def test_rope_fp8_write_prod_shape_wrapping(apply_rope, keys, rng, device):
+    _rope_case(H, T, S, D, S - 300, apply_rope, torch.bfloat16, rng, device, keys=keys)
 
 
 @pytest.mark.parametrize("spread", [1.0, 40.0])
@@ -36,8 +40,24 @@ def test_delta_rotate_prod_shape(spread, rng, device):
 
 @pytest.mark.parametrize("n_valid", [S, 3001])
 @pytest.mark.parametrize("mode", list(MODES))
-def test_fp8_attention_prod_shape(n_valid, mode, rng, device):
-    check_attention(H, T, S, D, n_valid, *mode, rng, device, MODES[mode])
+@pytest.mark.parametrize("v_keys", [False, True], ids=["v_dims", "v_keys"])
+def test_fp8_attention_prod_shape(n_valid, mode, v_keys, rng, device):
+    check_attention(H, T, S, D, n_valid, *mode, rng, device, MODES[mode], v_keys=v_keys)
+
+
+def _cfg(bm, bn, w, st, splits=1, ws=False):
+    return {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": st, "SPLITS": splits, "WS": ws}
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [_cfg(128, 128, 8, 3, splits=2), _cfg(128, 128, 8, 3, splits=3), _cfg(64, 128, 4, 3), _cfg(128, 64, 8, 4)],
+    ids=lambda c: "{BLOCK_M}x{BLOCK_N}w{num_warps}s{num_stages}x{SPLITS}".format(**c),
+)
+@pytest.mark.parametrize("n_valid", [S, 3001])
+@pytest.mark.parametrize("v_keys", [False, True], ids=["v_dims", "v_keys"])
+def test_fp8_attention_variants_prod_shape(cfg, n_valid, v_keys, rng, device):
+    check_attention(H, T, S, D, n_valid, True, True, rng, device, MODES[True, True], v_keys=v_keys, cfg=cfg)
 
 
 class _Chain(torch.nn.Module):
@@ -81,23 +101,36 @@ def _chain_inputs(g, device):
     return args, n0 + T
 
 
-def test_chain_eager_compiled_and_graphed_agree(rng, device):
+def _clone(t: torch.Tensor) -> torch.Tensor:
+    """A copy in t's layout (clone() of a padded keys-contiguous view would come back contiguous)."""
+    return keys_contiguous_copy(t) if t.stride(1) == 1 else t.clone()
+
+
+@pytest.mark.parametrize(
+    "v_keys,splits", [(False, 1), (True, 1), (True, 3)], ids=["v_dims", "v_keys", "v_keys-splits3"]
+)
+def test_chain_eager_compiled_and_graphed_agree(v_keys, splits, rng, device, monkeypatch):
     g, seed = rng
+    if splits > 1:  # the split window's two launches inside the one triton_op, for the default layout
+        monkeypatch.setitem(fa.TUNED, "keys", {**fa.TUNED["keys"], "SPLITS": splits})
     ks, vs = random_scale(H, g, device), random_scale(H, g, device)
     k0 = random_fp8_window(H, S, D, ks, g, device)
     v0 = random_fp8_window(H, S, D, vs, g, device)
+    if v_keys:
+        v0 = keys_contiguous_copy(v0)
     args, n_first = _chain_inputs(g, device)
     k0.view(torch.uint8)[:, n_first - T : S - 300] = 0x7F  # slots the first write must overwrite
     v0.view(torch.uint8)[:, n_first - T : S - 300] = 0x7F
     delta = 42 * T
 
     def fresh():
-        return _Chain(k0.clone(), v0.clone(), ks.clone(), vs.clone(), n_first, delta).to(device)
+        return _Chain(k0.clone(), _clone(v0), ks.clone(), vs.clone(), n_first, delta).to(device)
 
     eager = fresh()
     want = [o.clone() for o in eager(*args)]
     want_caches = (eager.k_cache.clone(), eager.v_cache.clone())
-    msg = f"seed={seed}"
+    msg = f"seed={seed} v_keys={v_keys} splits={splits}"
+    assert eager.v_cache.stride(1) == (1 if v_keys else D), msg
     for o in want:
         assert torch.isfinite(o).all(), msg
     assert torch.isfinite(want_caches[0].float()).all() and torch.isfinite(want_caches[1].float()).all(), msg
@@ -139,11 +172,13 @@ def test_chain_eager_compiled_and_graphed_agree(rng, device):
         assert torch.equal(mod.k_cache.view(torch.uint8), want_caches[0].view(torch.uint8)), msg
 
 
-def test_poisoned_slots_never_leak_into_attention(rng, device):
+@pytest.mark.parametrize("v_keys", [False, True], ids=["v_dims", "v_keys"])
+def test_poisoned_slots_never_leak_into_attention(v_keys, rng, device):
     """Prod shape: NaN codes past n_valid (a partly filled ring) leave every output finite."""
     g, _ = rng
     ks, vs = random_scale(H, g, device), random_scale(H, g, device)
-    kc, vc = poisoned_cache(H, S, D, device), poisoned_cache(H, S, D, device)
+    kc = poisoned_cache(H, S, D, device)
+    vc = poisoned_keys_cache(H, S, D, device) if v_keys else poisoned_cache(H, S, D, device)
     x = torch.randn(H, T, D, generator=g, device=device).bfloat16()
     slots = torch.arange(T, device=device)
     rope_fp8_write(x, slots, slots, ks, kc)
