@@ -53,7 +53,9 @@ class TileConfig:
     tile split between two programs is summed through a small fp32 workspace (no wave tail);
     tma: operands loaded through host-side TMA tensor descriptors (K-major operands only; other
     layouts fall back to pointer loads); flatten: ``tl.range(flatten=True)`` over the persistent
-    tile loop (prefetch across tiles); acc: how fp32 promotion is done (ACCUMULATION).
+    tile loop (prefetch across tiles); acc: how fp32 promotion is done (ACCUMULATION); occupancy:
+    persistent programs per SM (2: two CTAs share an SM, so one's fp32 promotion adds overlap the
+    other's tensor-core work; needs tiles small enough for two, e.g. 64x128 on 4 warps).
     The classic kernel runs unless persistent, stream_k or tma is set.
     """
 
@@ -68,6 +70,7 @@ class TileConfig:
     tma: bool = False
     flatten: bool = False
     acc: str = "flag"
+    occupancy: int = 1
 
     @property
     def classic(self) -> bool:
@@ -76,6 +79,7 @@ class TileConfig:
     def label(self) -> str:
         kind = "sk" if self.stream_k else "pers" if self.persistent else "tile"
         extra = "".join(f" {f}" for f in ("tma", "flatten") if getattr(self, f))
+        extra += f" x{self.occupancy}" if self.occupancy != 1 else ""
         return (
             f"{self.block_m}x{self.block_n}x{self.block_k} w{self.num_warps} s{self.num_stages} "
             f"{kind}{extra} {self.acc}"
@@ -107,30 +111,42 @@ CLASSIC_CONFIGS: tuple[TileConfig, ...] = (
     TileConfig(64, 256, 128, 8, 4, 4),
     TileConfig(128, 256, 128, 8, 8, 3),
 )
-# variants for the wave tail at M=757 (6 row tiles of 128; 360 / 180 tiles on 132 SMs = 2.73 / 1.36
-# waves) and for the cost of promotion; not yet measured: bench/gemm_allreduce.py --sweep compares
-# them all at the rank shapes, and `tune` keeps the winner per shape
+# Variants, not yet measured on the GPU: bench/gemm_allreduce.py --sweep compares them all at the
+# rank shapes and `tune` keeps the winner per shape. Two costs are targeted (register/smem figures
+# are ptxas -v for sm_90a with Triton 3.6):
+#  - promotion: with fp32 promotion ptxas must wait for each K-block's wgmma before the fp32 adds
+#    (its C7517 "warpgroup.wait injected"), so the tensor cores idle during the adds unless another
+#    CTA on the SM fills the gap: 128x128 on 4 warps (255 regs, 96 KiB smem) and 64x128 on 4 warps
+#    (~165 regs) fit two (three with 3 stages) CTAs per SM; 128x128 on 8 warps (158 regs) fits one.
+#  - the wave tail at M=757 (6 row tiles of 128: 360 / 180 tiles on 132 SMs = 2.73 / 1.36 waves):
+#    persistent and stream-K grids. 128x256 stream-K spills (> 255 regs) and is left out.
 VARIANT_CONFIGS: tuple[TileConfig, ...] = (
-    TileConfig(128, 128, 128, 8, 8, 4, acc="add"),
-    TileConfig(128, 128, 128, 8, 8, 4, acc="lag"),
-    TileConfig(128, 256, 128, 8, 8, 3, acc="add"),
+    # two or three CTAs per SM (promotion overlapped by the other CTA)
+    TileConfig(128, 128, 128, 8, 4, 3),
+    TileConfig(128, 128, 128, 8, 4, 3, tma=True),
+    TileConfig(128, 128, 128, 8, 4, 3, persistent=True, tma=True, occupancy=2),
+    TileConfig(64, 128, 128, 16, 4, 4),
+    TileConfig(64, 128, 128, 16, 4, 4, tma=True),
+    TileConfig(64, 128, 128, 16, 4, 3, tma=True),
+    TileConfig(64, 128, 128, 16, 4, 4, persistent=True, tma=True, occupancy=2),
+    TileConfig(64, 128, 128, 16, 4, 3, persistent=True, tma=True, occupancy=3),
+    TileConfig(64, 128, 128, 16, 4, 4, stream_k=True, tma=True, occupancy=2),
+    # one CTA per SM: TMA, persistent, stream-K
     TileConfig(128, 128, 128, 8, 8, 4, tma=True),
-    TileConfig(128, 128, 128, 8, 8, 4, tma=True, acc="add"),
-    TileConfig(128, 256, 128, 8, 8, 3, tma=True),
-    TileConfig(128, 128, 128, 8, 8, 4, persistent=True),
     TileConfig(128, 128, 128, 8, 8, 4, persistent=True, tma=True),
     TileConfig(128, 128, 128, 8, 8, 4, persistent=True, tma=True, flatten=True),
-    TileConfig(128, 256, 128, 8, 8, 3, persistent=True, tma=True),
-    TileConfig(128, 256, 128, 8, 8, 3, persistent=True, tma=True, acc="add"),
     TileConfig(128, 128, 128, 8, 8, 4, stream_k=True),
     TileConfig(128, 128, 128, 8, 8, 4, stream_k=True, tma=True),
-    TileConfig(128, 128, 128, 8, 8, 4, stream_k=True, tma=True, acc="add"),
-    TileConfig(128, 256, 128, 8, 8, 3, stream_k=True),
-    TileConfig(128, 256, 128, 8, 8, 3, stream_k=True, tma=True),
-    TileConfig(128, 256, 128, 8, 8, 3, stream_k=True, tma=True, acc="add"),
-    TileConfig(128, 256, 64, 8, 8, 4, stream_k=True, tma=True),
-    TileConfig(64, 256, 128, 8, 4, 4, stream_k=True, tma=True),
-    TileConfig(256, 128, 128, 8, 8, 3, stream_k=True, tma=True),
+    TileConfig(128, 256, 128, 8, 8, 3, tma=True),
+    TileConfig(128, 256, 128, 8, 8, 3, persistent=True, tma=True),
+    # fast accumulation fits two of these per SM (127 regs); with promotion one (155)
+    TileConfig(128, 128, 128, 8, 8, 3, tma=True),
+    TileConfig(128, 128, 128, 8, 8, 3, persistent=True, tma=True, occupancy=2),
+    # promotion written as an explicit add (see ACCUMULATION)
+    TileConfig(128, 128, 128, 8, 8, 4, acc="add"),
+    TileConfig(128, 128, 128, 8, 8, 4, tma=True, acc="add"),
+    TileConfig(64, 128, 128, 16, 4, 4, tma=True, acc="add"),
+    TileConfig(128, 128, 128, 8, 8, 4, stream_k=True, tma=True, acc="lag"),
 )
 CONFIGS: tuple[TileConfig, ...] = CLASSIC_CONFIGS + VARIANT_CONFIGS
 # The fused path always uses this tiling: every rank must cut the output into the same tiles (the
@@ -552,7 +568,7 @@ def _launch_gemm(a, b, a_scale, b_scale, c, m, n, k, cfg: TileConfig, push=None,
             m, n, k, *strides, rank, max_tiles, **common,
         )  # fmt: skip
         return
-    grid = min(tiles, _num_sms(a.device)) if (cfg.persistent or cfg.stream_k) else tiles
+    grid = min(tiles, _num_sms(a.device) * cfg.occupancy) if (cfg.persistent or cfg.stream_k) else tiles
     tma = cfg.tma and _tma_ok(a, b)
     if tma:
         from triton.tools.tensor_descriptor import TensorDescriptor

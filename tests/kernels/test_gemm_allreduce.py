@@ -34,6 +34,7 @@ VARIANT_KINDS = {
     "persistent_tma_flatten_add": {"persistent": True, "tma": True, "flatten": True, "acc": "add"},
     "stream_k": {"stream_k": True},
     "stream_k_tma_lag": {"stream_k": True, "tma": True, "acc": "lag"},
+    "stream_k_x2": {"stream_k": True, "occupancy": 2},  # 8 programs: nearly one tile each
 }
 
 
