@@ -254,8 +254,11 @@ def bench_attention(dev) -> dict:
     same = torch.equal(vw_keys.view(torch.uint8), vw_dims.view(torch.uint8))
     row("attention", "check: V bytes written, keys layout == dims layout (1 = yes)", float(same))
 
-    def c(bm, bn, w, st, splits=1, ws=False):
-        return {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": st, "SPLITS": splits, "WS": ws}
+    def c(bm, bn, w, st, splits=1, ws=False, halves=False, poly=False):
+        return {
+            "BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": st, "SPLITS": splits, "WS": ws,
+            "HALVES": halves, "POLY": poly,
+        }  # fmt: skip
 
     # (name, V tensor, qk_fp8, pv_fp8, cfg); cfg None = the public fp8_attention (TUNED for V's layout)
     variants = [
@@ -275,6 +278,11 @@ def bench_attention(dev) -> dict:
     for st in (2, 3):
         cfg = c(128, 128, 8, st, ws=True)
         variants.append((f"keys  fp8 QK + fp8 PV  128x128 w8 s{st} warp-spec", vk, True, True, cfg))
+    for bm, bn, w, st, poly in ((128, 128, 8, 3, False), (128, 128, 8, 3, True), (128, 128, 8, 2, True),
+                                (128, 256, 8, 2, True), (64, 128, 4, 3, True)):  # fmt: skip
+        cfg = c(bm, bn, w, st, halves=True, poly=poly)
+        what = "halves + poly exp2" if poly else "halves"
+        variants.append((f"keys  fp8 QK + fp8 PV  {bm}x{bn} w{w} s{st} {what}", vk, True, True, cfg))
     variants.append(("keys  default: fp8_attention (TUNED['keys'])", vk, True, None, None))
     variants.append(("dims  default: fp8_attention (TUNED['dims'])", vc, True, None, None))
 

@@ -18,6 +18,7 @@ Per-row FP8 Q costs accuracy: on random data ~2.6% relative error vs the fp64 tr
 Split window (``SPLITS`` > 1, flash-decoding): grid (row tiles, heads, splits), each program a contiguous
 share of the window writing (acc, m, l) to fp32 scratch sized from shapes only; a second kernel combines
 them (both launches sync-free, CUDA-graph capturable, inside one ``triton_op`` under torch.compile).
+``POLY``: half of every tile's exp2 computed on the FMA pipes (``_exp2_poly``, FA4's MUFU offload).
 head_dim < 32 always takes the bf16 QK path (FP8 MMA needs K >= 32). ``fp8_attention_ref`` is plain
 torch in fp32; ``fp8_attention_lowp_ref`` models the kernel's precision (for the tests' error bound).
 """
@@ -46,10 +47,13 @@ KEYS_CONTIGUOUS_V = True  # the worker (worker/cache.py) stores FP8 V keys-conti
 
 # The launch choice on Hopper per V layout: bench/kernels.py --only attention sweeps the variants and
 # prints the winner as one such line; set it here. Keys: pv_fp8, tiles (BLOCK_M x BLOCK_N), num_warps,
-# num_stages, SPLITS (window shares, 1 = one pass), WS (tl.range warp specialization).
+# num_stages, SPLITS (window shares, 1 = one pass), WS (tl.range warp specialization), HALVES (each tile
+# as two half tiles), POLY (halves, the second half's exp2 on the FMA pipes).
+_TILES = {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3}
+_PLAIN = {"SPLITS": 1, "WS": False, "HALVES": False, "POLY": False}
 TUNED = {
-    "keys": {"pv_fp8": True, "BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "SPLITS": 1, "WS": False},
-    "dims": {"pv_fp8": False, "BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "SPLITS": 1, "WS": False},
+    "keys": {"pv_fp8": True, **_TILES, **_PLAIN},
+    "dims": {"pv_fp8": False, **_TILES, **_PLAIN},
 }
 
 # (qk_fp8, pv_fp8) -> relative-error bound vs the fp64 truth on random data (tests and bench use it)
@@ -100,23 +104,9 @@ def _attn_block(
 ):
     """One BLOCK_N tile of slots [start, start + BLOCK_N) (masked to < hi when MASKED)."""
     offs_n = start + offs_n0
-    k_ptr = k_base + offs_n[:, None] * stride_ks + offs_d[None, :]  # [N, D], head_dim contiguous
-    if V_KEYS:
-        v_ptr = v_base + offs_d[:, None] * stride_vd + offs_n[None, :]  # [D, N], slots contiguous (stride 1)
-    else:
-        v_ptr = v_base + offs_n[:, None] * stride_vs + offs_d[None, :]  # [N, D]
+    k, v = _load_kv(k_base, v_base, offs_n, hi, stride_ks, stride_vs, stride_vd, offs_d, MASKED, V_KEYS)
     if MASKED:
         nmask = offs_n < hi
-        k = tl.load(k_ptr, mask=nmask[:, None], other=0.0)
-        if V_KEYS:
-            v = tl.load(v_ptr, mask=nmask[None, :], other=0.0)
-        else:
-            v = tl.load(v_ptr, mask=nmask[:, None], other=0.0)
-    else:
-        k = tl.load(k_ptr)
-        v = tl.load(v_ptr)
-    if V_KEYS:
-        v = tl.trans(v)  # [N, D] view of the K-major tile (no data movement for the MMA)
     if not QK_FP8:
         k = _bf16_operand(k, EXACT_ROUND)
     qk = tl.dot(q, tl.trans(k))  # [M, N] fp32 raw codes; row_c (> 0) folds all scales and log2(e)
@@ -130,7 +120,51 @@ def _attn_block(
     p = tl.math.exp2(qk * row_c[:, None] - m_sub[:, None])  # one FMA + exp2 per score
     alpha = tl.math.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None]
+    acc = _p_dot_v(acc * alpha[:, None], p, v, PV_FP8, EXACT_ROUND)
+    return acc, l_i, m_new
+
+
+@triton.jit
+def _exp2_poly(x):
+    """2**x on the FMA pipes, to offload the MUFU (exp2: 16/clk/SM on Hopper, as slow as the FP8 MMAs):
+    x = n + f with n = round(x), 2**f by a cubic on [-0.5, 0.5] (relative error 1.8e-4, far below an FP8
+    or bf16 step of P), n added to the exponent bits. x is clamped to >= -125 (2**-125 is 0 after any cast
+    of P, and a masked -inf score meets V = 0)."""
+    x = tl.maximum(x, -125.0)
+    t = x + 12582912.0  # 1.5 * 2**23: t's low mantissa bits hold round(x) (two's complement)
+    f = x - (t - 12582912.0)
+    p = 1.0 + f * (0.69331648 + f * (0.24192413 + f * 0.05460262))
+    bits = p.to(tl.int32, bitcast=True) + (t.to(tl.int32, bitcast=True) << 23)  # << 23 leaves n << 23
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _load_kv(k_base, v_base, offs_n, hi, stride_ks, stride_vs, stride_vd, offs_d, MASKED: tl.constexpr,
+             V_KEYS: tl.constexpr):  # fmt: skip
+    """K [N, D] and V [N, D] tiles of slots offs_n (masked to < hi when MASKED, zeros there)."""
+    k_ptr = k_base + offs_n[:, None] * stride_ks + offs_d[None, :]
+    if V_KEYS:
+        v_ptr = v_base + offs_d[:, None] * stride_vd + offs_n[None, :]  # [D, N], slots contiguous
+    else:
+        v_ptr = v_base + offs_n[:, None] * stride_vs + offs_d[None, :]
+    if MASKED:
+        nmask = offs_n < hi
+        k = tl.load(k_ptr, mask=nmask[:, None], other=0.0)
+        if V_KEYS:
+            v = tl.load(v_ptr, mask=nmask[None, :], other=0.0)
+        else:
+            v = tl.load(v_ptr, mask=nmask[:, None], other=0.0)
+    else:
+        k = tl.load(k_ptr)
+        v = tl.load(v_ptr)
+    if V_KEYS:
+        v = tl.trans(v)
+    return k, v
+
+
+@triton.jit
+def _p_dot_v(acc, p, v, PV_FP8: tl.constexpr, EXACT_ROUND: tl.constexpr):
+    """acc + P @ V: P in FP8 (V as stored) or both in bf16."""
     if PV_FP8:
         if EXACT_ROUND:
             p8 = to_fp8_saturating(p, EXACT_ROUND)
@@ -139,7 +173,63 @@ def _attn_block(
         acc = tl.dot(p8, v, acc)
     else:
         acc = tl.dot(_bf16_operand(p, EXACT_ROUND), _bf16_operand(v, EXACT_ROUND), acc)
+    return acc
+
+
+@triton.jit
+def _attn_block_halves(
+    acc, l_i, m_i, q, row_c, k_base, v_base, start, hi, stride_ks, stride_vs, stride_vd, offs_d, offs_h0,
+    MASKED: tl.constexpr, QK_FP8: tl.constexpr, PV_FP8: tl.constexpr, V_KEYS: tl.constexpr,
+    POLY: tl.constexpr, EXACT_ROUND: tl.constexpr,
+):  # fmt: skip
+    """``_attn_block`` as two half tiles (offs_h0: BLOCK_N // 2) sharing one running max; with POLY the
+    second half's exp2 runs on the FMA pipes (``_exp2_poly``) while the first uses the MUFU."""
+    offs_a = start + offs_h0
+    offs_b = offs_a + offs_h0.shape[0]
+    k_a, v_a = _load_kv(k_base, v_base, offs_a, hi, stride_ks, stride_vs, stride_vd, offs_d, MASKED, V_KEYS)
+    k_b, v_b = _load_kv(k_base, v_base, offs_b, hi, stride_ks, stride_vs, stride_vd, offs_d, MASKED, V_KEYS)
+    if not QK_FP8:
+        k_a = _bf16_operand(k_a, EXACT_ROUND)
+        k_b = _bf16_operand(k_b, EXACT_ROUND)
+    qk_a = tl.dot(q, tl.trans(k_a))
+    qk_b = tl.dot(q, tl.trans(k_b))
+    if MASKED:
+        qk_a = tl.where((offs_a < hi)[None, :], qk_a, float("-inf"))
+        qk_b = tl.where((offs_b < hi)[None, :], qk_b, float("-inf"))
+    m_new = tl.maximum(m_i, tl.maximum(tl.max(qk_a, 1), tl.max(qk_b, 1)) * row_c)
+    if PV_FP8:
+        m_sub = m_new - 8.0
+    else:
+        m_sub = m_new
+    p_a = tl.math.exp2(qk_a * row_c[:, None] - m_sub[:, None])
+    if POLY:
+        p_b = _exp2_poly(qk_b * row_c[:, None] - m_sub[:, None])
+    else:
+        p_b = tl.math.exp2(qk_b * row_c[:, None] - m_sub[:, None])
+    alpha = tl.math.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p_a, 1) + tl.sum(p_b, 1)
+    acc = _p_dot_v(acc * alpha[:, None], p_a, v_a, PV_FP8, EXACT_ROUND)
+    acc = _p_dot_v(acc, p_b, v_b, PV_FP8, EXACT_ROUND)
     return acc, l_i, m_new
+
+
+@triton.jit
+def _tile(
+    acc, l_i, m_i, q, row_c, k_base, v_base, start, hi, stride_ks, stride_vs, stride_vd, offs_d, offs_n0,
+    MASKED: tl.constexpr, QK_FP8: tl.constexpr, PV_FP8: tl.constexpr, V_KEYS: tl.constexpr,
+    HALVES: tl.constexpr, POLY: tl.constexpr, EXACT_ROUND: tl.constexpr,
+):  # fmt: skip
+    if HALVES:
+        acc, l_i, m_i = _attn_block_halves(
+            acc, l_i, m_i, q, row_c, k_base, v_base, start, hi, stride_ks, stride_vs, stride_vd, offs_d,
+            offs_n0, MASKED, QK_FP8, PV_FP8, V_KEYS, POLY, EXACT_ROUND,
+        )  # fmt: skip
+    else:
+        acc, l_i, m_i = _attn_block(
+            acc, l_i, m_i, q, row_c, k_base, v_base, start, hi, stride_ks, stride_vs, stride_vd, offs_d,
+            offs_n0, MASKED, QK_FP8, PV_FP8, V_KEYS, EXACT_ROUND,
+        )  # fmt: skip
+    return acc, l_i, m_i
 
 
 @triton.jit
@@ -172,13 +262,15 @@ def _fp8_attention_kernel(
     V_KEYS: tl.constexpr,
     SPLITS: tl.constexpr,
     WS: tl.constexpr,
+    HALVES: tl.constexpr,
+    POLY: tl.constexpr,
     EXACT_ROUND: tl.constexpr,
 ):
     mb = tl.program_id(0)
     h = tl.program_id(1).to(tl.int64)
     offs_m = mb * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, D)
-    offs_n0 = tl.arange(0, BLOCK_N)
+    offs_n0 = tl.arange(0, BLOCK_N // 2 if HALVES else BLOCK_N)
     mmask = offs_m < Tq
     q = tl.load(
         Q + h * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :], mask=mmask[:, None], other=0.0
@@ -208,23 +300,23 @@ def _fp8_attention_kernel(
     n_full = lo + ((hi - lo) // BLOCK_N) * BLOCK_N
     if WS:
         for start in tl.range(lo, n_full, BLOCK_N, warp_specialize=True):
-            acc, l_i, m_i = _attn_block(
+            acc, l_i, m_i = _tile(
                 acc, l_i, m_i, q, row_c, k_base, v_base, tl.multiple_of(start, BLOCK_N), hi,
                 stride_ks, stride_vs, stride_vd, offs_d, offs_n0,
-                False, QK_FP8, PV_FP8, V_KEYS, EXACT_ROUND,
+                False, QK_FP8, PV_FP8, V_KEYS, HALVES, POLY, EXACT_ROUND,
             )  # fmt: skip
     else:
         for start in range(lo, n_full, BLOCK_N):
-            acc, l_i, m_i = _attn_block(
+            acc, l_i, m_i = _tile(
                 acc, l_i, m_i, q, row_c, k_base, v_base, tl.multiple_of(start, BLOCK_N), hi,
                 stride_ks, stride_vs, stride_vd, offs_d, offs_n0,
-                False, QK_FP8, PV_FP8, V_KEYS, EXACT_ROUND,
+                False, QK_FP8, PV_FP8, V_KEYS, HALVES, POLY, EXACT_ROUND,
             )  # fmt: skip
     if n_full < hi:
-        acc, l_i, m_i = _attn_block(
+        acc, l_i, m_i = _tile(
             acc, l_i, m_i, q, row_c, k_base, v_base, n_full, hi,
             stride_ks, stride_vs, stride_vd, offs_d, offs_n0,
-            True, QK_FP8, PV_FP8, V_KEYS, EXACT_ROUND,
+            True, QK_FP8, PV_FP8, V_KEYS, HALVES, POLY, EXACT_ROUND,
         )  # fmt: skip
     if SPLITS == 1:
         out = acc * (tl.load(VSCALE + h) / l_i)[:, None]
@@ -302,7 +394,7 @@ def _config(Tq: int, D: int, v_cache: torch.Tensor | None = None) -> dict:
     tiles for tiny problems and the interpreter."""
     if interpreting() or Tq <= 32:
         bm = 16 if Tq <= 16 else 32
-        return {"BLOCK_M": bm, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1, "SPLITS": 1, "WS": False}
+        return {"BLOCK_M": bm, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1, **_PLAIN}
     cfg = {k: v for k, v in TUNED["dims" if v_cache is None else _tuned(v_cache)] if k != "pv_fp8"}
     if D > 128:
         cfg["BLOCK_N"] = min(cfg["BLOCK_N"], 64)
@@ -317,6 +409,7 @@ def _launch(
     out = torch.empty_like(q)
     cfg = dict(cfg or _config(Tq, D, v_cache))
     splits, ws = cfg.pop("SPLITS", 1), cfg.pop("WS", False)
+    halves, poly = cfg.pop("HALVES", False), cfg.pop("POLY", False)
     v_keys = keys_contiguous(v_cache)
     if splits > 1:
         part = torch.empty(splits, H, Tq, D, dtype=torch.float32, device=q.device)
@@ -351,6 +444,8 @@ def _launch(
         V_KEYS=v_keys,
         SPLITS=splits,
         WS=ws,
+        HALVES=halves or poly,
+        POLY=poly,
         EXACT_ROUND=interpreting(),
         **cfg,
     )

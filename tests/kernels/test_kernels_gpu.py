@@ -45,15 +45,21 @@ def test_fp8_attention_prod_shape(n_valid, mode, v_keys, rng, device):
     check_attention(H, T, S, D, n_valid, *mode, rng, device, MODES[mode], v_keys=v_keys)
 
 
-def _cfg(bm, bn, w, st, splits=1, ws=False):
-    return {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": st, "SPLITS": splits, "WS": ws}
+def _cfg(bm, bn, w, st, splits=1, poly=False):
+    return {
+        "BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": st, "SPLITS": splits, "WS": False,
+        "HALVES": poly, "POLY": poly,
+    }  # fmt: skip
 
 
 @pytest.mark.parametrize(
     "cfg",
-    [_cfg(128, 128, 8, 3, splits=2), _cfg(128, 128, 8, 3, splits=3), _cfg(64, 128, 4, 3), _cfg(128, 64, 8, 4)],
-    ids=lambda c: "{BLOCK_M}x{BLOCK_N}w{num_warps}s{num_stages}x{SPLITS}".format(**c),
-)
+    [
+        _cfg(128, 128, 8, 3, splits=2), _cfg(128, 128, 8, 3, splits=3), _cfg(64, 128, 4, 3),
+        _cfg(128, 64, 8, 4), _cfg(128, 128, 8, 3, poly=True),
+    ],
+    ids=lambda c: "{BLOCK_M}x{BLOCK_N}w{num_warps}s{num_stages}x{SPLITS}-poly{POLY}".format(**c),
+)  # fmt: skip
 @pytest.mark.parametrize("n_valid", [S, 3001])
 @pytest.mark.parametrize("v_keys", [False, True], ids=["v_dims", "v_keys"])
 def test_fp8_attention_variants_prod_shape(cfg, n_valid, v_keys, rng, device):
