@@ -119,17 +119,22 @@ def _check(out: torch.Tensor, a, w, sa, sb, mm: torch.Tensor) -> str | None:
 
 
 def _sweep_one(cfg: ga.TileConfig, fast: bool, a, w, sa, sb, mm, rep: int) -> tuple[float | None, str]:
-    """us per call of one variant, or (None, why): compile/launch failure or a wrong result."""
+    """(us per call, "<regs> regs [<n> spills]") of one variant, or (None, why): a compile/launch
+    failure or a wrong result."""
     try:
-        out = ga.fp8_gemm(a, w.t(), sa, sb, config=cfg, fast_accum=fast)
+        a_, b_, sa_, sb_, m, n, k = ga._operands(a, w.t(), sa, sb)
+        out = torch.empty((m, n), dtype=torch.bfloat16, device=a.device)
+        kern = ga._launch_gemm(a_, b_, sa_, sb_, out, m, n, k, cfg, fast_accum=fast)  # fp8_gemm's launch
         torch.cuda.synchronize()
+        spills = getattr(kern, "n_spills", 0)
+        regs = f"{getattr(kern, 'n_regs', '?')} regs" + (f" {spills} spills" if spills else "")
         bad = _check(out, a, w, sa, sb, mm)
         if bad:
             return None, f"wrong: {bad}"
         t = triton.testing.do_bench_cudagraph(
             lambda: ga.fp8_gemm(a, w.t(), sa, sb, config=cfg, fast_accum=fast), rep=rep, return_mode="median"
         )
-        return t * 1e3, ""
+        return t * 1e3, regs
     except Exception as e:  # noqa: BLE001 -- one variant's failure must not end the sweep
         try:
             torch.cuda.synchronize()
@@ -176,7 +181,7 @@ def sweep(m: int, rep: int = 10, device: str = "cuda") -> int:
             for fast, t in ((False, t_p), (True, t_f)):
                 if t is not None:
                     res[fast].append((t, cfg))
-            notes = [f"prec {why_p}" if why_p else "", f"fast {why_f}" if why_f else ""]
+            notes = [f"prec {why_p}" if why_p else "", f"fast {why_f}" if why_f else ""]  # regs or why not
             print(
                 f"{cfg.label():44s} | {_cell(t_p, mm_us[False])} | {_cell(t_f, mm_us[True])} | "
                 f"{'; '.join(x for x in notes if x)}",

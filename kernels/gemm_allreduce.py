@@ -17,7 +17,10 @@ Buffers come from a bounded `BufferRegistry` keyed by the steady-state shape (M,
 any other M (first forwards: the prompt length varies per session) take GEMM + NCCL ``all_reduce``
 and never allocate. The fault switch ``buffer_per_shape`` reproduces the August incident: a buffer
 per distinct M, unbounded. ``len(registry)`` is the telemetry field ``buffers_registered``.
-World size 1 (or ``group=None``) is a plain FP8 GEMM (`fp8_gemm`).
+World size 1 (or ``group=None``) is a plain FP8 GEMM (`fp8_gemm`). A `TileConfig` picks the classic
+kernel (one program per tile, pointer loads) or the variant kernel (persistent, stream-K, TMA loads,
+`occupancy` CTAs per SM); `tune` times the candidates per steady shape, the fused path keeps
+`FUSED_CONFIG`.
 """
 
 from __future__ import annotations
@@ -546,7 +549,8 @@ def _tma_ok(a: torch.Tensor, b: torch.Tensor) -> bool:
     )  # fmt: skip
 
 
-def _launch_gemm(a, b, a_scale, b_scale, c, m, n, k, cfg: TileConfig, push=None, fast_accum=False) -> None:
+def _launch_gemm(a, b, a_scale, b_scale, c, m, n, k, cfg: TileConfig, push=None, fast_accum=False):
+    """Launch the kernel `cfg` selects; returns Triton's launched kernel (n_regs / n_spills on GPUs)."""
     tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
     dummy = a_scale  # any tensor: pointer arguments unused when PUSH is off
     slot_ptrs, flag_ptrs, epoch, rank, world, max_tiles = push or (dummy, dummy, dummy, 0, 1, 0)
@@ -563,11 +567,10 @@ def _launch_gemm(a, b, a_scale, b_scale, c, m, n, k, cfg: TileConfig, push=None,
         c.stride(0) if c is not None else 0, c.stride(1) if c is not None else 0,
     )  # fmt: skip
     if cfg.classic:
-        _fp8_gemm_kernel[(tiles,)](
+        return _fp8_gemm_kernel[(tiles,)](
             a, b, c if c is not None else dummy, a_scale, b_scale, slot_ptrs, flag_ptrs, epoch,
             m, n, k, *strides, rank, max_tiles, **common,
         )  # fmt: skip
-        return
     grid = min(tiles, _num_sms(a.device) * cfg.occupancy) if (cfg.persistent or cfg.stream_k) else tiles
     tma = cfg.tma and _tma_ok(a, b)
     if tma:
@@ -578,7 +581,7 @@ def _launch_gemm(a, b, a_scale, b_scale, c, m, n, k, cfg: TileConfig, push=None,
     else:
         a_desc = b_desc = dummy
     part, count = _stream_k_workspace(a.device, grid, cfg) if cfg.stream_k else (dummy, dummy)
-    _fp8_gemm_tiles_kernel[(grid,)](
+    return _fp8_gemm_tiles_kernel[(grid,)](
         a, b, a_desc, b_desc, c if c is not None else dummy, a_scale, b_scale,
         slot_ptrs, flag_ptrs, epoch, part, count,
         m, n, k, *strides, rank, max_tiles, **common,
