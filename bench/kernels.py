@@ -254,10 +254,10 @@ def bench_attention(dev) -> dict:
     same = torch.equal(vw_keys.view(torch.uint8), vw_dims.view(torch.uint8))
     row("attention", "check: V bytes written, keys layout == dims layout (1 = yes)", float(same))
 
-    def c(bm, bn, w, st, splits=1, ws=False, halves=False, poly=False):
+    def c(bm, bn, w, st, splits=1, ws=False, halves=False, poly=False, tma=False):
         return {
             "BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": st, "SPLITS": splits, "WS": ws,
-            "HALVES": halves, "POLY": poly,
+            "HALVES": halves, "POLY": poly, "TMA": tma,
         }  # fmt: skip
 
     # (name, V tensor, qk_fp8, pv_fp8, cfg); cfg None = the public fp8_attention (TUNED for V's layout)
@@ -283,6 +283,10 @@ def bench_attention(dev) -> dict:
         cfg = c(bm, bn, w, st, halves=True, poly=poly)
         what = "halves + poly exp2" if poly else "halves"
         variants.append((f"keys  fp8 QK + fp8 PV  {bm}x{bn} w{w} s{st} {what}", vk, True, True, cfg))
+    for st, ws, poly in ((3, False, False), (2, False, False), (3, False, True), (3, True, False)):
+        cfg = c(128, 128, 8, st, ws=ws, halves=poly, poly=poly, tma=True)
+        what = "TMA" + (" + warp-spec" if ws else "") + (" + halves + poly exp2" if poly else "")
+        variants.append((f"keys  fp8 QK + fp8 PV  128x128 w8 s{st} {what}", vk, True, True, cfg))
     variants.append(("keys  default: fp8_attention (TUNED['keys'])", vk, True, None, None))
     variants.append(("dims  default: fp8_attention (TUNED['dims'])", vc, True, None, None))
 

@@ -48,9 +48,10 @@ KEYS_CONTIGUOUS_V = True  # the worker (worker/cache.py) stores FP8 V keys-conti
 # The launch choice on Hopper per V layout: bench/kernels.py --only attention sweeps the variants and
 # prints the winner as one such line; set it here. Keys: pv_fp8, tiles (BLOCK_M x BLOCK_N), num_warps,
 # num_stages, SPLITS (window shares, 1 = one pass), WS (tl.range warp specialization), HALVES (each tile
-# as two half tiles), POLY (halves, the second half's exp2 on the FMA pipes).
+# as two half tiles), POLY (halves, the second half's exp2 on the FMA pipes), TMA (K/V tiles through host
+# TensorDescriptors; eager-tested, check torch.compile before making it the default).
 _TILES = {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3}
-_PLAIN = {"SPLITS": 1, "WS": False, "HALVES": False, "POLY": False}
+_PLAIN = {"SPLITS": 1, "WS": False, "HALVES": False, "POLY": False, "TMA": False}
 TUNED = {
     "keys": {"pv_fp8": True, **_TILES, **_PLAIN},
     "dims": {"pv_fp8": False, **_TILES, **_PLAIN},
@@ -96,15 +97,19 @@ def _attn_block(
     stride_vd,
     offs_d,
     offs_n0,
+    h32,
     MASKED: tl.constexpr,
     QK_FP8: tl.constexpr,
     PV_FP8: tl.constexpr,
     V_KEYS: tl.constexpr,
+    TMA: tl.constexpr,
     EXACT_ROUND: tl.constexpr,
 ):
     """One BLOCK_N tile of slots [start, start + BLOCK_N) (masked to < hi when MASKED)."""
     offs_n = start + offs_n0
-    k, v = _load_kv(k_base, v_base, offs_n, hi, stride_ks, stride_vs, stride_vd, offs_d, MASKED, V_KEYS)
+    k, v = _load_kv(
+        k_base, v_base, h32, start, offs_n0, hi, stride_ks, stride_vs, stride_vd, offs_d, MASKED, V_KEYS, TMA
+    )
     if MASKED:
         nmask = offs_n < hi
     if not QK_FP8:
@@ -139,24 +144,35 @@ def _exp2_poly(x):
 
 
 @triton.jit
-def _load_kv(k_base, v_base, offs_n, hi, stride_ks, stride_vs, stride_vd, offs_d, MASKED: tl.constexpr,
-             V_KEYS: tl.constexpr):  # fmt: skip
-    """K [N, D] and V [N, D] tiles of slots offs_n (masked to < hi when MASKED, zeros there)."""
-    k_ptr = k_base + offs_n[:, None] * stride_ks + offs_d[None, :]
-    if V_KEYS:
-        v_ptr = v_base + offs_d[:, None] * stride_vd + offs_n[None, :]  # [D, N], slots contiguous
-    else:
-        v_ptr = v_base + offs_n[:, None] * stride_vs + offs_d[None, :]
-    if MASKED:
-        nmask = offs_n < hi
-        k = tl.load(k_ptr, mask=nmask[:, None], other=0.0)
+def _load_kv(k_base, v_base, h32, start, offs_n0, hi, stride_ks, stride_vs, stride_vd, offs_d,
+             MASKED: tl.constexpr, V_KEYS: tl.constexpr, TMA: tl.constexpr):  # fmt: skip
+    """K [N, D] and V [N, D] tiles of slots start + offs_n0 (masked to < hi when MASKED, zeros there).
+    TMA: k_base, v_base are descriptors over slots [0, n_valid) (zero fill past it: no mask needed)."""
+    N: tl.constexpr = offs_n0.shape[0]
+    D: tl.constexpr = offs_d.shape[0]
+    offs_n = start + offs_n0
+    if TMA:
+        k = k_base.load([h32, start, 0]).reshape(N, D)
         if V_KEYS:
-            v = tl.load(v_ptr, mask=nmask[None, :], other=0.0)
+            v = v_base.load([h32, 0, start]).reshape(D, N)  # [D, N], slots contiguous
         else:
-            v = tl.load(v_ptr, mask=nmask[:, None], other=0.0)
+            v = v_base.load([h32, start, 0]).reshape(N, D)
     else:
-        k = tl.load(k_ptr)
-        v = tl.load(v_ptr)
+        k_ptr = k_base + offs_n[:, None] * stride_ks + offs_d[None, :]
+        if V_KEYS:
+            v_ptr = v_base + offs_d[:, None] * stride_vd + offs_n[None, :]  # [D, N], slots contiguous
+        else:
+            v_ptr = v_base + offs_n[:, None] * stride_vs + offs_d[None, :]
+        if MASKED:
+            nmask = offs_n < hi
+            k = tl.load(k_ptr, mask=nmask[:, None], other=0.0)
+            if V_KEYS:
+                v = tl.load(v_ptr, mask=nmask[None, :], other=0.0)
+            else:
+                v = tl.load(v_ptr, mask=nmask[:, None], other=0.0)
+        else:
+            k = tl.load(k_ptr)
+            v = tl.load(v_ptr)
     if V_KEYS:
         v = tl.trans(v)
     return k, v
@@ -179,15 +195,21 @@ def _p_dot_v(acc, p, v, PV_FP8: tl.constexpr, EXACT_ROUND: tl.constexpr):
 @triton.jit
 def _attn_block_halves(
     acc, l_i, m_i, q, row_c, k_base, v_base, start, hi, stride_ks, stride_vs, stride_vd, offs_d, offs_h0,
-    MASKED: tl.constexpr, QK_FP8: tl.constexpr, PV_FP8: tl.constexpr, V_KEYS: tl.constexpr,
-    POLY: tl.constexpr, EXACT_ROUND: tl.constexpr,
+    h32, MASKED: tl.constexpr, QK_FP8: tl.constexpr, PV_FP8: tl.constexpr, V_KEYS: tl.constexpr,
+    TMA: tl.constexpr, POLY: tl.constexpr, EXACT_ROUND: tl.constexpr,
 ):  # fmt: skip
     """``_attn_block`` as two half tiles (offs_h0: BLOCK_N // 2) sharing one running max; with POLY the
     second half's exp2 runs on the FMA pipes (``_exp2_poly``) while the first uses the MUFU."""
+    half: tl.constexpr = offs_h0.shape[0]
     offs_a = start + offs_h0
-    offs_b = offs_a + offs_h0.shape[0]
-    k_a, v_a = _load_kv(k_base, v_base, offs_a, hi, stride_ks, stride_vs, stride_vd, offs_d, MASKED, V_KEYS)
-    k_b, v_b = _load_kv(k_base, v_base, offs_b, hi, stride_ks, stride_vs, stride_vd, offs_d, MASKED, V_KEYS)
+    offs_b = offs_a + half
+    k_a, v_a = _load_kv(
+        k_base, v_base, h32, start, offs_h0, hi, stride_ks, stride_vs, stride_vd, offs_d, MASKED, V_KEYS, TMA
+    )
+    k_b, v_b = _load_kv(
+        k_base, v_base, h32, start + half, offs_h0, hi, stride_ks, stride_vs, stride_vd, offs_d, MASKED, V_KEYS,
+        TMA,
+    )  # fmt: skip
     if not QK_FP8:
         k_a = _bf16_operand(k_a, EXACT_ROUND)
         k_b = _bf16_operand(k_b, EXACT_ROUND)
@@ -216,18 +238,18 @@ def _attn_block_halves(
 @triton.jit
 def _tile(
     acc, l_i, m_i, q, row_c, k_base, v_base, start, hi, stride_ks, stride_vs, stride_vd, offs_d, offs_n0,
-    MASKED: tl.constexpr, QK_FP8: tl.constexpr, PV_FP8: tl.constexpr, V_KEYS: tl.constexpr,
-    HALVES: tl.constexpr, POLY: tl.constexpr, EXACT_ROUND: tl.constexpr,
+    h32, MASKED: tl.constexpr, QK_FP8: tl.constexpr, PV_FP8: tl.constexpr, V_KEYS: tl.constexpr,
+    TMA: tl.constexpr, HALVES: tl.constexpr, POLY: tl.constexpr, EXACT_ROUND: tl.constexpr,
 ):  # fmt: skip
     if HALVES:
         acc, l_i, m_i = _attn_block_halves(
             acc, l_i, m_i, q, row_c, k_base, v_base, start, hi, stride_ks, stride_vs, stride_vd, offs_d,
-            offs_n0, MASKED, QK_FP8, PV_FP8, V_KEYS, POLY, EXACT_ROUND,
+            offs_n0, h32, MASKED, QK_FP8, PV_FP8, V_KEYS, TMA, POLY, EXACT_ROUND,
         )  # fmt: skip
     else:
         acc, l_i, m_i = _attn_block(
             acc, l_i, m_i, q, row_c, k_base, v_base, start, hi, stride_ks, stride_vs, stride_vd, offs_d,
-            offs_n0, MASKED, QK_FP8, PV_FP8, V_KEYS, EXACT_ROUND,
+            offs_n0, h32, MASKED, QK_FP8, PV_FP8, V_KEYS, TMA, EXACT_ROUND,
         )  # fmt: skip
     return acc, l_i, m_i
 
@@ -264,10 +286,12 @@ def _fp8_attention_kernel(
     WS: tl.constexpr,
     HALVES: tl.constexpr,
     POLY: tl.constexpr,
+    TMA: tl.constexpr,  # K, V are TensorDescriptors over slots [0, n_valid) (host-built)
     EXACT_ROUND: tl.constexpr,
 ):
     mb = tl.program_id(0)
-    h = tl.program_id(1).to(tl.int64)
+    h32 = tl.program_id(1)
+    h = h32.to(tl.int64)
     offs_m = mb * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, D)
     offs_n0 = tl.arange(0, BLOCK_N // 2 if HALVES else BLOCK_N)
@@ -284,8 +308,12 @@ def _fp8_attention_kernel(
     else:
         q = _bf16_operand(q, EXACT_ROUND)
         row_c = tl.zeros([BLOCK_M], dtype=tl.float32) + c
-    k_base = K + h * stride_kh
-    v_base = V + h * stride_vh
+    if TMA:
+        k_base = K
+        v_base = V
+    else:
+        k_base = K + h * stride_kh
+        v_base = V + h * stride_vh
     m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
@@ -303,20 +331,20 @@ def _fp8_attention_kernel(
             acc, l_i, m_i = _tile(
                 acc, l_i, m_i, q, row_c, k_base, v_base, tl.multiple_of(start, BLOCK_N), hi,
                 stride_ks, stride_vs, stride_vd, offs_d, offs_n0,
-                False, QK_FP8, PV_FP8, V_KEYS, HALVES, POLY, EXACT_ROUND,
+                h32, False, QK_FP8, PV_FP8, V_KEYS, TMA, HALVES, POLY, EXACT_ROUND,
             )  # fmt: skip
     else:
         for start in range(lo, n_full, BLOCK_N):
             acc, l_i, m_i = _tile(
                 acc, l_i, m_i, q, row_c, k_base, v_base, tl.multiple_of(start, BLOCK_N), hi,
                 stride_ks, stride_vs, stride_vd, offs_d, offs_n0,
-                False, QK_FP8, PV_FP8, V_KEYS, HALVES, POLY, EXACT_ROUND,
+                h32, False, QK_FP8, PV_FP8, V_KEYS, TMA, HALVES, POLY, EXACT_ROUND,
             )  # fmt: skip
     if n_full < hi:
         acc, l_i, m_i = _tile(
             acc, l_i, m_i, q, row_c, k_base, v_base, n_full, hi,
             stride_ks, stride_vs, stride_vd, offs_d, offs_n0,
-            True, QK_FP8, PV_FP8, V_KEYS, HALVES, POLY, EXACT_ROUND,
+            h32, True, QK_FP8, PV_FP8, V_KEYS, TMA, HALVES, POLY, EXACT_ROUND,
         )  # fmt: skip
     if SPLITS == 1:
         out = acc * (tl.load(VSCALE + h) / l_i)[:, None]
@@ -409,8 +437,18 @@ def _launch(
     out = torch.empty_like(q)
     cfg = dict(cfg or _config(Tq, D, v_cache))
     splits, ws = cfg.pop("SPLITS", 1), cfg.pop("WS", False)
-    halves, poly = cfg.pop("HALVES", False), cfg.pop("POLY", False)
+    halves, poly, tma = cfg.pop("HALVES", False), cfg.pop("POLY", False), cfg.pop("TMA", False)
     v_keys = keys_contiguous(v_cache)
+    k_arg, v_arg = k_cache, v_cache
+    if tma:  # descriptors over slots [0, n_valid): the copy engine zero-fills past the window
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        bn = cfg["BLOCK_N"] // 2 if (halves or poly) else cfg["BLOCK_N"]
+        k_arg = TensorDescriptor.from_tensor(k_cache[:, :n_valid], [1, bn, D])
+        if v_keys:
+            v_arg = TensorDescriptor.from_tensor(v_cache.transpose(1, 2)[:, :, :n_valid], [1, D, bn])
+        else:
+            v_arg = TensorDescriptor.from_tensor(v_cache[:, :n_valid], [1, bn, D])
     if splits > 1:
         part = torch.empty(splits, H, Tq, D, dtype=torch.float32, device=q.device)
         ml = torch.empty(2, splits, H, Tq, dtype=torch.float32, device=q.device)
@@ -419,8 +457,8 @@ def _launch(
     grid = (triton.cdiv(Tq, cfg["BLOCK_M"]), H, splits)
     wrap(_fp8_attention_kernel)[grid](
         q,
-        k_cache,
-        v_cache,
+        k_arg,
+        v_arg,
         k_scale,
         v_scale,
         out,
@@ -446,6 +484,7 @@ def _launch(
         WS=ws,
         HALVES=halves or poly,
         POLY=poly,
+        TMA=tma,
         EXACT_ROUND=interpreting(),
         **cfg,
     )

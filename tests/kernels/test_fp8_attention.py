@@ -78,10 +78,10 @@ def test_matches_reference(H, Tq, S, D, n_valid, mode, v_keys, rng, device):
     check_attention(H, Tq, S, D, n_valid, *mode, rng, device, MODES[mode], v_keys=v_keys)
 
 
-def _cfg(bm=16, bn=32, splits=1, ws=False, halves=False, poly=False):
+def _cfg(bm=16, bn=32, splits=1, ws=False, halves=False, poly=False, tma=False):
     return {
         "BLOCK_M": bm, "BLOCK_N": bn, "num_warps": 4, "num_stages": 1, "SPLITS": splits, "WS": ws,
-        "HALVES": halves, "POLY": poly,
+        "HALVES": halves, "POLY": poly, "TMA": tma,
     }
 
 
@@ -95,6 +95,8 @@ def _cfg(bm=16, bn=32, splits=1, ws=False, halves=False, poly=False):
         (2, 17, 100, 32, 77, _cfg(ws=True)),  # warp-specialized loop (a plain loop here)
         (3, 19, 150, 32, 141, _cfg(bn=64, halves=True)),  # two half tiles, the tail's second half empty
         (2, 21, 200, 64, 181, _cfg(bn=64, poly=True, splits=2)),  # second half's exp2 on the FMA pipes
+        (3, 19, 150, 32, 141, _cfg(bn=64, tma=True)),  # descriptors: zero fill past n_valid, no masks
+        (2, 21, 200, 64, 181, _cfg(bn=64, tma=True, poly=True, splits=3)),
     ],
 )
 @pytest.mark.parametrize("mode", [(True, True), (True, False), (False, True)])
