@@ -3,7 +3,7 @@
 ``fp8_attention(q, k_cache, v_cache, k_scale, v_scale, n_valid)`` -> [H,Tq,D] bf16: every query attends
 to slots [0, n_valid) (no mask inside the window: RoPE carries position, ring order is irrelevant).
 Online softmax in fp32. V may be stored in either of two layouts, same logical shape [H,S,D]:
-``v_layout(S)`` keys-contiguous (storage [H,D,S_pad], slot stride 1: what an FP8 P@V MMA wants as its
+``v_layout(H, S, D)`` keys-contiguous (storage [H,D,S_pad], slot stride 1: what an FP8 P@V MMA wants as its
 K-major B operand) or head_dim-contiguous (plain [H,S,D]). Precision model:
   * Q is quantized per query row inside the kernel (row amax / 448: no extra pass, no host sync), so
     S = (q8 @ k8^T) * q_row_scale * k_scale is an FP8 x FP8 tensor-core dot (K is consumed as stored,
@@ -18,7 +18,8 @@ Per-row FP8 Q costs accuracy: on random data ~2.6% relative error vs the fp64 tr
 Split window (``SPLITS`` > 1, flash-decoding): grid (row tiles, heads, splits), each program a contiguous
 share of the window writing (acc, m, l) to fp32 scratch sized from shapes only; a second kernel combines
 them (both launches sync-free, CUDA-graph capturable, inside one ``triton_op`` under torch.compile).
-``POLY``: half of every tile's exp2 computed on the FMA pipes (``_exp2_poly``, FA4's MUFU offload).
+``POLY``: half of every tile's exp2 computed on the FMA pipes (``_exp2_poly``, FA4's MUFU offload);
+``TMA``: K/V tiles through host TensorDescriptors over slots [0, n_valid) (zero fill, no load masks).
 head_dim < 32 always takes the bf16 QK path (FP8 MMA needs K >= 32). ``fp8_attention_ref`` is plain
 torch in fp32; ``fp8_attention_lowp_ref`` models the kernel's precision (for the tests' error bound).
 """
