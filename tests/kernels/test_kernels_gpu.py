@@ -56,9 +56,10 @@ def _cfg(bm, bn, w, st, splits=1, poly=False, tma=False):
     "cfg",
     [
         _cfg(128, 128, 8, 3, splits=2), _cfg(128, 128, 8, 3, splits=3), _cfg(64, 128, 4, 3),
-        _cfg(128, 64, 8, 4), _cfg(128, 128, 8, 3, poly=True), _cfg(128, 128, 8, 3, tma=True),
+        _cfg(128, 64, 8, 4), _cfg(128, 128, 8, 3, poly=True),
+        pytest.param(_cfg(128, 128, 8, 3, tma=True), marks=pytest.mark.xfail(reason="TMA: new on Triton 3.6")),
     ],
-    ids=lambda c: "{BLOCK_M}x{BLOCK_N}w{num_warps}s{num_stages}x{SPLITS}-poly{POLY}-tma{TMA}".format(**c),
+    ids=["128x128-split2", "128x128-split3", "64x128w4", "128x64s4", "128x128-poly", "128x128-tma"],
 )  # fmt: skip
 @pytest.mark.parametrize("n_valid", [S, 3001])
 @pytest.mark.parametrize("v_keys", [False, True], ids=["v_dims", "v_keys"])
