@@ -34,6 +34,18 @@ import torch.distributed as dist
 import triton
 import triton.language as tl
 
+try:  # Gluon (Triton >= 3.5): explicit wgmma waits, for the overlapped-promotion kernel
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
+    from triton.experimental.gluon.language.nvidia.hopper import tma as gl_tma
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
+
+    # the TMA load is `async_copy_global_to_shared` in Triton 3.5/3.6, `async_load` later
+    _gl_tma_load = getattr(gl_tma, "async_load", None) or gl_tma.async_copy_global_to_shared
+except (ImportError, AttributeError):  # pragma: no cover - older Triton: gluon configs are skipped
+    gluon = None
+
 FP8 = torch.float8_e4m3fn
 log = logging.getLogger("livestep.kernels.gemm_allreduce")
 
@@ -59,7 +71,10 @@ class TileConfig:
     tile loop (prefetch across tiles); acc: how fp32 promotion is done (ACCUMULATION); occupancy:
     persistent programs per SM (2: two CTAs share an SM, so one's fp32 promotion adds overlap the
     other's tensor-core work; needs tiles small enough for two, e.g. 64x128 on 4 warps).
-    The classic kernel runs unless persistent, stream_k or tma is set.
+    gluon: the Gluon kernel (GPU only, K-major operands, no push epilogue): one program per tile, TMA
+    ring, and with promotion two partial accumulators in turn so each K-block's fp32 add overlaps the
+    next block's wgmma (`acc` is ignored: promotion every BLOCK_K products, as "flag").
+    The classic kernel runs unless persistent, stream_k, tma or gluon is set.
     """
 
     block_m: int
@@ -74,13 +89,14 @@ class TileConfig:
     flatten: bool = False
     acc: str = "flag"
     occupancy: int = 1
+    gluon: bool = False
 
     @property
     def classic(self) -> bool:
-        return not (self.persistent or self.stream_k or self.tma)
+        return not (self.persistent or self.stream_k or self.tma or self.gluon)
 
     def label(self) -> str:
-        kind = "sk" if self.stream_k else "pers" if self.persistent else "tile"
+        kind = "gluon" if self.gluon else "sk" if self.stream_k else "pers" if self.persistent else "tile"
         extra = "".join(f" {f}" for f in ("tma", "flatten") if getattr(self, f))
         extra += f" x{self.occupancy}" if self.occupancy != 1 else ""
         return (
@@ -150,6 +166,13 @@ VARIANT_CONFIGS: tuple[TileConfig, ...] = (
     TileConfig(128, 128, 128, 8, 8, 4, tma=True, acc="add"),
     TileConfig(64, 128, 128, 16, 4, 4, tma=True, acc="add"),
     TileConfig(128, 128, 128, 8, 8, 4, stream_k=True, tma=True, acc="lag"),
+    # Gluon, promotion overlapped with the wgmma inside the CTA (no C7514/C7517 serialization; 205
+    # regs: 64x128 on 4 warps fits two CTAs per SM). 128x256 spills with promotion: fast only.
+    TileConfig(64, 128, 128, 16, 4, 4, gluon=True),
+    TileConfig(64, 128, 128, 16, 4, 3, gluon=True),
+    TileConfig(128, 128, 128, 8, 8, 4, gluon=True),
+    TileConfig(128, 128, 128, 8, 8, 3, gluon=True),
+    TileConfig(128, 256, 128, 8, 8, 3, gluon=True),
 )
 CONFIGS: tuple[TileConfig, ...] = CLASSIC_CONFIGS + VARIANT_CONFIGS
 # The fused path always uses this tiling: every rank must cut the output into the same tiles (the
@@ -448,6 +471,145 @@ def _fp8_gemm_tiles_kernel(
                       A_ROWWISE, B_COLWISE, PUSH, WORLD, BLOCK_M, BLOCK_N)  # fmt: skip
 
 
+if gluon is not None:
+
+    @gluon.jit
+    def _gl_mma(a_bufs, b_bufs, bars, blk, zero, STAGES: gl.constexpr):
+        """Issue K-block `blk`'s wgmma (async, into a fresh accumulator) once its stage has landed."""
+        s = blk % STAGES
+        mbarrier.wait(bars.index(s), (blk // STAGES) & 1)
+        b = b_bufs.index(s).permute((1, 0))
+        return warpgroup_mma(a_bufs.index(s), b, zero, use_acc=False, is_async=True)
+
+    @gluon.jit
+    def _gl_refill(a_desc, b_desc, a_bufs, b_bufs, bars, blk, k_tiles, off_m, off_n,
+                   STAGES: gl.constexpr, BLOCK_K: gl.constexpr):  # fmt: skip
+        """Once the wgmma of block blk-1 is done, its stage takes block blk + STAGES - 1 (if any)."""
+        nxt = blk + STAGES - 1
+        ok = nxt < k_tiles
+        t = nxt % STAGES
+        mbarrier.expect(bars.index(t), a_desc.block_type.nbytes + b_desc.block_type.nbytes, pred=ok)
+        _gl_tma_load(a_desc, [off_m, nxt * BLOCK_K], bars.index(t), a_bufs.index(t), pred=ok)
+        _gl_tma_load(b_desc, [off_n, nxt * BLOCK_K], bars.index(t), b_bufs.index(t), pred=ok)
+
+    @gluon.jit
+    def _gl_fp8_gemm_kernel(
+        a_desc, b_desc, c_ptr, a_scale_ptr, b_scale_ptr, M, N, K, stride_cm,
+        A_ROWWISE: gl.constexpr, B_COLWISE: gl.constexpr, FAST: gl.constexpr,
+        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, GROUP_M: gl.constexpr,
+        STAGES: gl.constexpr, WARPS_M: gl.constexpr, WARPS_N: gl.constexpr,
+    ):  # fmt: skip
+        """One output tile: a [M, K] and b [N, K] (K-major) TMA descriptors into a STAGES-deep ring.
+
+        FAST: one accumulator chained through the wgmmas (the hardware's accumulation). Otherwise
+        each K-block's products go into a fresh accumulator, alternately p0 / p1, and the other one
+        (the previous block, complete after ``wait(1)``) is added into the fp32 `acc` while this
+        block's wgmma runs: promotion every BLOCK_K products, the same sums as the "flag" mode.
+        The loop is unrolled by two so no in-flight accumulator is ever copied (a copy would make
+        ptxas serialise the wgmmas).
+        """
+        pid = gl.program_id(0)
+        num_pid_m = gl.cdiv(M, BLOCK_M)
+        num_pid_n = gl.cdiv(N, BLOCK_N)
+        width = GROUP_M * num_pid_n
+        first_m = (pid // width) * GROUP_M
+        group_size = gl.minimum(num_pid_m - first_m, GROUP_M)
+        off_m = (first_m + (pid % width) % group_size) * BLOCK_M
+        off_n = ((pid % width) // group_size) * BLOCK_N
+
+        layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[WARPS_M, WARPS_N], instr_shape=[16, BLOCK_N // WARPS_N, 32]
+        )
+        a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], a_desc.layout)
+        b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
+        bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(bars.index(i), count=1)
+        k_tiles = gl.cdiv(K, BLOCK_K)
+        for i in gl.static_range(STAGES - 1):
+            ok = i < k_tiles
+            mbarrier.expect(bars.index(i), a_desc.block_type.nbytes + b_desc.block_type.nbytes, pred=ok)
+            _gl_tma_load(a_desc, [off_m, i * BLOCK_K], bars.index(i), a_bufs.index(i), pred=ok)
+            _gl_tma_load(b_desc, [off_n, i * BLOCK_K], bars.index(i), b_bufs.index(i), pred=ok)
+
+        acc = gl.zeros((BLOCK_M, BLOCK_N), gl.float32, layout)
+        if FAST:
+            for kk in range(k_tiles):
+                s = kk % STAGES
+                mbarrier.wait(bars.index(s), (kk // STAGES) & 1)
+                acc = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), acc, is_async=True)
+                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+                _gl_refill(a_desc, b_desc, a_bufs, b_bufs, bars, kk, k_tiles, off_m, off_n, STAGES, BLOCK_K)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        else:
+            zero = gl.zeros((BLOCK_M, BLOCK_N), gl.float32, layout)
+            p0 = _gl_mma(a_bufs, b_bufs, bars, 0, zero, STAGES)
+            _gl_refill(a_desc, b_desc, a_bufs, b_bufs, bars, 0, k_tiles, off_m, off_n, STAGES, BLOCK_K)
+            for j in range((k_tiles - 1) // 2):
+                p1 = _gl_mma(a_bufs, b_bufs, bars, 2 * j + 1, zero, STAGES)
+                acc = acc + warpgroup_mma_wait(num_outstanding=1, deps=(p0,))
+                _gl_refill(
+                    a_desc, b_desc, a_bufs, b_bufs, bars, 2 * j + 1, k_tiles, off_m, off_n, STAGES, BLOCK_K
+                )
+                p0 = _gl_mma(a_bufs, b_bufs, bars, 2 * j + 2, zero, STAGES)
+                acc = acc + warpgroup_mma_wait(num_outstanding=1, deps=(p1,))
+                _gl_refill(
+                    a_desc, b_desc, a_bufs, b_bufs, bars, 2 * j + 2, k_tiles, off_m, off_n, STAGES, BLOCK_K
+                )
+            if k_tiles % 2 == 0:
+                p1 = _gl_mma(a_bufs, b_bufs, bars, k_tiles - 1, zero, STAGES)
+                acc = acc + warpgroup_mma_wait(num_outstanding=1, deps=(p0,))
+                acc = acc + warpgroup_mma_wait(num_outstanding=0, deps=(p1,))
+            else:
+                acc = acc + warpgroup_mma_wait(num_outstanding=0, deps=(p0,))
+        for i in gl.static_range(STAGES):
+            mbarrier.invalidate(bars.index(i))
+
+        offs_m = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
+        offs_n = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
+        if A_ROWWISE:
+            acc = acc * gl.expand_dims(gl.load(a_scale_ptr + offs_m, mask=offs_m < M, other=0.0), 1)
+        else:
+            acc = acc * gl.load(a_scale_ptr)
+        if B_COLWISE:
+            acc = acc * gl.expand_dims(gl.load(b_scale_ptr + offs_n, mask=offs_n < N, other=0.0), 0)
+        else:
+            acc = acc * gl.load(b_scale_ptr)
+        mask = (gl.expand_dims(offs_m, 1) < M) & (gl.expand_dims(offs_n, 0) < N)
+        ptrs = c_ptr + gl.expand_dims(offs_m, 1) * stride_cm + gl.expand_dims(offs_n, 0)
+        gl.store(ptrs, acc.to(gl.bfloat16), mask=mask)
+
+
+def _gluon_layout(cfg: TileConfig) -> tuple[int, int]:
+    """warps_per_cta of the Gluon kernel's wgmma layout: warps along M first (16 rows each)."""
+    warps_m = min(cfg.num_warps, cfg.block_m // 16)
+    return warps_m, cfg.num_warps // warps_m
+
+
+def _launch_gluon(a, b, a_scale, b_scale, c, m, n, k, cfg: TileConfig, fast_accum: bool):
+    if gluon is None:
+        raise GemmAllReduceError(
+            f"this Triton ({triton.__version__}) has no Gluon: {cfg.label()} unavailable"
+        )
+    fp8 = gl.float8e4nv
+    a_desc = GluonDescriptor.from_tensor(
+        a, [cfg.block_m, cfg.block_k], gl.NVMMASharedLayout.get_default_for([cfg.block_m, cfg.block_k], fp8)
+    )
+    b_desc = GluonDescriptor.from_tensor(  # b.t(): the [N, K] K-major weight
+        b.t(),
+        [cfg.block_n, cfg.block_k],
+        gl.NVMMASharedLayout.get_default_for([cfg.block_n, cfg.block_k], fp8),
+    )
+    warps_m, warps_n = _gluon_layout(cfg)
+    tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+    return _gl_fp8_gemm_kernel[(tiles,)](
+        a_desc, b_desc, c, a_scale, b_scale, m, n, k, c.stride(0),
+        A_ROWWISE=a_scale.numel() > 1, B_COLWISE=b_scale.numel() > 1, FAST=fast_accum,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+        STAGES=cfg.num_stages, WARPS_M=warps_m, WARPS_N=warps_n, num_warps=cfg.num_warps,
+    )  # fmt: skip
+
+
 @triton.jit
 def _tile_reduce_kernel(
     slot_ptr, flag_ptr, epoch_ptr, out_ptr,
@@ -566,6 +728,12 @@ def _launch_gemm(a, b, a_scale, b_scale, c, m, n, k, cfg: TileConfig, push=None,
         a.stride(0), a.stride(1), b.stride(0), b.stride(1),
         c.stride(0) if c is not None else 0, c.stride(1) if c is not None else 0,
     )  # fmt: skip
+    if cfg.gluon:
+        if push is not None or not a.is_cuda or c is None or c.stride(1) != 1:
+            raise GemmAllReduceError(f"{cfg.label()}: the Gluon kernel is a plain GEMM on a GPU (no push)")
+        if _tma_ok(a, b):
+            return _launch_gluon(a, b, a_scale, b_scale, c, m, n, k, cfg, fast_accum)
+        cfg = TileConfig(cfg.block_m, cfg.block_n, cfg.block_k, cfg.group_m, cfg.num_warps, cfg.num_stages)
     if cfg.classic:
         return _fp8_gemm_kernel[(tiles,)](
             a, b, c if c is not None else dummy, a_scale, b_scale, slot_ptrs, flag_ptrs, epoch,

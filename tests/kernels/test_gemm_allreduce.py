@@ -130,6 +130,47 @@ def test_variant_configs_are_well_formed():
         assert cfg.label()
 
 
+@pytest.mark.parametrize("cfg", [c for c in ga.CONFIGS if c.gluon], ids=lambda c: c.label().replace(" ", "-"))
+def test_gluon_kernel_compiles_for_sm90(cfg):
+    """The Gluon kernel needs a GPU to run: here it is compiled for sm_90a (both accumulation modes,
+    both scale kinds), so an API break in Triton shows on CPU; the GPU tests check its results."""
+    if ga.gluon is None:
+        pytest.skip("no Gluon in this Triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    gl = ga.gl
+    warps_m, warps_n = ga._gluon_layout(cfg)
+    for fast, rowwise in ((False, False), (False, True), (True, False)):
+        sig = {
+            name: f"tensordesc<fp8e4nv[{rows}, {cfg.block_k}],"
+            f"{gl.NVMMASharedLayout.get_default_for([rows, cfg.block_k], gl.float8e4nv)!r}>"
+            for name, rows in (("a_desc", cfg.block_m), ("b_desc", cfg.block_n))
+        }
+        sig.update(c_ptr="*bf16", a_scale_ptr="*fp32", b_scale_ptr="*fp32")
+        sig.update(dict.fromkeys(("M", "N", "K", "stride_cm"), "i32"))
+        consts = {
+            "A_ROWWISE": rowwise, "B_COLWISE": rowwise, "FAST": fast, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
+            "BLOCK_K": cfg.block_k, "GROUP_M": cfg.group_m, "STAGES": cfg.num_stages, "WARPS_M": warps_m,
+            "WARPS_N": warps_n,
+        }  # fmt: skip
+        sig.update(dict.fromkeys(consts, "constexpr"))
+        src = GluonASTSource(ga._gl_fp8_gemm_kernel, sig, consts)
+        kernel = triton.compile(src, target=GPUTarget("cuda", 90, 64), options={"num_warps": cfg.num_warps})
+        assert "wgmma.mma_async" in kernel.asm["ptx"]
+
+
+def test_gluon_configs_refuse_the_interpreter_and_the_push_path():
+    cfg = next(c for c in ga.CONFIGS if c.gluon)
+    a, w, sa, sb = _operands(64, 128, 128)
+    if not CUDA:
+        with pytest.raises(ga.GemmAllReduceError, match="Gluon kernel is a plain GEMM on a GPU"):
+            ga.fp8_gemm(a, w.t(), sa, sb, config=cfg)
+    (ws,) = ga.emulated_workspaces(1, 64, 128, device=DEV, min_tile=64)
+    with pytest.raises(ga.GemmAllReduceError, match="no push"):
+        ga.push_partials(ws, a, w.t(), sa, sb, config=cfg)
+
+
 def test_tma_falls_back_to_pointer_loads_for_other_layouts():
     a, w, sa, sb = _operands(29, 40, 64)
     assert ga._tma_ok(a, w.t())
@@ -269,6 +310,19 @@ def test_gpu_variant_configs_at_a_rank_shape(cfg):
         pytest.skip("does not fit this GPU")
     assert (out.double() - truth).abs().max().item() <= bound
     assert torch.equal(out, ga.fp8_gemm(a, w.t(), sa, sb, config=cfg))  # stream-K: repeatable
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", ga.VARIANT_CONFIGS, ids=lambda c: c.label().replace(" ", "-"))
+@pytest.mark.parametrize("fast", [False, True])
+def test_gpu_variant_configs_at_awkward_shapes(cfg, fast):
+    """M, N not multiples of the tile, K = 2.5 K-blocks (TMA still aligned), rowwise scales."""
+    m, n, k = 157, 320, 336
+    a, w, sa, sb = _operands(m, n, k, rowwise=True, seed=7)
+    truth = _exact(a, w, sa, sb)
+    bound = 2 * _scaled_mm_err(a, w, sa.reshape(-1, 1), sb.reshape(1, -1), truth) + 1e-3
+    out = ga.fp8_gemm(a, w.t(), sa, sb, config=cfg, fast_accum=fast)
+    assert (out.double() - truth).abs().max().item() <= bound
 
 
 @pytest.mark.gpu
