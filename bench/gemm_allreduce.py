@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import subprocess
 import sys
 from pathlib import Path
 
@@ -148,8 +149,49 @@ def _cell(t: float | None, mm_t: float) -> str:
     return f"{t:8.1f} {mm_t / t:6.3f}" if t is not None else f"{'-':>8} {'-':>6}"
 
 
+def precheck_gluon(m: int) -> int:
+    """Child-process half of `_gluon_ok`: run every Gluon config once per shape and mode, check it."""
+    for name, (n, k) in SHAPES.items():
+        a = torch.randn(m, k, device="cuda").to(ga.FP8)
+        w = torch.randn(n, k, device="cuda").to(ga.FP8)
+        sa = torch.rand(m, device="cuda") + 0.5  # rowwise: the worker may switch to per-row scales
+        sb = torch.tensor(0.03, device="cuda")
+        ref = ga.gemm_allreduce_ref(a, w.t(), sa, sb).float()
+        for cfg in (c for c in ga.CONFIGS if c.gluon):
+            for fast in (False, True):
+                out = ga.fp8_gemm(a, w.t(), sa, sb, config=cfg, fast_accum=fast)
+                torch.cuda.synchronize()
+                err = ((out.float() - ref).abs().max() / ref.abs().max()).item()
+                print(f"  precheck {name:9s} {cfg.label():36s} {'fast' if fast else 'prec'} rel err {err:.2e}",
+                      flush=True)  # fmt: skip
+                if not err <= 2.0**-6:
+                    return 1
+    return 0
+
+
+def _gluon_ok(m: int, timeout_s: float = 150.0) -> str | None:
+    """None when every Gluon config ran and was right in a child process, else why not. A wrong
+    mbarrier phase would hang the GPU rather than fail; a child can be killed, this process not."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--precheck-gluon", "--m", str(m)]
+    try:
+        done = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return f"hung (no result in {timeout_s:.0f} s)"
+    print(done.stdout.rstrip())
+    if done.returncode != 0:
+        tail = (done.stderr.strip().splitlines() or done.stdout.strip().splitlines() or ["?"])[-1]
+        return f"precheck failed (rc {done.returncode}): {tail[:200]}"
+    return None
+
+
 def sweep(m: int, rep: int = 10, device: str = "cuda") -> int:
     """Every candidate at every rank shape vs _scaled_mm (precise and fast) in this run."""
+    configs = ga.CONFIGS
+    if any(c.gluon for c in configs) and device == "cuda":
+        why = _gluon_ok(m)
+        if why:
+            print(f"Gluon configs left out of the sweep: {why}")
+            configs = tuple(c for c in configs if not c.gluon)
     best = {}
     for name, (n, k) in SHAPES.items():
         a = torch.randn(m, k, device=device).to(ga.FP8)
@@ -172,7 +214,7 @@ def sweep(m: int, rep: int = 10, device: str = "cuda") -> int:
         print(f"{'config':44s} | {'prec us':>8} {'ratio':>6} | {'fast us':>8} {'ratio':>6} | note")
         fast_of: dict[tuple, tuple] = {}  # fast accumulation ignores `acc`: time once per tiling
         res: dict[bool, list] = {False: [], True: []}
-        for cfg in ga.CONFIGS:
+        for cfg in configs:
             t_p, why_p = _sweep_one(cfg, False, a, w, sa, sb, mm[False], rep)
             key = dataclasses.replace(cfg, acc="flag")
             if key not in fast_of:
@@ -223,6 +265,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--m", type=int, default=757)
     p.add_argument("--sweep", action="store_true", help="time every candidate config at every shape")
+    p.add_argument("--precheck-gluon", action="store_true", help=argparse.SUPPRESS)  # the sweep's child
     args = p.parse_args()
     if not torch.cuda.is_available():
         print("needs a CUDA GPU")
@@ -230,6 +273,8 @@ def main() -> int:
     m = args.m
     torch.manual_seed(0)
     print(f"# {torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__} M={m}")
+    if args.precheck_gluon:
+        return precheck_gluon(m)
     if args.sweep:
         return sweep(m)
     rows = [measure(name, m, n, k) for name, (n, k) in SHAPES.items()]

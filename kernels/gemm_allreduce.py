@@ -97,11 +97,12 @@ class TileConfig:
 
     def label(self) -> str:
         kind = "gluon" if self.gluon else "sk" if self.stream_k else "pers" if self.persistent else "tile"
+        acc = "overlap" if self.gluon else self.acc
         extra = "".join(f" {f}" for f in ("tma", "flatten") if getattr(self, f))
         extra += f" x{self.occupancy}" if self.occupancy != 1 else ""
         return (
             f"{self.block_m}x{self.block_n}x{self.block_k} w{self.num_warps} s{self.num_stages} "
-            f"{kind}{extra} {self.acc}"
+            f"{kind}{extra} {acc}"
         )
 
 
@@ -175,6 +176,9 @@ VARIANT_CONFIGS: tuple[TileConfig, ...] = (
     TileConfig(128, 256, 128, 8, 8, 3, gluon=True),
 )
 CONFIGS: tuple[TileConfig, ...] = CLASSIC_CONFIGS + VARIANT_CONFIGS
+# what `tune` tries by default: the Gluon configs join once a GPU sweep has run them (their mbarrier
+# waits would hang, not fail, on a wrong phase; the sweep runs them first in a child process)
+TUNE_CONFIGS: tuple[TileConfig, ...] = tuple(c for c in CONFIGS if not c.gluon)
 # The fused path always uses this tiling: every rank must cut the output into the same tiles (the
 # flags are per tile), and a per-rank `tune` could disagree. It won both row-parallel shapes
 # (attn-out K=2560, FFN down K=10240) on the H200 at M=757 (bench/gemm_allreduce.py).
@@ -194,7 +198,7 @@ def pick_config(m: int, n: int, k: int, fast_accum: bool = False) -> TileConfig:
 
 def tune(m: int, n: int, k: int, fast_accum: bool = False, device="cuda",
          candidates: tuple[TileConfig, ...] | None = None) -> TileConfig:  # fmt: skip
-    """Time every candidate config (default CONFIGS) at (M, N, K) under CUDA graphs and keep the
+    """Time every candidate config (default TUNE_CONFIGS) at (M, N, K) under CUDA graphs and keep the
     fastest for `pick_config`. A candidate that fails to compile/launch or gives a wrong result is
     skipped. Call at warm-up for the steady-state shapes (it synchronises), never per step."""
     key = (m, n, k, fast_accum)
@@ -207,7 +211,7 @@ def tune(m: int, n: int, k: int, fast_accum: bool = False, device="cuda",
     tol = 2.0**-6 * ref.abs().max().item()
     best, best_t = CONFIGS[0], float("inf")
     tlog = TUNE_LOG.setdefault(key, [])
-    for cfg in candidates or CONFIGS:
+    for cfg in candidates or TUNE_CONFIGS:
         try:
             out = fp8_gemm(a, w.t(), one, one, config=cfg, fast_accum=fast_accum)
             if not (out.float() - ref).abs().max().item() <= tol:
