@@ -43,7 +43,7 @@ try:  # Gluon (Triton >= 3.5): explicit wgmma waits, for the overlapped-promotio
 
     # the TMA load is `async_copy_global_to_shared` in Triton 3.5/3.6, `async_load` later
     _gl_tma_load = getattr(gl_tma, "async_load", None) or gl_tma.async_copy_global_to_shared
-except (ImportError, AttributeError):  # pragma: no cover - older Triton: gluon configs are skipped
+except Exception:  # noqa: BLE001 -- no (or another) Gluon: the gluon configs report unavailable
     gluon = None
 
 FP8 = torch.float8_e4m3fn
