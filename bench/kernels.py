@@ -273,6 +273,7 @@ def bench_attention(dev, budget_s: float = 160.0) -> dict:
     for bm, bn, w, st in (
         (128, 128, 8, 2), (128, 128, 8, 3), (128, 128, 8, 4), (128, 64, 8, 3),
         (128, 256, 8, 2), (128, 128, 4, 3), (64, 128, 4, 3), (64, 128, 4, 4),
+        (64, 128, 4, 2), (64, 64, 4, 3), (64, 64, 4, 4), (64, 256, 4, 2),
     ):  # fmt: skip
         variants.append((f"keys  fp8 QK + fp8 PV  {bm}x{bn} w{w} s{st}", vk, True, True, c(bm, bn, w, st)))
     for splits, bm, w in ((2, 128, 8), (3, 128, 8), (4, 128, 8), (2, 64, 4)):
@@ -286,10 +287,12 @@ def bench_attention(dev, budget_s: float = 160.0) -> dict:
         cfg = c(bm, bn, w, st, halves=True, poly=poly)
         what = "halves + poly exp2" if poly else "halves"
         variants.append((f"keys  fp8 QK + fp8 PV  {bm}x{bn} w{w} s{st} {what}", vk, True, True, cfg))
-    for st, ws, poly in ((3, False, False), (2, False, False), (3, False, True), (3, True, False)):
-        cfg = c(128, 128, 8, st, ws=ws, halves=poly, poly=poly, tma=True)
+    for bm, w, st, ws, poly in ((128, 8, 3, False, False), (128, 8, 2, False, False), (128, 8, 3, False, True),
+                                (128, 8, 3, True, False), (64, 4, 3, False, False), (64, 4, 2, False, False)):
+        cfg = c(bm, 128, w, st, ws=ws, halves=poly, poly=poly, tma=True)
         what = "TMA" + (" + warp-spec" if ws else "") + (" + halves + poly exp2" if poly else "")
-        variants.append((f"keys  fp8 QK + fp8 PV  128x128 w8 s{st} {what}", vk, True, True, cfg))
+        variants.append((f"keys  fp8 QK + fp8 PV  {bm}x128 w{w} s{st} {what}", vk, True, True, cfg))
+    variants.append(("keys  fp8 QK + fp8 PV  64x128 w4 s3 warp-spec", vk, True, True, c(64, 128, 4, 3, ws=True)))
 
     best = {}  # layout -> (ms, name, cfg, pv8)
     t0 = time.monotonic()

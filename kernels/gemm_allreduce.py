@@ -176,13 +176,26 @@ VARIANT_CONFIGS: tuple[TileConfig, ...] = (
     TileConfig(128, 256, 128, 8, 8, 3, gluon=True),
 )
 CONFIGS: tuple[TileConfig, ...] = CLASSIC_CONFIGS + VARIANT_CONFIGS
-# what `tune` tries by default: the Gluon configs join once a GPU sweep has run them (their mbarrier
-# waits would hang, not fail, on a wrong phase; the sweep runs them first in a child process)
-TUNE_CONFIGS: tuple[TileConfig, ...] = tuple(c for c in CONFIGS if not c.gluon)
+# What `tune` tries at warm-up: the winners of the H200 sweep (2026-11-29 12:45 UTC, `bench/gemm_allreduce.py
+# --sweep`, M=757, every config checked against the reference first; docs/PERFORMANCE.md), so warm-up
+# times 7 configs per shape, not 33. Fp32-promoted accumulation: Gluon 128x128 w8 s4 won QKV, FFN up and
+# FFN down (0.956 / 0.931 / 0.936 of _scaled_mm), the persistent 64x128 TMA grid of 3 CTAs per SM
+# attention-out (0.998). Fast accumulation: the persistent 128x128 TMA grids and 128x256 for FFN up.
+# The Gluon configs passed the sweep's hang-guarded child check on all four shapes before joining.
+TUNE_CONFIGS: tuple[TileConfig, ...] = (
+    TileConfig(128, 128, 128, 8, 8, 4, gluon=True),
+    TileConfig(64, 128, 128, 16, 4, 3, persistent=True, tma=True, occupancy=3),
+    TileConfig(64, 128, 128, 16, 4, 3, tma=True),
+    TileConfig(128, 128, 128, 8, 8, 4, persistent=True, tma=True, flatten=True),
+    TileConfig(128, 128, 128, 8, 8, 4, persistent=True, tma=True),
+    TileConfig(128, 256, 128, 8, 8, 3, persistent=True, tma=True),
+    CLASSIC_CONFIGS[0],
+)
 # The fused path always uses this tiling: every rank must cut the output into the same tiles (the
-# flags are per tile), and a per-rank `tune` could disagree. It won both row-parallel shapes
-# (attn-out K=2560, FFN down K=10240) on the H200 at M=757 (bench/gemm_allreduce.py).
-FUSED_CONFIG = CONFIGS[0]
+# flags are per tile), and a per-rank `tune` could disagree. Of the configs with the push epilogue
+# (not Gluon), 64x128 with TMA loads and 3 stages was the fastest over both row-parallel shapes in
+# the sweep above (attn-out 0.967, FFN down 0.873 of _scaled_mm; the classic 128x128: 0.686, 0.735).
+FUSED_CONFIG = TileConfig(64, 128, 128, 16, 4, 3, tma=True)
 # (M, N, K, fast_accum) -> the config `tune` measured fastest on this GPU (plain GEMMs only)
 TUNED: dict[tuple[int, int, int, bool], TileConfig] = {}
 # the same key -> [(config, ms per call under CUDA graphs)] of every candidate `tune` timed

@@ -126,7 +126,8 @@ def test_stream_k_splits_tiles_and_rearms_its_counters():
 
 
 def test_variant_configs_are_well_formed():
-    assert ga.FUSED_CONFIG.classic and ga.pick_config(1, 2, 3) == ga.CONFIGS[0]
+    assert not ga.FUSED_CONFIG.gluon and ga.pick_config(1, 2, 3) == ga.CONFIGS[0]  # the fused path pushes
+    assert set(ga.TUNE_CONFIGS) <= set(ga.CONFIGS)
     assert len(set(ga.CONFIGS)) == len(ga.CONFIGS)
     for cfg in ga.CONFIGS:
         assert cfg.acc in ga.ACC_MODES and cfg.block_m >= ga._MIN_TILE and cfg.block_n >= ga._MIN_TILE
@@ -214,7 +215,7 @@ def _emulated_call(wss, ops, config=None):
 
 
 @pytest.mark.parametrize("world", [2, 3])
-@pytest.mark.parametrize("kind", [None, "persistent_tma_flatten_add", "stream_k"])
+@pytest.mark.parametrize("kind", [None, "tma", "persistent_tma_flatten_add", "stream_k"])
 def test_tile_reduction_across_emulated_ranks(world, kind):
     """The push epilogue of the classic kernel and of the variant kernels (same tile ids)."""
     if kind is not None and CUDA:
