@@ -15,11 +15,9 @@ K-major B operand) or head_dim-contiguous (plain [H,S,D]). Precision model:
   * out = acc * v_scale / l, rounded to bf16.
 Per-row FP8 Q costs accuracy: on random data ~2.6% relative error vs the fp64 truth (bf16 SDPA: 0.4%);
 ``qk_fp8=False`` (bf16 operands, dequantized in registers) gives 0.25% and runs ~1.35x slower.
-Split window (``SPLITS`` > 1, flash-decoding): grid (row tiles, heads, splits), each program a contiguous
-share of the window writing (acc, m, l) to fp32 scratch sized from shapes only; a second kernel combines
-them (both launches sync-free, CUDA-graph capturable, inside one ``triton_op`` under torch.compile).
-``POLY``: half of every tile's exp2 computed on the FMA pipes (``_exp2_poly``, FA4's MUFU offload);
 ``TMA``: K/V tiles through host TensorDescriptors over slots [0, n_valid) (zero fill, no load masks).
+Tried and dropped (slower on the H200 sweep, see docs/PERFORMANCE.md): split window (flash-decoding), half
+tiles with a polynomial exp2 on the FMA pipes, warp specialisation.
 head_dim < 32 always takes the bf16 QK path (FP8 MMA needs K >= 32). ``fp8_attention_ref`` is plain
 torch in fp32; ``fp8_attention_lowp_ref`` models the kernel's precision (for the tests' error bound).
 """
@@ -48,14 +46,12 @@ KEYS_CONTIGUOUS_V = True  # the worker (worker/cache.py) stores FP8 V keys-conti
 
 # The launch choice on Hopper per V layout: bench/kernels.py --only attention sweeps the variants and
 # prints the winner as one such line; set it here. Keys: pv_fp8, tiles (BLOCK_M x BLOCK_N), num_warps,
-# num_stages, SPLITS (window shares, 1 = one pass), WS (tl.range warp specialization), HALVES (each tile
-# as two half tiles), POLY (halves, the second half's exp2 on the FMA pipes), TMA (K/V tiles through host
-# TensorDescriptors; eager-tested, check torch.compile before making it the default).
+# num_stages, TMA (K/V tiles through host TensorDescriptors).
 _TILES = {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3}
-_PLAIN = {"SPLITS": 1, "WS": False, "HALVES": False, "POLY": False, "TMA": False}
+_PLAIN = {"TMA": False}
 TUNED = {  # H200 sweep 2026-11-29 12:47 UTC: keys 64x128 w4 s3 with TMA 66.1 us = 0.755x SDPA (pointer
     # loads 77.8 us); dims: the old default (108.5 us)
-    "keys": {"pv_fp8": True, "BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 3, **_PLAIN, "TMA": True},
+    "keys": {"pv_fp8": True, "BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 3, "TMA": True},
     "dims": {"pv_fp8": False, **_TILES, **_PLAIN},
 }
 
@@ -132,20 +128,6 @@ def _attn_block(
 
 
 @triton.jit
-def _exp2_poly(x):
-    """2**x on the FMA pipes, to offload the MUFU (exp2: 16/clk/SM on Hopper, as slow as the FP8 MMAs):
-    x = n + f with n = round(x), 2**f by a cubic on [-0.5, 0.5] (relative error 1.8e-4, far below an FP8
-    or bf16 step of P), n added to the exponent bits. x is clamped to >= -125 (2**-125 is 0 after any cast
-    of P, and a masked -inf score meets V = 0)."""
-    x = tl.maximum(x, -125.0)
-    t = x + 12582912.0  # 1.5 * 2**23: t's low mantissa bits hold round(x) (two's complement)
-    f = x - (t - 12582912.0)
-    p = 1.0 + f * (0.69331648 + f * (0.24192413 + f * 0.05460262))
-    bits = p.to(tl.int32, bitcast=True) + (t.to(tl.int32, bitcast=True) << 23)  # << 23 leaves n << 23
-    return bits.to(tl.float32, bitcast=True)
-
-
-@triton.jit
 def _load_kv(k_base, v_base, h32, start, offs_n0, hi, stride_ks, stride_vs, stride_vd, offs_d,
              MASKED: tl.constexpr, V_KEYS: tl.constexpr, TMA: tl.constexpr):  # fmt: skip
     """K [N, D] and V [N, D] tiles of slots start + offs_n0 (masked to < hi when MASKED, zeros there).
@@ -195,68 +177,6 @@ def _p_dot_v(acc, p, v, PV_FP8: tl.constexpr, EXACT_ROUND: tl.constexpr):
 
 
 @triton.jit
-def _attn_block_halves(
-    acc, l_i, m_i, q, row_c, k_base, v_base, start, hi, stride_ks, stride_vs, stride_vd, offs_d, offs_h0,
-    h32, MASKED: tl.constexpr, QK_FP8: tl.constexpr, PV_FP8: tl.constexpr, V_KEYS: tl.constexpr,
-    TMA: tl.constexpr, POLY: tl.constexpr, EXACT_ROUND: tl.constexpr,
-):  # fmt: skip
-    """``_attn_block`` as two half tiles (offs_h0: BLOCK_N // 2) sharing one running max; with POLY the
-    second half's exp2 runs on the FMA pipes (``_exp2_poly``) while the first uses the MUFU."""
-    half: tl.constexpr = offs_h0.shape[0]
-    offs_a = start + offs_h0
-    offs_b = offs_a + half
-    k_a, v_a = _load_kv(
-        k_base, v_base, h32, start, offs_h0, hi, stride_ks, stride_vs, stride_vd, offs_d, MASKED, V_KEYS, TMA
-    )
-    k_b, v_b = _load_kv(
-        k_base, v_base, h32, start + half, offs_h0, hi, stride_ks, stride_vs, stride_vd, offs_d, MASKED, V_KEYS,
-        TMA,
-    )  # fmt: skip
-    if not QK_FP8:
-        k_a = _bf16_operand(k_a, EXACT_ROUND)
-        k_b = _bf16_operand(k_b, EXACT_ROUND)
-    qk_a = tl.dot(q, tl.trans(k_a))
-    qk_b = tl.dot(q, tl.trans(k_b))
-    if MASKED:
-        qk_a = tl.where((offs_a < hi)[None, :], qk_a, float("-inf"))
-        qk_b = tl.where((offs_b < hi)[None, :], qk_b, float("-inf"))
-    m_new = tl.maximum(m_i, tl.maximum(tl.max(qk_a, 1), tl.max(qk_b, 1)) * row_c)
-    if PV_FP8:
-        m_sub = m_new - 8.0
-    else:
-        m_sub = m_new
-    p_a = tl.math.exp2(qk_a * row_c[:, None] - m_sub[:, None])
-    if POLY:
-        p_b = _exp2_poly(qk_b * row_c[:, None] - m_sub[:, None])
-    else:
-        p_b = tl.math.exp2(qk_b * row_c[:, None] - m_sub[:, None])
-    alpha = tl.math.exp2(m_i - m_new)
-    l_i = l_i * alpha + tl.sum(p_a, 1) + tl.sum(p_b, 1)
-    acc = _p_dot_v(acc * alpha[:, None], p_a, v_a, PV_FP8, EXACT_ROUND)
-    acc = _p_dot_v(acc, p_b, v_b, PV_FP8, EXACT_ROUND)
-    return acc, l_i, m_new
-
-
-@triton.jit
-def _tile(
-    acc, l_i, m_i, q, row_c, k_base, v_base, start, hi, stride_ks, stride_vs, stride_vd, offs_d, offs_n0,
-    h32, MASKED: tl.constexpr, QK_FP8: tl.constexpr, PV_FP8: tl.constexpr, V_KEYS: tl.constexpr,
-    TMA: tl.constexpr, HALVES: tl.constexpr, POLY: tl.constexpr, EXACT_ROUND: tl.constexpr,
-):  # fmt: skip
-    if HALVES:
-        acc, l_i, m_i = _attn_block_halves(
-            acc, l_i, m_i, q, row_c, k_base, v_base, start, hi, stride_ks, stride_vs, stride_vd, offs_d,
-            offs_n0, h32, MASKED, QK_FP8, PV_FP8, V_KEYS, TMA, POLY, EXACT_ROUND,
-        )  # fmt: skip
-    else:
-        acc, l_i, m_i = _attn_block(
-            acc, l_i, m_i, q, row_c, k_base, v_base, start, hi, stride_ks, stride_vs, stride_vd, offs_d,
-            offs_n0, h32, MASKED, QK_FP8, PV_FP8, V_KEYS, TMA, EXACT_ROUND,
-        )  # fmt: skip
-    return acc, l_i, m_i
-
-
-@triton.jit
 def _fp8_attention_kernel(
     Q,
     K,
@@ -264,8 +184,6 @@ def _fp8_attention_kernel(
     KSCALE,
     VSCALE,
     OUT,  # q [H,Tq,D] bf16; k, v [H,S,D] fp8; scales [H]; out [H,Tq,D] bf16
-    PART,
-    ML,  # SPLITS > 1: partial acc [SPLITS,H,Tq,D] fp32, (m, l) [2,SPLITS,H,Tq] fp32 (else unused)
     Tq,
     n_valid,
     qk_scale,  # qk_scale = sm_scale * log2(e)
@@ -284,10 +202,6 @@ def _fp8_attention_kernel(
     QK_FP8: tl.constexpr,
     PV_FP8: tl.constexpr,
     V_KEYS: tl.constexpr,
-    SPLITS: tl.constexpr,
-    WS: tl.constexpr,
-    HALVES: tl.constexpr,
-    POLY: tl.constexpr,
     TMA: tl.constexpr,  # K, V are TensorDescriptors over slots [0, n_valid) (host-built)
     EXACT_ROUND: tl.constexpr,
 ):
@@ -296,7 +210,7 @@ def _fp8_attention_kernel(
     h = h32.to(tl.int64)
     offs_m = mb * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, D)
-    offs_n0 = tl.arange(0, BLOCK_N // 2 if HALVES else BLOCK_N)
+    offs_n0 = tl.arange(0, BLOCK_N)
     mmask = offs_m < Tq
     q = tl.load(
         Q + h * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :], mask=mmask[:, None], other=0.0
@@ -319,77 +233,20 @@ def _fp8_attention_kernel(
     m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
-    if SPLITS == 1:
-        lo = 0
-        hi = n_valid
-    else:  # this program's share: whole BLOCK_N tiles, the last share takes the tail (may be empty)
-        split = tl.program_id(2)
-        chunk = tl.cdiv(tl.cdiv(n_valid, SPLITS), BLOCK_N) * BLOCK_N
-        lo = split * chunk
-        hi = tl.maximum(tl.minimum(lo + chunk, n_valid), lo)
-    n_full = lo + ((hi - lo) // BLOCK_N) * BLOCK_N
-    if WS:
-        for start in tl.range(lo, n_full, BLOCK_N, warp_specialize=True):
-            acc, l_i, m_i = _tile(
-                acc, l_i, m_i, q, row_c, k_base, v_base, tl.multiple_of(start, BLOCK_N), hi,
-                stride_ks, stride_vs, stride_vd, offs_d, offs_n0,
-                h32, False, QK_FP8, PV_FP8, V_KEYS, TMA, HALVES, POLY, EXACT_ROUND,
-            )  # fmt: skip
-    else:
-        for start in range(lo, n_full, BLOCK_N):
-            acc, l_i, m_i = _tile(
-                acc, l_i, m_i, q, row_c, k_base, v_base, tl.multiple_of(start, BLOCK_N), hi,
-                stride_ks, stride_vs, stride_vd, offs_d, offs_n0,
-                h32, False, QK_FP8, PV_FP8, V_KEYS, TMA, HALVES, POLY, EXACT_ROUND,
-            )  # fmt: skip
-    if n_full < hi:
-        acc, l_i, m_i = _tile(
-            acc, l_i, m_i, q, row_c, k_base, v_base, n_full, hi,
+    n_full = (n_valid // BLOCK_N) * BLOCK_N
+    for start in range(0, n_full, BLOCK_N):
+        acc, l_i, m_i = _attn_block(
+            acc, l_i, m_i, q, row_c, k_base, v_base, tl.multiple_of(start, BLOCK_N), n_valid,
             stride_ks, stride_vs, stride_vd, offs_d, offs_n0,
-            h32, True, QK_FP8, PV_FP8, V_KEYS, TMA, HALVES, POLY, EXACT_ROUND,
+            h32, False, QK_FP8, PV_FP8, V_KEYS, TMA, EXACT_ROUND,
         )  # fmt: skip
-    if SPLITS == 1:
-        out = acc * (tl.load(VSCALE + h) / l_i)[:, None]
-        o_ptr = OUT + h * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :]
-        tl.store(o_ptr, to_bf16(out, EXACT_ROUND), mask=mmask[:, None])
-    else:  # unnormalized partials; an empty share stores m = -inf, l = 0, acc = 0
-        row = (tl.program_id(2) * tl.num_programs(1) + h) * Tq + offs_m  # [SPLITS,H,Tq] row index
-        tl.store(PART + row[:, None] * D + offs_d[None, :], acc, mask=mmask[:, None])
-        tl.store(ML + row, m_i, mask=mmask)
-        tl.store(ML + SPLITS * tl.num_programs(1) * Tq + row, l_i, mask=mmask)
-
-
-@triton.jit
-def _combine_kernel(
-    PART,
-    ML,
-    VSCALE,
-    OUT,  # partial acc [SPLITS,H,Tq,D], (m, l) [2,SPLITS,H,Tq] fp32; out [H,Tq,D] bf16
-    Tq,
-    stride_oh,
-    stride_ot,
-    D: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    SPLITS: tl.constexpr,
-    EXACT_ROUND: tl.constexpr,
-):
-    mb = tl.program_id(0)
-    h = tl.program_id(1).to(tl.int64)
-    n_heads = tl.num_programs(1)
-    offs_m = mb * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, D)
-    mmask = offs_m < Tq
-    m = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
-    for s in tl.static_range(SPLITS):
-        m = tl.maximum(m, tl.load(ML + (s * n_heads + h) * Tq + offs_m, mask=mmask, other=0.0))
-    l = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
-    for s in tl.static_range(SPLITS):
-        row = (s * n_heads + h) * Tq + offs_m
-        w = tl.math.exp2(tl.load(ML + row, mask=mmask, other=0.0) - m)  # 0 for an empty share
-        l += w * tl.load(ML + SPLITS * n_heads * Tq + row, mask=mmask, other=1.0)
-        acc += w[:, None] * tl.load(PART + row[:, None] * D + offs_d[None, :], mask=mmask[:, None], other=0.0)
-    out = acc * (tl.load(VSCALE + h) / l)[:, None]
+    if n_full < n_valid:
+        acc, l_i, m_i = _attn_block(
+            acc, l_i, m_i, q, row_c, k_base, v_base, n_full, n_valid,
+            stride_ks, stride_vs, stride_vd, offs_d, offs_n0,
+            h32, True, QK_FP8, PV_FP8, V_KEYS, TMA, EXACT_ROUND,
+        )  # fmt: skip
+    out = acc * (tl.load(VSCALE + h) / l_i)[:, None]
     o_ptr = OUT + h * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :]
     tl.store(o_ptr, to_bf16(out, EXACT_ROUND), mask=mmask[:, None])
 
@@ -434,29 +291,23 @@ def _config(Tq: int, D: int, v_cache: torch.Tensor | None = None) -> dict:
 def _launch(
     q, k_cache, v_cache, k_scale, v_scale, n_valid, sm_scale, qk_fp8, pv_fp8, wrap=lambda k: k, cfg=None
 ):
-    """Launch the kernel(s); ``cfg`` overrides the tiles (bench/kernels.py sweeps them, tests pin them)."""
+    """Launch the kernel; ``cfg`` overrides the tiles (bench/kernels.py sweeps them, tests pin them)."""
     H, Tq, D = q.shape
     out = torch.empty_like(q)
     cfg = dict(cfg or _config(Tq, D, v_cache))
-    splits, ws = cfg.pop("SPLITS", 1), cfg.pop("WS", False)
-    halves, poly, tma = cfg.pop("HALVES", False), cfg.pop("POLY", False), cfg.pop("TMA", False)
+    tma = cfg.pop("TMA", False)
     v_keys = keys_contiguous(v_cache)
     k_arg, v_arg = k_cache, v_cache
     if tma:  # descriptors over slots [0, n_valid): the copy engine zero-fills past the window
         from triton.tools.tensor_descriptor import TensorDescriptor
 
-        bn = cfg["BLOCK_N"] // 2 if (halves or poly) else cfg["BLOCK_N"]
+        bn = cfg["BLOCK_N"]
         k_arg = TensorDescriptor.from_tensor(k_cache[:, :n_valid], [1, bn, D])
         if v_keys:
             v_arg = TensorDescriptor.from_tensor(v_cache.transpose(1, 2)[:, :, :n_valid], [1, D, bn])
         else:
             v_arg = TensorDescriptor.from_tensor(v_cache[:, :n_valid], [1, bn, D])
-    if splits > 1:
-        part = torch.empty(splits, H, Tq, D, dtype=torch.float32, device=q.device)
-        ml = torch.empty(2, splits, H, Tq, dtype=torch.float32, device=q.device)
-    else:
-        part = ml = out  # unused
-    grid = (triton.cdiv(Tq, cfg["BLOCK_M"]), H, splits)
+    grid = (triton.cdiv(Tq, cfg["BLOCK_M"]), H)
     wrap(_fp8_attention_kernel)[grid](
         q,
         k_arg,
@@ -464,8 +315,6 @@ def _launch(
         k_scale,
         v_scale,
         out,
-        part,
-        ml,
         Tq,
         n_valid,
         sm_scale * LOG2E,
@@ -482,30 +331,10 @@ def _launch(
         QK_FP8=qk_fp8 and D >= 32,
         PV_FP8=pv_fp8,
         V_KEYS=v_keys,
-        SPLITS=splits,
-        WS=ws,
-        HALVES=halves or poly,
-        POLY=poly,
         TMA=tma,
         EXACT_ROUND=interpreting(),
         **cfg,
     )
-    if splits > 1:
-        bm = 32 if interpreting() else 64
-        wrap(_combine_kernel)[(triton.cdiv(Tq, bm), H)](
-            part,
-            ml,
-            v_scale,
-            out,
-            Tq,
-            out.stride(0),
-            out.stride(1),
-            D=D,
-            BLOCK_M=bm,
-            SPLITS=splits,
-            EXACT_ROUND=interpreting(),
-            num_warps=4,
-        )
     return out
 
 
