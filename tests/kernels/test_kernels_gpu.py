@@ -112,8 +112,8 @@ def _clone(t: torch.Tensor) -> torch.Tensor:
     "v_keys,tuned",
     [
         (False, {}),
-        (True, {}),
-        (True, {"TMA": False}),  # pointer loads (the default takes TMA)
+        (True, {}),  # the default: TMA eagerly, pointer loads under torch.compile (must agree bit for bit)
+        (True, {"TMA": False}),  # pointer loads on both sides
     ],
     ids=["v_dims", "v_keys", "v_keys-pointers"],
 )
