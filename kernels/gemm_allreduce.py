@@ -307,22 +307,9 @@ def _fp8_gemm_kernel(
         b_ptrs += BLOCK_K * stride_bk
     if ACC == 2:
         acc += prev
-    if A_ROWWISE:
-        acc = acc * tl.load(a_scale_ptr + offs_am)[:, None]
-    else:
-        acc = acc * tl.load(a_scale_ptr)
-    if B_COLWISE:
-        acc = acc * tl.load(b_scale_ptr + offs_bn)[None, :]
-    else:
-        acc = acc * tl.load(b_scale_ptr)
-    c = acc.to(tl.bfloat16)
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    if PUSH:
-        _push_tile(
-            c, mask, offs_m, offs_n, tile, slot_ptrs, flag_ptrs, epoch_ptr, M, N, rank, max_tiles, WORLD
-        )
-    else:
-        tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn, c, mask=mask)
+    _epilogue(acc, pid_m, pid_n, tile, c_ptr, a_scale_ptr, b_scale_ptr, slot_ptrs, flag_ptrs, epoch_ptr,
+              M, N, stride_cm, stride_cn, rank, max_tiles, A_ROWWISE, B_COLWISE, PUSH, WORLD,
+              BLOCK_M, BLOCK_N)  # fmt: skip
 
 
 @triton.jit
