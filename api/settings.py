@@ -1,13 +1,15 @@
-"""Server settings: bind address, role, read/admin tokens, webhook secret, reports (env ``LIVESTEP_*``).
+"""The server's one ``Settings`` (env ``LIVESTEP_*``): bind, role, tokens, alert webhook, switches, canaries, reports.
 
-    settings = get_settings()                               # cached, from the environment
+    app = create_app()                                     # reads the environment once, into app.state.settings
     app = create_app(Settings(clickhouse_dsn=..., spool_dir=...))   # explicit, in tests
+    settings = load_settings(host=..., port=...)           # env + overrides, one SettingsError (livestep serve)
 
 Extends ``collector.settings.CollectorSettings`` (store DSN, ingest tokens, spool, writer), so one
-flat ``LIVESTEP_*`` namespace configures the whole server. On loopback everything may stay unset
-(development); on any other bind the server refuses to start until the tokens and secret its role
-needs are set (the scheduler's findings notifier needs the webhook secret and admin tokens; the
-public development secret never counts). Token lists are comma-separated in the environment.
+flat ``LIVESTEP_*`` namespace configures the whole server; routes read the app's copy through
+api/deps.py. On loopback everything may stay unset (development; an unset webhook secret becomes
+the public development secret); on any other bind the server refuses to start until the tokens and
+secret its role needs are set (the scheduler's findings notifier needs the webhook secret and admin
+tokens; the development secret never counts). Token lists are comma-separated in the environment.
 """
 
 from __future__ import annotations
@@ -19,11 +21,11 @@ from typing import Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from api.switch_settings import DEV_WEBHOOK_SECRET
 from collector.settings import REPO_DIR, CollectorSettings, TokenList, split_tokens
 
 ROLES = ("all", "collector", "api", "scheduler")
 Role = Literal["all", "collector", "api", "scheduler"]
+DEV_WEBHOOK_SECRET = "livestep-dev-webhook-secret"  # public: the loopback fallback, refused anywhere else
 
 
 class SettingsError(Exception):
@@ -59,7 +61,15 @@ class Settings(CollectorSettings):
     webhook_secret: str | None = Field(default=None, min_length=16, max_length=4096,
                                        description="HMAC-SHA256 secret of the alert webhook and of the "
                                        "scheduler's findings posts; required outside loopback (roles api, "
-                                       "scheduler)")
+                                       "scheduler); on loopback an unset secret is the development one")
+    webhook_urls: str = Field(default="", max_length=8192,
+                              description="comma-separated URLs the findings notifier posts critical findings to; "
+                              "empty = this server's own /v1/alerts")
+    webhook_window_s: int = Field(default=300, ge=1, le=86400,
+                                  description="replay window of signed webhook deliveries (seconds)")
+    switch_cache_s: float = Field(default=0.5, ge=0, le=60, description="how long resolved switch rules are cached")
+    switch_poll_s: float = Field(default=1.0, gt=0, le=3600, description="poll interval hinted to workers")
+    canary_min_sessions: int = Field(default=30, ge=1, le=1_000_000, description="sessions per side before a canary is judged")
     reports_dir: Path = Field(default=REPO_DIR / "var" / "reports",
                               description="where weekly reports (HTML + JSON) are written")
 
@@ -72,9 +82,18 @@ class Settings(CollectorSettings):
     def roles(self) -> frozenset[str]:
         return frozenset(ROLES[1:]) if self.role == "all" else frozenset({self.role})
 
+    @property
+    def webhook_url_list(self) -> list[str]:
+        """Where the findings notifier posts: ``webhook_urls``, else this server's own ``/v1/alerts``."""
+        urls = [u.strip() for u in self.webhook_urls.split(",") if u.strip()]
+        host = "127.0.0.1" if is_loopback(self.host) or self.host in ("0.0.0.0", "::") else self.host
+        return urls or [f"http://{host}:{self.port}/v1/alerts"]
+
     @model_validator(mode="after")
     def _refuse_open_server(self) -> Settings:
         if is_loopback(self.host):
+            if not self.webhook_secret:
+                self.webhook_secret = DEV_WEBHOOK_SECRET
             return self
         missing = []
         secret_ok = bool(self.webhook_secret) and self.webhook_secret != DEV_WEBHOOK_SECRET  # that one is public
@@ -112,5 +131,6 @@ def load_settings(**overrides) -> Settings:
 
 @lru_cache
 def get_settings() -> Settings:
-    """The process's settings (cached; tests pass their own to ``create_app`` instead)."""
+    """The environment's settings for code outside an app (analytics jobs' reports directory); cached.
+    An app reads its own once (``create_app``) and routes use that one (api/deps.py)."""
     return load_settings()
