@@ -1,6 +1,6 @@
 """The server app: ``create_app(settings=None) -> FastAPI`` (collector + api routes + scheduler).
 
-    app = create_app()                 # settings from LIVESTEP_* (see api/settings.py)
+    app = create_app()                 # settings read once from LIVESTEP_* (see api/settings.py)
     uvicorn.run(app, host=..., port=...)   # what ``livestep serve`` does (one worker: chDB)
 
 The lifespan opens the store and migrates it once, opens the spool and starts its block writer
@@ -9,7 +9,8 @@ and, with it, the canary evaluation job (``api.canary.schedule``) and the findin
 (``api.notify.install_for_server``: critical findings to the alert webhook) -- once per app,
 whatever else the role serves -- and shuts them down in reverse order. Every module of ``api/routes/`` that defines ``router`` is
 included (role api; ``health`` always), plus ``collector.routes.router`` (role collector).
-The store is ``app.state.store``, the settings ``app.state.settings``, the spool ``app.state.spool``,
+The store is ``app.state.store``, the settings ``app.state.settings`` (read once here; routes get it
+through api/deps.py, the notifier is built from it), the spool ``app.state.spool``,
 the scheduler ``app.state.scheduler`` and the notifier ``app.state.notifier`` (None where not run).
 """
 
@@ -26,7 +27,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 import api.routes
-from api.settings import Settings, get_settings
+from api.settings import Settings, load_settings
 from collector.store import Store, open_store
 
 log = logging.getLogger("livestep.api")
@@ -61,13 +62,13 @@ def _wire_scheduler(settings: Settings, scheduler, store: Store):
         log.exception("canary evaluation job not scheduled")
     try:
         return notify.install_for_server(settings, store)
-    except Exception:  # e.g. switch settings refused off loopback (tokens/secret unset)
+    except Exception:  # a notifier that cannot be installed must not take the scheduler down
         log.exception("critical findings will not be posted to the alert webhook")
         return None
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
-    settings = settings or get_settings()
+    settings = settings or load_settings()  # once per app; a SettingsError names what is missing
     store_lock = threading.Lock()
 
     def get_store() -> Store:

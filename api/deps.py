@@ -1,11 +1,19 @@
-"""FastAPI dependencies as ``Annotated`` aliases: the store, the settings, read/admin auth.
+"""FastAPI dependencies as ``Annotated`` aliases: the app's store and settings, and bearer-token auth.
 
-    @router.get("/v1/things", dependencies=[ReadAuth])
+    @router.get("/v1/things", dependencies=[Depends(require_reader)])
     def things(store: StoreDep, settings: SettingsDep): ...
+    @router.put("/v1/things/{name}")
+    def put_thing(name: str, _admin: AdminDep): ...
 
-The store and settings are the app's (``app.state``), set by ``api.app.create_app``'s lifespan;
-tests build an app with their own ``Settings``. Auth is open when the token list is empty, which
-settings allow only on a loopback bind.
+The store and settings are the app's (``app.state``; ``api.app.create_app`` reads the settings once
+per app); tests pass their own ``Settings`` to ``create_app`` or set ``app.state.settings``. One
+rule for every role: no usable bearer token is 401 + ``WWW-Authenticate: Bearer``, a token that is
+not one of the role's is 403 naming the role and its variables (the token is never echoed). A role
+whose token list is empty is open, which settings allow only on a loopback bind:
+
+    reader  LIVESTEP_READ_TOKENS   (ingest and admin tokens read too: workers poll switches)
+    admin   LIVESTEP_ADMIN_TOKENS  (switch, canary and report writes)
+    ingest  LIVESTEP_INGEST_TOKENS (telemetry)
 """
 
 from __future__ import annotations
@@ -13,13 +21,14 @@ from __future__ import annotations
 import hmac
 from typing import Annotated
 
-from fastapi import Depends, HTTPException, Request
+from fastapi import Depends, Header, HTTPException, Request
 
-from api.settings import Settings
+from api.settings import Settings, is_loopback
 from collector.store import Store
 
 
 def get_app_settings(request: Request) -> Settings:
+    """The app's settings (``app.state.settings``, set once by ``create_app``)."""
     return request.app.state.settings
 
 
@@ -33,34 +42,53 @@ def get_store(request: Request) -> Store:
 
 SettingsDep = Annotated[Settings, Depends(get_app_settings)]
 StoreDep = Annotated[Store, Depends(get_store)]
+Authorization = Annotated[str | None, Header(description="Bearer <token> (optional where the role is open)")]
+
+# role -> (the variables whose tokens it accepts, the one that switches its check on)
+ROLE_TOKENS = {
+    "reader": (("read_tokens", "ingest_tokens", "admin_tokens"), "read_tokens"),
+    "admin": (("admin_tokens",), "admin_tokens"),
+    "ingest": (("ingest_tokens",), "ingest_tokens"),
+}
 
 
-def bearer_token(request: Request) -> str | None:
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+def bearer_token(authorization: str | None) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header; None when missing or another scheme."""
+    scheme, _, token = (authorization or "").partition(" ")
     return token.strip() if scheme.lower() == "bearer" and token.strip() else None
 
 
-def _check(request: Request, tokens: list[str], what: str) -> None:
-    if not tokens:
-        return
-    token = bearer_token(request)
+def check_role(settings: Settings, role: str, authorization: str | None) -> None:
+    """Raise 401 (no bearer token) or 403 (not one of ``role``'s tokens) unless the request may act as ``role``."""
+    fields, switch = ROLE_TOKENS[role]
+    if not getattr(settings, switch) and is_loopback(settings.host):
+        return  # development: the role is open
+    names = [f"LIVESTEP_{f.upper()}" for f in fields]
+    token = bearer_token(authorization)
     if token is None:
-        raise HTTPException(401, f"missing bearer token: send 'Authorization: Bearer <{what} token>'",
-                            headers={"WWW-Authenticate": "Bearer"})
-    if not any(hmac.compare_digest(token.encode(), t.encode()) for t in tokens):
-        raise HTTPException(401, f"wrong bearer token: use one of the {what} tokens", headers={"WWW-Authenticate": "Bearer"})
+        raise HTTPException(401, f"missing bearer token: send 'Authorization: Bearer <{role} token>' "
+                                 f"(one of {' / '.join(names)})", headers={"WWW-Authenticate": "Bearer"})
+    valid = [t for f in fields for t in getattr(settings, f)]
+    if not any(hmac.compare_digest(token.encode(), t.encode()) for t in valid):
+        raise HTTPException(403, f"the bearer token is not allowed here: this needs a {role} token "
+                                 f"(one of {' / '.join(names)})")
 
 
-def require_read(request: Request, settings: SettingsDep) -> None:
-    """Read routes: a read or admin token when read tokens are configured."""
-    if settings.read_tokens:
-        _check(request, settings.read_tokens + settings.admin_tokens, "read")
+def require_reader(settings: SettingsDep, authorization: Authorization = None) -> None:
+    """Reads, dashboards and workers' switch polls: a read, ingest or admin token (open when no read tokens)."""
+    check_role(settings, "reader", authorization)
 
 
-def require_admin(request: Request, settings: SettingsDep) -> None:
-    """Write routes: an admin token when admin tokens are configured."""
-    _check(request, settings.admin_tokens, "admin")
+def require_admin(settings: SettingsDep, authorization: Authorization = None) -> None:
+    """Switch, canary and report writes: an admin token (open when no admin tokens)."""
+    check_role(settings, "admin", authorization)
 
 
-ReadAuth = Depends(require_read)
-AdminAuth = Depends(require_admin)
+def require_ingest(settings: SettingsDep, authorization: Authorization = None) -> None:
+    """Telemetry in: an ingest token (open when no ingest tokens)."""
+    check_role(settings, "ingest", authorization)
+
+
+ReaderDep = Annotated[None, Depends(require_reader)]
+AdminDep = Annotated[None, Depends(require_admin)]
+IngestDep = Annotated[None, Depends(require_ingest)]

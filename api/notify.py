@@ -1,8 +1,8 @@
 """Post critical findings to the alert webhook(s), signed like any delivery (api/alerts.py ``sign``).
 
     notifier = install(settings)    # registers with analytics.jobs.add_findings_listener (if importable)
-    notifier = install_for_server(app_settings, store)   # what api/app.py's lifespan does, once, for any
-                                                          # role that runs the analytics scheduler
+    notifier = install_for_server(settings, store)   # what api/app.py's lifespan does, once, for any
+                                                      # role that runs the analytics scheduler
     uninstall(notifier)
     post_findings(rows, urls, secret)   # or by hand
 
@@ -103,7 +103,8 @@ class Notifier:
 
 def install(settings, local: Callable[[bytes, dict[str, str]], Any] | None = None, *,
             serves_webhook: bool = True) -> Notifier | None:
-    """Register a Notifier with analytics.jobs (None when the analytics are not importable).
+    """Register a Notifier with analytics.jobs (None when the analytics are not importable);
+    ``settings`` is api/settings.py's ``Settings`` (webhook URLs, secret, port).
 
     ``local`` is used instead of HTTP when no webhook URL is configured and either the port is 0
     (unknown) or this process does not serve ``/v1/alerts`` (``serves_webhook=False``)."""
@@ -118,19 +119,16 @@ def install(settings, local: Callable[[bytes, dict[str, str]], Any] | None = Non
     return n
 
 
-def install_for_server(app_settings, store) -> Notifier | None:
-    """The server's notifier: switch settings from the app's ``Settings``; in-process delivery through
-    the webhook's own handler (api/routes/alerts.py ``_act``) where HTTP to ourselves cannot work."""
+def install_for_server(settings, store) -> Notifier | None:
+    """The server's notifier, from the app's ``Settings``; in-process delivery through the webhook's
+    own handler (api/routes/alerts.py ``_act``) where HTTP to ourselves cannot work."""
     from api.alerts import SIG_HEADER, TS_HEADER
     from api.routes.alerts import _act
-    from api.switch_settings import from_app_settings
-
-    settings = from_app_settings(app_settings)
 
     def local(body: bytes, headers: dict[str, str]):
         return _act(store, settings, body, headers.get(TS_HEADER), headers.get(SIG_HEADER))
 
-    return install(settings, local, serves_webhook="api" in app_settings.roles)
+    return install(settings, local, serves_webhook="api" in settings.roles)
 
 
 def uninstall(n: Notifier | None) -> None:

@@ -1,69 +1,18 @@
-"""Shared dependencies of the api's query, switch, alert, canary and report routes (no router here).
+"""Query-parameter dependencies shared by the api's routers (no router here): time ranges, paging, labels.
 
-``StoreDep`` is api/deps.py's (``app.state.store``, 503 + Retry-After while unreachable);
-``SwitchSettingsDep`` the switch settings (override ``get_switch_settings`` in tests); ``AdminDep`` requires the admin
-bearer token; ``TimeRange``/``Page`` validate the common query parameters with clear 4xx messages.
+``TimeRangeDep``/``OptionalRangeDep``/``PageDep`` validate the common query parameters with clear 4xx
+messages; ``Label`` bounds a record label. The store, the settings and auth are api/deps.py's.
 """
 
 from __future__ import annotations
 
-import hmac
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Annotated
 
-from fastapi import Depends, Header, HTTPException, Query
-
-from api.deps import StoreDep, get_store  # noqa: F401 - the server's store dependency, re-exported
-from api.switch_settings import SwitchSettings, get_switch_settings, is_loopback
+from fastapi import Depends, HTTPException, Query
 
 MAX_RANGE = timedelta(days=400)
-SwitchSettingsDep = Annotated[SwitchSettings, Depends(get_switch_settings)]
-
-
-def _bearer(authorization: str | None) -> str | None:
-    if not authorization:
-        return None
-    scheme, _, token = authorization.partition(" ")
-    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
-
-
-def _token_ok(token: str | None, valid: list[str]) -> bool:
-    return token is not None and any(t and hmac.compare_digest(token.encode(), t.encode()) for t in valid)
-
-
-def require_admin(
-    settings: SwitchSettingsDep,
-    authorization: Annotated[str | None, Header(description="Bearer <admin token>")] = None,
-) -> None:
-    """Switch and canary writes: an admin token (open on loopback when no admin tokens are set)."""
-    if not settings.admin_tokens and is_loopback(settings.host):
-        return
-    token = _bearer(authorization)
-    if token is None:
-        raise HTTPException(401, detail="switch and canary writes need 'Authorization: Bearer <admin token>'",
-                            headers={"WWW-Authenticate": "Bearer"})
-    if not _token_ok(token, settings.admin_tokens):
-        raise HTTPException(403, detail="the bearer token is not an admin token (LIVESTEP_ADMIN_TOKENS)")
-
-
-AdminDep = Annotated[None, Depends(require_admin)]
-
-
-def require_reader(
-    settings: SwitchSettingsDep,
-    authorization: Annotated[str | None, Header(description="Bearer token (optional when reads are open)")] = None,
-) -> None:
-    """Reads and workers' switch polls: open when no read tokens are set (loopback only), else a
-    read, ingest or admin token."""
-    if not settings.read_tokens and is_loopback(settings.host):
-        return
-    if not _token_ok(_bearer(authorization), settings.read_tokens + settings.ingest_tokens + settings.admin_tokens):
-        raise HTTPException(401, detail="this read needs 'Authorization: Bearer <read, ingest or admin token>'",
-                            headers={"WWW-Authenticate": "Bearer"})
-
-
-ReaderDep = Annotated[None, Depends(require_reader)]
 
 
 def _utc(v: datetime | None) -> datetime | None:

@@ -32,7 +32,7 @@ from api.alerts import (
     unknown_switches,
     verify,
 )
-from api.routes._common import StoreDep, SwitchSettingsDep
+from api.deps import SettingsDep, StoreDep
 from api.switchboard import get_switchboard
 from collector.records import SWITCH_NAMES
 
@@ -90,7 +90,7 @@ def _act(store, settings, body: bytes, ts: str | None, sig: str | None, sep: str
 async def post_alerts(
     request: Request,
     store: StoreDep,
-    settings: SwitchSettingsDep,
+    settings: SettingsDep,
     x_livestep_timestamp: Annotated[str | None, Header(alias=TS_HEADER, max_length=64)] = None,
     x_livestep_signature: Annotated[str | None, Header(alias=SIG_HEADER, max_length=200)] = None,
     x_grafana_alert_timestamp: Annotated[str | None, Header(alias=GRAFANA_TS_HEADER, max_length=64)] = None,

@@ -20,7 +20,8 @@ from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field
 
 from api import canary
-from api.routes._common import AdminDep, PageDep, ReaderDep, StoreDep, SwitchSettingsDep
+from api.deps import AdminDep, ReaderDep, SettingsDep, StoreDep
+from api.routes._common import PageDep
 from api.switchboard import SwitchError
 
 router = APIRouter(prefix="/v1/canaries", tags=["canaries"])
@@ -49,7 +50,7 @@ def _call(fn, *args, **kw):
 
 
 @router.post("", status_code=201)
-async def start(body: CanaryStart, store: StoreDep, settings: SwitchSettingsDep, _admin: AdminDep) -> dict[str, Any]:
+async def start(body: CanaryStart, store: StoreDep, settings: SettingsDep, _admin: AdminDep) -> dict[str, Any]:
     return await run_in_threadpool(
         _call, canary.start_canary, store, body.switch, body.scope, fraction=body.fraction, actor=body.who,
         reason=body.why, min_sessions=body.min_sessions or settings.canary_min_sessions)

@@ -20,8 +20,9 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Query
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse
 
 from api import dashboard as d
+from api.deps import SettingsDep, StoreDep, require_reader
 from api.routes import queries as qr
-from api.routes._common import Label, StoreDep, SwitchSettingsDep, TimeRangeDep, require_reader
+from api.routes._common import Label, TimeRangeDep
 from api.switchboard import DEFAULTS, get_switchboard
 from collector.records import SWITCH_NAMES
 
@@ -161,7 +162,7 @@ def findings_page(store: StoreDep, tr: TimeRangeDep,
 
 
 @router.get("/dashboard/reports", response_class=HTMLResponse)
-def reports_page(settings: SwitchSettingsDep) -> str:
+def reports_page(settings: SettingsDep) -> str:
     from analytics.report import list_reports
 
     rows = list_reports(settings.reports_dir) if settings.reports_dir.exists() else []

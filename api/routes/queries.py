@@ -22,7 +22,8 @@ import orjson
 import polars as pl
 from fastapi import APIRouter, Depends, HTTPException, Path, Query
 
-from api.routes._common import Label, PageDep, StoreDep, TimeRangeDep, require_reader
+from api.deps import StoreDep, require_reader
+from api.routes._common import Label, PageDep, TimeRangeDep
 
 router = APIRouter(prefix="/v1", tags=["dashboards"], dependencies=[Depends(require_reader)])
 

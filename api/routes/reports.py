@@ -16,7 +16,7 @@ from fastapi.responses import FileResponse
 
 from analytics.report import PLOTLY_NAME, build_weekly_report, list_reports, report_paths
 from api import dashboard as d
-from api.routes._common import AdminDep, StoreDep, SwitchSettingsDep, require_reader
+from api.deps import AdminDep, SettingsDep, StoreDep, require_reader
 
 router = APIRouter(prefix="/v1/reports", tags=["reports"], dependencies=[Depends(require_reader)])
 Week = Annotated[str, Path(pattern=r"^\d{4}-W(0[1-9]|[1-4]\d|5[0-3])$", description="ISO week, e.g. 2026-W47")]
@@ -32,7 +32,7 @@ def _check_week(week: str) -> None:
 
 
 @router.get("")
-def reports(settings: SwitchSettingsDep) -> dict[str, Any]:
+def reports(settings: SettingsDep) -> dict[str, Any]:
     rows = list_reports(settings.reports_dir) if settings.reports_dir.exists() else []
     for r in rows:
         r["html_url"] = f"/v1/reports/{r['iso_week']}.html"
@@ -55,17 +55,17 @@ def _file(settings, week: str, kind: str) -> FileResponse:
 
 
 @router.get("/{week}.html", response_class=FileResponse)
-def report_html(week: Week, settings: SwitchSettingsDep) -> FileResponse:
+def report_html(week: Week, settings: SettingsDep) -> FileResponse:
     return _file(settings, week, "html")
 
 
 @router.get("/{week}.json")
-def report_json(week: Week, settings: SwitchSettingsDep) -> FileResponse:
+def report_json(week: Week, settings: SettingsDep) -> FileResponse:
     return _file(settings, week, "json")
 
 
 @router.post("/{week}")
-async def build_report(week: Week, store: StoreDep, settings: SwitchSettingsDep, _admin: AdminDep) -> dict[str, Any]:
+async def build_report(week: Week, store: StoreDep, settings: SettingsDep, _admin: AdminDep) -> dict[str, Any]:
     _check_week(week)
     html_path, json_path = await run_in_threadpool(build_weekly_report, store, week, settings.reports_dir)
     return {"iso_week": week, "html_url": f"/v1/reports/{week}.html", "json_url": f"/v1/reports/{week}.json",

@@ -15,13 +15,13 @@ import math
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, Path, Query
+from fastapi import APIRouter, Depends, HTTPException, Path, Query
 from pydantic import BaseModel
 
 from analytics.queries import FRAMES_PER_STEP, session_list
-from api.deps import ReadAuth, StoreDep
+from api.deps import StoreDep, require_reader
 
-router = APIRouter(tags=["sessions"], dependencies=[ReadAuth])
+router = APIRouter(tags=["sessions"], dependencies=[Depends(require_reader)])
 
 MAX_LIMIT = 1000
 MAX_OFFSET = 10_000_000

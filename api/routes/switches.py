@@ -25,15 +25,8 @@ import orjson
 from fastapi import APIRouter, Header, HTTPException, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from api.routes._common import (
-    AdminDep,
-    Label,
-    OptionalRangeDep,
-    PageDep,
-    ReaderDep,
-    StoreDep,
-    SwitchSettingsDep,
-)
+from api.deps import AdminDep, ReaderDep, SettingsDep, StoreDep
+from api.routes._common import Label, OptionalRangeDep, PageDep
 from api.switchboard import DEFAULTS, SwitchError, check_name, get_switchboard
 from collector.records import SWITCH_NAMES
 
@@ -78,7 +71,7 @@ def _matches(if_none_match: str | None, etag: str) -> bool:
 @router.get("", response_model=SwitchesOut, responses={304: {"description": "unchanged since that ETag"}})
 def get_switches(
     store: StoreDep,
-    settings: SwitchSettingsDep,
+    settings: SettingsDep,
     _auth: ReaderDep,
     worker_id: Label = None,
     release: Label = None,
@@ -134,7 +127,7 @@ def history(
 
 
 @router.put("/{name}")
-def put_switch(name: str, body: SwitchWrite, store: StoreDep, settings: SwitchSettingsDep,
+def put_switch(name: str, body: SwitchWrite, store: StoreDep, settings: SettingsDep,
                _admin: AdminDep) -> dict[str, Any]:
     try:
         check_name(name)
@@ -149,7 +142,7 @@ def put_switch(name: str, body: SwitchWrite, store: StoreDep, settings: SwitchSe
 
 
 @router.post("/{name}/clear")
-def clear_switch(name: str, body: SwitchClear, store: StoreDep, settings: SwitchSettingsDep,
+def clear_switch(name: str, body: SwitchClear, store: StoreDep, settings: SettingsDep,
                  _admin: AdminDep) -> dict[str, Any]:
     """Remove a scope's own rule (the switch inherits again); a no-op (recorded) when there is none."""
     try:

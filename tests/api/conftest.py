@@ -1,7 +1,8 @@
 """Fixtures of the api tests: an app with the api routers mounted on the ``store`` fixture.
 
-Uses ``api.app.create_app`` when it can (the real factory, api role, on the test's store); else a
-bare FastAPI with the api's routers. Settings are overridden with known test secrets.
+Uses ``api.app.create_app`` (the real factory, api role, on the test's store) or a bare FastAPI
+with the api's routers; either way the test's ``Settings`` (known test secrets) is the app's
+``app.state.settings``, the one copy its routes read.
 """
 
 from __future__ import annotations
@@ -12,42 +13,33 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from api.switch_settings import SwitchSettings, get_switch_settings
+from api.settings import Settings
 
 ADMIN = "test-admin-token"
 SECRET = "test-webhook-secret"
 MY_ROUTES = ("switches", "alerts", "canaries", "queries", "reports", "dashboard")
 
 
-def make_settings(tmp_path, **kw) -> SwitchSettings:
-    return SwitchSettings(host="127.0.0.1", admin_tokens=[ADMIN], webhook_secret=SECRET,
-                          reports_dir=tmp_path / "reports", switch_cache_s=0, **kw)
+def make_settings(tmp_path, **kw) -> Settings:
+    base = {"host": "127.0.0.1", "role": "api", "admin_tokens": [ADMIN], "webhook_secret": SECRET,
+            "spool_dir": tmp_path / "spool", "reports_dir": tmp_path / "reports", "switch_cache_s": 0}
+    return Settings(**{**base, **kw})
 
 
-def real_app(store, settings: SwitchSettings, tmp_path) -> FastAPI | None:
-    """The server's own factory (api role), on the test's store; None until api.app exists."""
-    try:
-        from api.app import create_app
-        from api.settings import Settings
-    except ImportError:
-        return None
-    app = create_app(Settings(clickhouse_dsn=store.dsn.redacted(), role="api", host="127.0.0.1",
-                              spool_dir=tmp_path / "spool", reports_dir=settings.reports_dir))
+def real_app(store, settings: Settings) -> FastAPI:
+    """The server's own factory (api role), on the test's store."""
+    from api.app import create_app
+
+    app = create_app(settings.model_copy(update={"clickhouse_dsn": store.dsn.redacted()}))
     app.state.store = store
-    app.dependency_overrides[get_switch_settings] = lambda: settings
     return app
 
 
-def bare_app(store, settings: SwitchSettings) -> FastAPI:
+def bare_app(store, settings: Settings) -> FastAPI:
     app = FastAPI()
     for name in MY_ROUTES:
-        try:
-            mod = importlib.import_module(f"api.routes.{name}")
-        except ModuleNotFoundError:
-            continue
-        app.include_router(mod.router)
-    app.state.store = store
-    app.dependency_overrides[get_switch_settings] = lambda: settings
+        app.include_router(importlib.import_module(f"api.routes.{name}").router)
+    app.state.store, app.state.settings = store, settings
     return app
 
 
@@ -57,8 +49,8 @@ def settings(tmp_path):
 
 
 @pytest.fixture
-def app(store, settings, tmp_path):
-    return real_app(store, settings, tmp_path) or bare_app(store, settings)
+def app(store, settings):
+    return real_app(store, settings)
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from api import notify
-from api.switch_settings import SwitchSettings
+from api.settings import Settings
 from tests.api.conftest import SECRET
 from tests.api.live import serve
 
@@ -48,7 +48,7 @@ def test_unreachable_url_never_raises():
 def test_port_zero_delivers_to_the_local_handler(store):
     from api.routes.alerts import _act
 
-    settings = SwitchSettings(host="127.0.0.1", port=0, webhook_secret=SECRET, switch_cache_s=0)
+    settings = Settings(host="127.0.0.1", port=0, webhook_secret=SECRET, switch_cache_s=0)
     n = notify.install(settings, lambda body, h: _act(store, settings, body, h["X-Livestep-Timestamp"],
                                                       h["X-Livestep-Signature"]))
     try:

@@ -85,13 +85,7 @@ def test_role_all_wires_each_once(store, tmp_path, port):
 
 @pytest.fixture
 def webhook_url_env(monkeypatch):
-    from api.switch_settings import env_switch_settings
-
-    monkeypatch.setenv("LIVESTEP_WEBHOOK_URLS", "http://127.0.0.1:9/v1/alerts")
-    env_switch_settings.cache_clear()  # the environment's switch settings are cached
-    yield
-    monkeypatch.undo()
-    env_switch_settings.cache_clear()
+    monkeypatch.setenv("LIVESTEP_WEBHOOK_URLS", "http://127.0.0.1:9/v1/alerts")  # read by the Settings built next
 
 
 def test_a_configured_webhook_url_is_posted_to_whatever_the_role(store, tmp_path, webhook_url_env):

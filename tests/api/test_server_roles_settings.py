@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
-from api.settings import Settings, SettingsError, load_settings
+from api.settings import DEV_WEBHOOK_SECRET, Settings, SettingsError, load_settings
 from tests.api.conftest import SECRET
 
 OFF = "10.0.0.5"
@@ -27,16 +27,17 @@ def test_scheduler_role_off_loopback_needs_the_webhook_secret_and_admin_tokens()
 
 
 def test_the_public_development_secret_is_refused_off_loopback():
-    from api.switch_settings import DEV_WEBHOOK_SECRET, SwitchSettings, from_app_settings
-
     with pytest.raises(SettingsError, match="LIVESTEP_WEBHOOK_SECRET"):
         load_settings(host=OFF, role="scheduler", admin_tokens="a", webhook_secret=DEV_WEBHOOK_SECRET)
-    with pytest.raises(ValueError, match="LIVESTEP_WEBHOOK_SECRET"):
-        SwitchSettings(host=OFF, admin_tokens=["a"], webhook_secret=DEV_WEBHOOK_SECRET)
-    # a collector off loopback has no secret of its own: its switch settings must not borrow the dev one
-    collector = Settings(host=OFF, role="collector", ingest_tokens=["t"], admin_tokens=["a"])
-    with pytest.raises(ValueError, match="LIVESTEP_WEBHOOK_SECRET"):
-        from_app_settings(collector)
+    with pytest.raises(SettingsError, match="LIVESTEP_WEBHOOK_SECRET"):
+        load_settings(host=OFF, role="api", read_tokens="r", admin_tokens="a", webhook_secret=DEV_WEBHOOK_SECRET)
+    # a collector off loopback has no secret of its own, and does not borrow the development one
+    assert Settings(host=OFF, role="collector", ingest_tokens=["t"]).webhook_secret is None
+
+
+def test_loopback_falls_back_to_the_development_secret_only_when_unset():
+    assert load_settings(host="127.0.0.1").webhook_secret == DEV_WEBHOOK_SECRET
+    assert load_settings(host="::1", webhook_secret=SECRET).webhook_secret == SECRET
 
 
 def test_a_scheduler_only_process_off_loopback_runs_its_notifier_with_its_secret(store, tmp_path):

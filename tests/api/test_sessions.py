@@ -121,5 +121,5 @@ def test_unknown_session_is_404_and_bad_paging_422(sessions_client):
 
 def test_read_token_required_when_configured(sessions_client):
     assert sessions_client.get("/v1/sessions", headers={"Authorization": ""}).status_code == 401
-    assert sessions_client.get("/v1/sessions", headers={"Authorization": "Bearer wrong"}).status_code == 401
+    assert sessions_client.get("/v1/sessions", headers={"Authorization": "Bearer wrong"}).status_code == 403
     assert sessions_client.get("/v1/health", headers={"Authorization": ""}).status_code == 200
