@@ -30,8 +30,9 @@ FILTER_KEYS: tuple[str, ...] = ("release", "gpu_kind", "worker_id", "session_id"
 
 # One finalized row per session: the aggregate columns every per-session read shares (analytics'
 # frames, the dashboard's fleet views, the API's ``GET /v1/sessions``). A session is spread over
-# several partial rows (one per insert block until merged): its switch state is the one of the row
-# with the latest step (argMax on last_ts), never whichever partial row a query happens to read last.
+# several partial rows (one per insert block until merged): its switch state is the stored
+# argMax(switches, ts) state switch_last = max((ts, switches)) (sql/021), which merges in any order, so a
+# block replayed late never rolls it back (rows stored before sql/021 read their (last_ts, switches)).
 _SESSION_COLUMNS = """
     release, gpu_kind, worker_id, session_id,
     min(first_ts)                                   AS start_ts,
@@ -45,7 +46,7 @@ _SESSION_COLUMNS = """
     sumMerge(energy_mj_sum)                         AS energy_mj,
     max(mem_reserved_max)                           AS mem_reserved_max,
     max(buffers_max)                                AS buffers_max,
-    argMax(switches, last_ts)                       AS switch_state"""
+    tupleElement(max(switch_last), 2)               AS switch_state"""
 
 # The session listing's extra columns (``detail=True``): reset steps and t-digest quantiles
 # [p50, p95, p99] of the step period and the diffusion time.

@@ -2,7 +2,9 @@
 ON CLUSTER; the large telemetry tables are sharded (``<name>_local`` with '{shard}' in its keeper
 path, a Distributed ``<name>`` over it with a shard key); the small control-plane tables listed in
 REPLICATED_EVERYWHERE are one replica set over every node (no '{shard}', no Distributed); every
-embedded table has its cluster variant, and each cluster table has exactly the embedded columns."""
+embedded table has its cluster variant, and each cluster table has exactly the embedded columns
+(once the ALTERs of later files are applied: a column added to a ``<name>_local`` is added to its
+Distributed ``<name>`` too)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ from collector.store import SQL_DIR, split_statements
 
 CLUSTER_FILES = sorted((SQL_DIR / "cluster").glob("[0-9][0-9][0-9]_*.sql"))
 STATEMENTS = [(f.name, i, s) for f in CLUSTER_FILES for i, s in enumerate(split_statements(f.read_text()))]
+CREATES = [(n, i, s) for n, i, s in STATEMENTS if s.startswith("CREATE")]
+ALTERS = [(n, i, s) for n, i, s in STATEMENTS if s.startswith("ALTER")]
 
 # Small tables that must be read-after-write consistent: replicated to every node, never sharded.
 REPLICATED_EVERYWHERE = {"job_runs", "fleet_daily", "fleet_daily_marks", "switch_rules", "switch_audit",
@@ -23,13 +27,14 @@ NOT_CLUSTERED = {"schema_migrations"}
 
 _CREATE = re.compile(r"CREATE (TABLE|MATERIALIZED VIEW) IF NOT EXISTS (\w+) ON CLUSTER '\{cluster\}'")
 _REPLICATED = re.compile(r"ENGINE = Replicated\w*MergeTree\('(/clickhouse/tables/[^']*)', '\{replica\}'")
+_ALTER = re.compile(r"ALTER TABLE (\w+) ON CLUSTER '\{cluster\}'\s+(ADD COLUMN IF NOT EXISTS (\w+)|MODIFY QUERY)")
 _DISTRIBUTED = re.compile(r"ENGINE = Distributed\('\{cluster\}', currentDatabase\(\), (\w+), (.+)\)\s*$", re.DOTALL)
 
 
 def _tables() -> dict[str, dict]:
     """Name -> {kind: replicated | distributed | view, path, local, key, stmt} of every CREATE."""
     out = {}
-    for name, _, stmt in STATEMENTS:
+    for name, _, stmt in CREATES:
         m = _CREATE.search(stmt)
         assert m, f"{name}: not a CREATE ... IF NOT EXISTS ... ON CLUSTER '{{cluster}}': {stmt[:80]}"
         table, info = m.group(2), {"stmt": stmt, "file": name}
@@ -44,6 +49,24 @@ def _tables() -> dict[str, dict]:
         assert table not in out, f"{table} created twice"
         out[table] = info
     return out
+
+
+def test_every_statement_creates_or_alters_on_cluster():
+    assert len(CREATES) + len(ALTERS) == len(STATEMENTS)
+    tables = _tables()
+    for name, _, stmt in ALTERS:
+        m = _ALTER.match(stmt)
+        assert m, f"{name}: not an ALTER TABLE ... ON CLUSTER '{{cluster}}' ADD COLUMN IF NOT EXISTS / MODIFY QUERY"
+        table, column = m.group(1), m.group(3)
+        assert table in tables, f"{name}: ALTER of {table}, created by no earlier file"
+        if column is None:
+            assert tables[table]["kind"] == "view", f"{name}: MODIFY QUERY of a table"
+            continue
+        assert tables[table]["kind"] != "view", f"{name}: ADD COLUMN to a view"
+        if tables[table]["kind"] == "replicated" and table.endswith("_local"):  # its Distributed table too
+            over = table.removesuffix("_local")
+            assert any((m2 := _ALTER.match(s2)) and m2.group(1) == over and m2.group(3) == column
+                       for _, _, s2 in ALTERS), f"{name}: column {column} added to {table}, not to {over}"
 
 
 def _embedded(store) -> dict[str, str]:
@@ -92,8 +115,10 @@ def test_telemetry_is_sharded_and_the_control_plane_replicated_everywhere():
 @pytest.mark.parametrize("name,i,stmt", STATEMENTS, ids=[f"{n}#{i}" for n, i, _ in STATEMENTS])
 def test_statement_parses_and_runs_on_cluster(store, name, i, stmt):
     formatted = store.query_rows("SELECT formatQuery({q:String})", {"q": stmt})[0][0]
-    assert formatted.startswith("CREATE")
     assert "ON CLUSTER `{cluster}`" in formatted
+    if formatted.startswith("ALTER"):  # checked by test_every_statement_creates_or_alters_on_cluster
+        return
+    assert formatted.startswith("CREATE")
     assert re.search(r"ENGINE = (Replicated\w*MergeTree\('/clickhouse/tables/[^']*', '\{replica\}'|Distributed\()",
                      formatted) or "MATERIALIZED VIEW" in formatted
 
@@ -105,7 +130,9 @@ def test_parse_check_rejects_a_broken_statement(store):
 
 def _as_single_node(stmt: str, db: str) -> str:
     """A cluster table as a plain single-node table in ``db``: same columns, no keeper, no ON CLUSTER."""
-    stmt = stmt.replace(" ON CLUSTER '{cluster}'", "").replace("IF NOT EXISTS ", f"IF NOT EXISTS {db}.", 1)
+    stmt = stmt.replace(" ON CLUSTER '{cluster}'", "")
+    stmt = (re.sub(r"^ALTER TABLE (\w+)", rf"ALTER TABLE {db}.\1", stmt) if stmt.startswith("ALTER")
+            else stmt.replace("IF NOT EXISTS ", f"IF NOT EXISTS {db}.", 1))
     stmt = re.sub(r"\b(TO|FROM) (\w+_local)\b", rf"\1 {db}.\2", stmt)
     return re.sub(r"Replicated(\w*MergeTree)\('[^']*',\s*'[^']*'(?:,\s*)?", r"\1(", stmt)
 
@@ -119,6 +146,9 @@ def test_cluster_tables_have_the_embedded_columns(store):
         for info in tables.values():
             if info["kind"] != "distributed":
                 c.command(_as_single_node(info["stmt"], db))
+        for _, _, stmt in ALTERS:  # in file order, as applied to a cluster (Distributed tables left out)
+            if tables[_ALTER.match(stmt).group(1)]["kind"] != "distributed":
+                c.command(_as_single_node(stmt, db))
         stored = {t for t, i in tables.items() if i["kind"] == "replicated"}
 
         def cols(database, names, suffix=""):
