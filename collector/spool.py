@@ -558,6 +558,22 @@ class Spool:
         _write_durable(path.with_suffix(".error.txt"), f"batch {entry.batch_id}\n{error}\n".encode())
         return path
 
+    def unquarantine(self, seq: int, kind: str) -> bool:
+        """Forget the quarantined ``kind`` rows of batch ``seq`` (the store took them after all, e.g.
+        on a replay after a restart): remove its files durably. True if there were any."""
+        path = self.dir / "quarantine" / f"{seq:020d}-{kind}.arrow"
+        err = path.with_suffix(".error.txt")
+        removed = False
+        for p in (path, err, path.with_suffix(".arrow.tmp"), err.with_suffix(".txt.tmp")):
+            try:
+                p.unlink()
+                removed = True
+            except FileNotFoundError:
+                pass
+        if removed:
+            _fsync_dir(path.parent)
+        return removed
+
     def _log(self, line: str) -> None:
         self._wlog.write(line.encode())
         self._wlog.flush()

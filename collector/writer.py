@@ -15,7 +15,9 @@ dropped table) is retried batch by batch: the split is logged first (with the ki
 as a block), and from then on the block's other kinds go in only batch by batch, with the tokens
 ``<spool id>:<seq>-<seq>:<kind>``, in this process and in any replay after a crash, so every acked
 row is stored once. A batch still refused is quarantined (``<spool>/quarantine/<seq>-<kind>.arrow``,
-an Arrow IPC stream that can be POSTed again) so it cannot hold up the batches behind it.
+an Arrow IPC stream that can be POSTed again) so it cannot hold up the batches behind it; a batch
+quarantined and then stored after all (a replay after a restart: the crash came before the spool
+commit) has its quarantine files removed again (``unquarantined``).
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ class BlockWriter:
         self.fault_file = fault_store_down_file
         self.poison_after = poison_after
         self.quarantined = 0
+        self.unquarantined = 0  # quarantined batches the store took after all (their files removed)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.blocks = 0
@@ -93,6 +96,7 @@ class BlockWriter:
             "rows": self.rows,
             "failures": self.failures,
             "quarantined": self.quarantined,
+            "unquarantined": self.unquarantined,
             "last_error": self.last_error,
             "last_insert_at": self.last_insert_at,
         }
@@ -188,6 +192,10 @@ class BlockWriter:
                         self.get_store().insert_arrow(TABLES[kind], table,
                                                       dedup_token=f"{self.spool.uid}:{e.seq}-{e.seq}:{kind}")
                         self.rows += table.num_rows
+                        if self.spool.unquarantine(e.seq, kind):  # refused before a restart, stored now
+                            self.unquarantined += 1
+                            log.warning("spool batch %d (%s) quarantined earlier is stored now: quarantine "
+                                        "files removed", e.seq, kind)
                         break
                     except Exception as err:  # noqa: BLE001
                         error = f"{type(err).__name__}: {err}"

@@ -189,3 +189,35 @@ def test_store_lost_while_inserting_batch_by_batch_retries_the_same_batches(stor
     sp.close()
     assert w.quarantined == 0 and w.last_error is None
     assert _counts(store) == ((30, 30), 30)  # batch 1 not stored again inside a larger block
+
+
+def test_a_quarantined_batch_stored_on_replay_leaves_no_quarantine_files(store, tmp_path):
+    """Refused batch by batch, batch 2 is quarantined; the process dies before the spool commit; after
+    the restart the store takes it on replay: its quarantine files go (the rows are not lost)."""
+    sp = Spool(tmp_path, max_bytes=1 << 24)
+    for i in range(3):
+        sp.submit(f"b{i}", _t(10, start=10 * i)).result()
+
+    def refuse_second(seq):
+        if seq == 2:
+            raise RuntimeError("cannot parse batch 2")
+
+    refusing = _RefusesBlocks(store, refuse_second)
+    crashed = BlockWriter(sp, lambda: refusing, flush_rows=1000, retry_max_s=0.01, poison_after=2)
+    entries = sp.take(1000)
+    sp.log_intent(entries[0].seq, entries[-1].seq)
+    assert crashed._insert_with_retry(entries)  # batches 1 and 3 stored, 2 quarantined; no commit logged
+    q = tmp_path / "quarantine" / f"{2:020d}-step.arrow"
+    assert crashed.quarantined == 1 and q.exists() and q.with_suffix(".error.txt").exists()
+    sp.close()
+    assert _counts(store) == ((20, 20), 20)
+
+    sp = Spool(tmp_path, max_bytes=1 << 24)  # restart: the replay goes batch by batch, the store takes batch 2
+    w = BlockWriter(sp, lambda: store, flush_rows=1000, flush_interval_s=0.01)
+    w.start()
+    wait_for(lambda: sp.stats()["batches"] == 0, what="spool drained")
+    w.stop()
+    sp.close()
+    assert _counts(store) == ((30, 30), 30)
+    assert sorted(p.name for p in (tmp_path / "quarantine").iterdir()) == []
+    assert w.quarantined == 0 and w.stats()["unquarantined"] == 1
