@@ -14,7 +14,12 @@ store keeps refusing while it answers pings (``poison_after`` failures: data it 
 dropped table) is retried batch by batch: the split is logged first (with the kinds already stored
 as a block), and from then on the block's other kinds go in only batch by batch, with the tokens
 ``<spool id>:<seq>-<seq>:<kind>``, in this process and in any replay after a crash, so every acked
-row is stored once. A batch still refused is quarantined (``<spool>/quarantine/<seq>-<kind>.arrow``,
+row is stored once. A block insert that raised may still have landed (a remote server that committed
+before the client timed out; or only the parts of some partitions: an insert is atomic per partition)
+and a batch token cannot deduplicate against the block's, so before each batch goes in alone the
+store is asked which of its rows are there already (by row key: worker, session, ts and the kind's
+own key column) and only the others are inserted. Only the batch-by-batch path asks: the happy path
+runs no extra query. A batch still refused is quarantined (``<spool>/quarantine/<seq>-<kind>.arrow``,
 an Arrow IPC stream that can be POSTed again) so it cannot hold up the batches behind it; a batch
 quarantined and then stored after all (a replay after a restart: the crash came before the spool
 commit) has its quarantine files removed again (``unquarantined``).
@@ -30,12 +35,40 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from collector.records import ARROW_SCHEMAS, TABLES
 from collector.spool import Entry, Spool
 from collector.store import Store
 
 log = logging.getLogger("livestep.collector.writer")
+
+
+# Per kind, the column that tells a row apart from others of the same worker, session and ts (steps: the
+# step number, GPU samples: the GPU, sessions: the phase, events: the event kind): the landed-row check.
+_ROW_KEY = {"step": "step", "gpu_sample": "gpu_index", "session": "phase", "event": "kind"}
+
+
+def _ts_ms(table: pa.Table) -> pa.ChunkedArray:
+    """The rows' ts in whole milliseconds since the epoch, as the store keeps them (DateTime64(3))."""
+    return pc.cast(pc.cast(table.column("ts"), pa.timestamp("ms", "UTC"), safe=False), pa.int64())
+
+
+def _row_keys(kind: str, table: pa.Table) -> pa.Array:
+    """``worker_id\\0session_id\\0ts in ms\\0key`` of each row, as ``_LANDED_SQL`` forms it in the store."""
+    ms = _ts_ms(table)
+    cols = [table.column("worker_id"), table.column("session_id"), ms, table.column(_ROW_KEY[kind])]
+    return pc.binary_join_element_wise(*[pc.cast(c, pa.string()) for c in cols], "\0").combine_chunks()
+
+
+_LANDED_SQL = """
+SELECT k, count() FROM (
+    SELECT concat(worker_id, '\\0', session_id, '\\0', toString(toUnixTimestamp64Milli(ts)), '\\0', toString({key})) AS k
+    FROM {table}
+    WHERE ts >= fromUnixTimestamp64Milli({{lo:Int64}}, 'UTC') AND ts <= fromUnixTimestamp64Milli({{hi:Int64}}, 'UTC')
+      AND session_id IN {{s:Array(String)}}
+) WHERE k IN {{keys:Array(String)}}
+GROUP BY k"""
 
 
 class StoreUnavailableError(Exception):
@@ -177,7 +210,8 @@ class BlockWriter:
 
     def _insert_one_by_one(self, entries: list[Entry], done: frozenset[str]) -> bool:
         """The store is up but refuses this block (split logged): insert its kinds not ``done`` batch
-        by batch (own deterministic tokens, so a replay after a crash here is deduplicated too) and
+        by batch (own deterministic tokens, so a replay after a crash here is deduplicated too), each
+        without the rows already stored (the block may have landed before its insert raised), and
         quarantine the batches the store still refuses, so one bad batch cannot hold up the rest.
         False: stopped, or the store went away (retry the same batches later)."""
         for e in entries:
@@ -185,12 +219,22 @@ class BlockWriter:
                 if kind in done:
                     continue
                 table = tables[0]
+                try:  # rows of it that landed with a block insert that raised are not inserted again
+                    missing = self._not_landed(kind, table)
+                except Exception as err:  # noqa: BLE001
+                    if not self._store_answers():
+                        return False  # the store went away: retry the block later
+                    # it answers but the check cannot run (e.g. the table was dropped): insert it all, as before
+                    log.warning("cannot check which rows of spool batch %d (%s) are stored: %s", e.seq, kind,
+                                f"{type(err).__name__}: {err}"[:300])
+                    missing = table
                 for attempt in range(3):
                     if self._stop.is_set():
                         return False
                     try:
-                        self.get_store().insert_arrow(TABLES[kind], table,
-                                                      dedup_token=f"{self.spool.uid}:{e.seq}-{e.seq}:{kind}")
+                        if missing.num_rows:
+                            self.get_store().insert_arrow(TABLES[kind], missing,
+                                                          dedup_token=f"{self.spool.uid}:{e.seq}-{e.seq}:{kind}")
                         self.rows += table.num_rows
                         if self.spool.unquarantine(e.seq, kind):  # refused before a restart, stored now
                             self.unquarantined += 1
@@ -212,6 +256,31 @@ class BlockWriter:
         self.last_insert_at = time.time()
         self.last_error = None
         return True
+
+    def _not_landed(self, kind: str, table: pa.Table) -> pa.Table:
+        """The rows of one batch that are not in the store yet (all of them unless a block insert that
+        raised, or an earlier attempt of this batch, stored some): one query on the store."""
+        if table.num_rows == 0:
+            return table
+        keys = _row_keys(kind, table)
+        lo, hi = pc.min_max(_ts_ms(table)).values()
+        params = {"lo": lo.as_py(), "hi": hi.as_py(),
+                  "s": pc.unique(pc.cast(table.column("session_id"), pa.string())).to_pylist(),
+                  "keys": pc.unique(keys).to_pylist()}
+        sql = _LANDED_SQL.format(key=_ROW_KEY[kind], table=TABLES[kind])
+        stored = dict(self.get_store().query_rows(sql, params))
+        if not stored:
+            return table
+        # a row key stored as often as the batch has it landed (a part lands whole: a key's rows share
+        # one partition); any other count is another batch's rows, not these
+        wanted = pc.value_counts(keys)
+        landed = [k.as_py() for k, n in zip(wanted.field("values"), wanted.field("counts"), strict=True)
+                  if stored.get(k.as_py(), 0) >= n.as_py()]
+        if not landed:
+            return table
+        log.warning("%s rows of a spool batch already stored (by a block insert that raised, or before a "
+                    "restart): %d of %d row keys not inserted again", kind, len(landed), len(wanted))
+        return table.filter(pc.invert(pc.is_in(keys, value_set=pa.array(landed, pa.string()))))
 
     def _insert(self, entries: list[Entry], done: set[str]) -> None:
         if self.fault_file is not None and self.fault_file.exists():

@@ -221,3 +221,72 @@ def test_a_quarantined_batch_stored_on_replay_leaves_no_quarantine_files(store, 
     assert _counts(store) == ((30, 30), 30)
     assert sorted(p.name for p in (tmp_path / "quarantine").iterdir()) == []
     assert w.quarantined == 0 and w.stats()["unquarantined"] == 1
+
+
+class _LandsThenRaises(_RefusesBlocks):
+    """A remote store that commits a block and then raises (a timeout after the server committed), every
+    time; ``part`` commits only those rows of it (one partition's part of a block spanning two)."""
+
+    def __init__(self, store, part=None):
+        super().__init__(store)
+        self.part = part
+
+    def insert_arrow(self, table, arrow_table, dedup_token):
+        first, last = dedup_token.split(":")[1].split("-")
+        if first == last:
+            return self.store.insert_arrow(table, arrow_table, dedup_token=dedup_token)
+        landed = arrow_table if self.part is None else arrow_table.slice(*self.part)
+        self.store.insert_arrow(table, landed, dedup_token=dedup_token)
+        raise TimeoutError("read timed out")
+
+
+def test_a_block_that_landed_before_its_insert_raised_is_not_stored_again_batch_by_batch(store, tmp_path):
+    sp = Spool(tmp_path, max_bytes=1 << 24)
+    for i in range(3):
+        sp.submit(f"b{i}", _t(10, start=10 * i)).result()
+    w = BlockWriter(sp, lambda: _LandsThenRaises(store), flush_rows=1000, flush_interval_s=0.01,
+                    retry_max_s=0.01, poison_after=2)
+    w.start()
+    wait_for(lambda: sp.stats()["batches"] == 0, what="spool drained")
+    w.stop()
+    sp.close()
+    assert w.quarantined == 0 and w.last_error is None
+    assert _counts(store) == ((30, 30), 30)
+
+
+def test_a_block_that_partly_landed_stores_only_its_missing_rows_batch_by_batch(store, tmp_path):
+    sp = Spool(tmp_path, max_bytes=1 << 24)
+    for i in range(3):
+        sp.submit(f"b{i}", _t(10, start=10 * i)).result()
+    w = BlockWriter(sp, lambda: _LandsThenRaises(store, part=(5, 10)), flush_rows=1000, flush_interval_s=0.01,
+                    retry_max_s=0.01, poison_after=2)  # rows 5-14 land with the block: batch 1 in part
+    w.start()
+    wait_for(lambda: sp.stats()["batches"] == 0, what="spool drained")
+    w.stop()
+    sp.close()
+    assert w.quarantined == 0 and w.last_error is None
+    assert _counts(store) == ((30, 30), 30)
+
+
+def test_the_landed_check_finds_stored_rows_of_every_kind(store, tmp_path):
+    from datetime import timedelta
+
+    from tests.collector.test_ingest_checks import ROWS
+
+    sp = Spool(tmp_path, max_bytes=1 << 24)
+    w = BlockWriter(sp, lambda: store)
+    for kind, base in ROWS.items():
+        # distinct rows (ts with sub-millisecond parts: the store keeps milliseconds), then one key twice
+        t0 = base[0]["ts"].replace(microsecond=900)
+        rows = [{**base[0], "ts": t0 + timedelta(microseconds=10_700 * i)} for i in range(4)]
+        rows.append(dict(rows[-1]))
+        table = records.to_arrow(kind, rows)
+        assert w._not_landed(kind, table).num_rows == 5  # nothing stored yet
+        store.insert_arrow(records.TABLES[kind], table.slice(0, 2), dedup_token=f"{kind}-a")
+        assert w._not_landed(kind, table).to_pylist() == table.slice(2).to_pylist(), kind
+        store.insert_arrow(records.TABLES[kind], table.slice(3, 1), dedup_token=f"{kind}-b")
+        # the twice-present key is stored once only: both its rows are inserted (never one of two)
+        assert w._not_landed(kind, table).to_pylist() == table.slice(2).to_pylist(), kind
+        store.insert_arrow(records.TABLES[kind], table.take([2, 4]), dedup_token=f"{kind}-c")
+        assert w._not_landed(kind, table).num_rows == 0, kind
+    sp.close()
