@@ -4,8 +4,9 @@
 
 A 200 means every row of the batch is in the durable spool (fsync'd); the block writer inserts it
 into ClickHouse later. Every bad input gets a 4xx whose ``detail`` says what was wrong and what is
-valid, and nothing of that batch is stored: 400 unreadable body, 401 token, 413 size, 415 content
-type, 422 values or schema; 429 + Retry-After while the spool is over its bound.
+valid, and nothing of that batch is stored: 400 unreadable body, 401 no token, 403 not an ingest
+token, 413 size, 415 content type, 422 values or schema; 429 + Retry-After while the spool is over
+its bound.
 """
 
 from __future__ import annotations
@@ -431,7 +432,8 @@ router = APIRouter(tags=["collector"], route_class=_IngestRoute)
 
 _ERRORS = {
     s: {"model": ErrorBody, "description": d}
-    for s, d in {400: "unreadable body or header", 401: "missing or wrong bearer token", 413: "body too large",
+    for s, d in {400: "unreadable body or header", 401: "missing bearer token",
+                 403: "bearer token that is not an ingest token", 413: "body too large",
                  415: "unknown content type", 422: "invalid values or schema",
                  429: "spool full: retry after Retry-After seconds"}.items()
 }
@@ -465,8 +467,8 @@ def _check_token(auth: str, tokens: list[str]) -> None:
                             headers={"WWW-Authenticate": "Bearer"})
     token_bytes = token.strip().encode()
     if not any(hmac.compare_digest(token_bytes, t.encode()) for t in tokens):
-        raise HTTPException(401, "wrong bearer token: use one of the collector's ingest tokens "
-                                 "(LIVESTEP_INGEST_TOKENS)", headers={"WWW-Authenticate": "Bearer"})
+        # the API's rule (api/deps.py): no token 401, a token that is not the role's 403
+        raise HTTPException(403, "wrong bearer token: this needs an ingest token (one of LIVESTEP_INGEST_TOKENS)")
 
 
 async def _read_body(receive: Receive, cl: str | None, limit: int) -> bytes:

@@ -238,7 +238,7 @@ def test_retries_5xx_and_429_under_the_same_key(fake_collector, failures):
     c.close()
 
 
-@pytest.mark.parametrize("status", [400, 401, 413, 415, 422])
+@pytest.mark.parametrize("status", [400, 401, 403, 413, 415, 422])
 def test_4xx_is_not_retried_and_counted(fake_collector, status, caplog):
     fake_collector.answer(status, status)
     c = new_client(fake_collector)
