@@ -11,7 +11,8 @@ for the hours not rolled up yet (sql/012, sql/013):
     df = release_distribution(store, start, end)            # per release: fps / step-time quantiles
 
 Cohort filters (``{"release": "v7"}``, ``{"worker_id": ["w1", "w2"]}``) become parameterized
-``IN`` clauses; their keys must be in ``FILTER_KEYS``.
+``IN`` clauses; their keys must be in ``FILTER_KEYS``. Label filters select partial rows (a session's
+labels never change); ``switches`` selects sessions by their final switch state (``switch_state``).
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ SELECT *,
     late_chunks / steps                                         AS late_rate,
     energy_mj / steps                                           AS energy_per_chunk_mj
 FROM ({sessions})
+WHERE 1 {state_filters}
 """
 
 
@@ -85,17 +87,24 @@ class QueryError(Exception):
     """A query was asked for something that does not exist; the message lists valid values."""
 
 
-def filter_clause(filters: dict[str, Any] | None, params: dict[str, Any], prefix: str = "f") -> str:
-    """``AND key IN {p:Array(String)}`` for each filter; fills ``params``. Keys must be in FILTER_KEYS."""
-    parts = []
+# filters on a session's final state, not on its partial rows: the column each one reads
+STATE_FILTERS = {"switches": "switch_state"}
+
+
+def filter_clause(filters: dict[str, Any] | None, params: dict[str, Any], prefix: str = "f") -> tuple[str, str]:
+    """(label clause, state clause): ``AND col IN {p:Array(String)}`` for each filter, fills ``params``.
+    The label clause applies to partial rows, the state clause to finalized sessions (STATE_FILTERS).
+    Keys must be in FILTER_KEYS."""
+    labels, states = [], []
     for i, (key, value) in enumerate(sorted((filters or {}).items())):
         if key not in FILTER_KEYS:
             raise QueryError(f"unknown cohort filter {key!r}; valid filters: {', '.join(FILTER_KEYS)}")
         values = [value] if isinstance(value, str) else [str(v) for v in value]
         name = f"{prefix}{i}"
         params[name] = values
-        parts.append(f"AND {key} IN {{{name}:Array(String)}}")
-    return " ".join(parts)
+        column = STATE_FILTERS.get(key, key)
+        (states if key in STATE_FILTERS else labels).append(f"AND {column} IN {{{name}:Array(String)}}")
+    return " ".join(labels), " ".join(states)
 
 
 def _sessions_sql(filters: str, window: str = "started", detail: bool = False,
@@ -121,9 +130,10 @@ def session_sql(filters: dict[str, Any] | None, params: dict[str, Any], prefix: 
     """The per-session SQL (with derived metrics) for a cohort; ``params`` gets the filter values.
     ``window``/``detail`` as in ``_sessions_sql``; with "overlap" the bounds present in ``params``
     ("start", "end") apply."""
-    inner = _sessions_sql(filter_clause(filters, params, prefix), window, detail,
-                          start="start" in params, end="end" in params)
-    return _METRICS_SQL.replace("{sessions}", inner).replace("{frames}", str(FRAMES_PER_STEP))
+    labels, states = filter_clause(filters, params, prefix)
+    inner = _sessions_sql(labels, window, detail, start="start" in params, end="end" in params)
+    return (_METRICS_SQL.replace("{sessions}", inner).replace("{frames}", str(FRAMES_PER_STEP))
+            .replace("{state_filters}", states))
 
 
 def session_frame(store, start: datetime, end: datetime, filters: dict[str, Any] | None = None) -> pl.DataFrame:

@@ -63,3 +63,24 @@ def test_rows_stored_before_the_migration_keep_their_switch_state(store, monkeyp
                               "ORDER BY session_id") == [("s1", 15), ("s2", 10)]
     finally:
         old.command(f"DROP DATABASE IF EXISTS {old.database}")
+
+
+def test_the_switches_filter_selects_sessions_by_their_final_state(store):
+    _insert(store, "s1-early", 0, "ring_cache")  # s1 flips to fp8_cache,ring_cache later
+    _insert(store, "s1-late", 10, "fp8_cache,ring_cache")
+    _insert(store, "s2", 0, "ring_cache", session_id="s2")  # s2 stays on ring_cache
+    window = (T0 - timedelta(hours=1), T0 + timedelta(hours=1))
+
+    def ids(switches):
+        df = queries.session_frame(store, *window, {"switches": switches})
+        rows, total = queries.session_list(store, {"switches": switches}, start=window[0], end=window[1])
+        assert sorted(r["session_id"] for r in rows) == sorted(df["session_id"].to_list()) and total == len(rows)
+        return sorted(df["session_id"].to_list())
+
+    for merged in (False, True):  # partial rows (one per insert) and after the merge
+        assert ids("ring_cache") == ["s2"]  # s1's early partial row does not make it a ring_cache session
+        assert ids("fp8_cache,ring_cache") == ["s1"]
+        assert ids(["ring_cache", "fp8_cache,ring_cache"]) == ["s1", "s2"]
+        assert queries.session_frame(store, *window, {"switches": "ring_cache", "release": "nope"}).height == 0
+        if not merged:
+            store.command("OPTIMIZE TABLE session_stats FINAL")
