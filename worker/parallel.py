@@ -240,27 +240,6 @@ def switches_from_bits(bits: int) -> Switches:
     return Switches.from_mapping({name: bool(bits >> i & 1) for i, name in enumerate(SWITCH_NAMES)})
 
 
-class _RegistryView:
-    """worker.buffers.BufferRegistry's interface over the TP registry, for worker/session.py: its
-    ``get`` is a no-op (``TensorParallel.row_parallel`` does the real lookups); ``len`` is real."""
-
-    def __init__(self, tp: TensorParallel):
-        self.tp = tp
-
-    def get(self, tokens: int, per_shape: bool = False) -> None:
-        return None
-
-    def __len__(self) -> int:
-        return len(self.tp.registry)
-
-    @property
-    def nbytes(self) -> int:
-        return self.tp.registry.nbytes
-
-    def clear(self) -> None:
-        self.tp.registry.clear()
-
-
 class _NoDecoder:
     """Ranks other than 0 hand nothing to the decoder: rank 0 does, once per chunk."""
 
@@ -316,7 +295,14 @@ class TPWorker(Worker):
         self.place, self.control = place, control
         self.tp = TensorParallel(group, steady_tokens=self.shape.new_tokens)
         self.tp.install(self.model)
-        self.registry = _RegistryView(self.tp)
+
+    @property
+    def registry(self) -> BufferRegistry:
+        """The group's registry (``tp.registry``: bench/multigpu.py may swap it between phases)."""
+        return self.tp.registry
+
+    def register_forward(self, tokens: int, sw: Switches) -> None:
+        """Nothing here: ``TensorParallel.row_parallel`` looks the real buffers up per call."""
 
     def run_session(self, **kw):
         if self.control is not None:  # one session id (hence seed, prompt length) for every rank

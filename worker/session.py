@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from worker.buffers import BufferRegistry
+from kernels.gemm_allreduce import BufferRegistry
 from worker.cache import CACHE_SWITCHES, KVCache, make_cache, rebuild_cache
 from worker.config import ModelShape, ShapeError, SwitchError, Switches, parse_switch_args, tp_rank_of
 from worker.decoder import Decoder
@@ -128,7 +128,20 @@ class Worker:
         self.model = model if model is not None else DiT(self.shape, self.device)
         if self.device.type == "cpu" and self.shape.d_model <= 256:
             torch.set_num_threads(1)  # a tiny model is 10x slower when two threads contend per op
-        self.registry = BufferRegistry(self.shape.new_tokens, self.shape.d_model, self.device, self.model.dtype)
+        self._registry = BufferRegistry(steady_m=self.shape.new_tokens)
+
+    @property
+    def registry(self) -> BufferRegistry:
+        """The fused all-reduce's buffer registry (kernels/gemm_allreduce.py): at world size 1 a local
+        stand-in of the same size, so the fault switch's leak shows without a TP group."""
+        return self._registry
+
+    def register_forward(self, tokens: int, sw: Switches) -> None:
+        """The fused path's buffer for a forward of ``tokens`` (steady shape only; every shape under
+        ``buffer_per_shape``); nothing when neither switch is on."""
+        if sw.fused_allreduce or sw.buffer_per_shape:
+            self.registry.buffer_per_shape = sw.buffer_per_shape
+            self.registry.lookup(tokens, self.shape.d_model, torch.bfloat16, self.device)
 
     def run_session(self, **kw) -> SessionSummary:
         return Session(self, **kw).run()
@@ -225,10 +238,6 @@ class Session:
 
     # -- the loop -------------------------------------------------------------------------------
 
-    def _buffers(self, tokens: int) -> None:
-        sw = self.switches
-        if sw.fused_allreduce or sw.buffer_per_shape:
-            self.w.registry.get(tokens, per_shape=sw.buffer_per_shape)
 
     def run(self) -> SessionSummary:
         w, shape, tel = self.w, self.w.shape, self.tel
@@ -250,7 +259,7 @@ class Session:
         model.set_compile(self.switches.compile)
         try:
             cond = torch.randn(self.cond_tokens, shape.d_model, generator=gen, device=dev)
-            self._buffers(self.cond_tokens)
+            self.w.register_forward(self.cond_tokens, self.switches)
             cond_kv = model.first_forward(cond, self.cache)
             tel.timer.take()  # the first forward is not a step
             T, C = shape.new_tokens, shape.latent_channels
@@ -265,7 +274,7 @@ class Session:
                 with tel.timer.span("upkeep"):
                     did_reset = self.cache.begin_step(T, reset=reset)
                 noise = torch.randn(T, C, generator=gen, device=dev)
-                self._buffers(T)
+                self.w.register_forward(T, self.switches)
                 latents, graphed = self.runner(noise, self.cache, cond_kv)
                 self.cache.end_step()
                 done = tel.diffusion_done()
