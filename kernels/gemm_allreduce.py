@@ -276,37 +276,11 @@ def _fp8_gemm_kernel(
     # a: [M, K] e4m3; b: [K, N] e4m3 (any strides; K-major is fastest); c: [M, N] bf16 (when not PUSH)
     pid = tl.program_id(0)
     pid_m, pid_n, tile = _tile_coords(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    # rows/cols past the edge wrap around (loads stay in bounds without masks; stores are masked)
-    offs_am = offs_m % M
-    offs_bn = offs_n % N
-    a_ptrs = a_ptr + offs_am[:, None] * stride_am + offs_k[None, :] * stride_ak
-    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_bn[None, :] * stride_bn
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    prev = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kk in range(tl.cdiv(K, BLOCK_K)):
-        if EVEN_K:
-            a = tl.load(a_ptrs)
-            b = tl.load(b_ptrs)
-        else:
-            k_left = K - kk * BLOCK_K
-            a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
-            b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
-        # MAX_IMPRECISE=BLOCK_K: FP8 tensor-core sums are promoted to fp32 every BLOCK_K products
-        # (as cuBLAS does by default); None: the backend's fast accumulation. ACC: see ACCUMULATION
-        if ACC == 0:
-            acc = tl.dot(a, b, acc, max_num_imprecise_acc=MAX_IMPRECISE)
-        elif ACC == 1:
-            acc += tl.dot(a, b)
-        else:
-            acc += prev
-            prev = tl.dot(a, b)
-        a_ptrs += BLOCK_K * stride_ak
-        b_ptrs += BLOCK_K * stride_bk
-    if ACC == 2:
-        acc += prev
+    # one tile, every K-block, pointer loads: the shared loop (MAX_IMPRECISE=BLOCK_K promotes the FP8
+    # tensor-core sums to fp32 every BLOCK_K products, as cuBLAS does by default; ACC: see ACCUMULATION)
+    acc = _k_loop(a_ptr, b_ptr, a_ptr, b_ptr, pid_m * BLOCK_M, pid_n * BLOCK_N, 0, tl.cdiv(K, BLOCK_K), M, N, K,
+                  stride_am, stride_ak, stride_bk, stride_bn, False, EVEN_K, ACC, MAX_IMPRECISE,
+                  BLOCK_M, BLOCK_N, BLOCK_K)  # fmt: skip
     _epilogue(acc, pid_m, pid_n, tile, c_ptr, a_scale_ptr, b_scale_ptr, slot_ptrs, flag_ptrs, epoch_ptr,
               M, N, stride_cm, stride_cn, rank, max_tiles, A_ROWWISE, B_COLWISE, PUSH, WORLD,
               BLOCK_M, BLOCK_N)  # fmt: skip
