@@ -13,17 +13,19 @@ whose token list is empty is open, which settings allow only on a loopback bind:
 
     reader  LIVESTEP_READ_TOKENS   (ingest and admin tokens read too: workers poll switches)
     admin   LIVESTEP_ADMIN_TOKENS  (switch, canary and report writes)
-    ingest  LIVESTEP_INGEST_TOKENS (telemetry)
+
+The ingest role (LIVESTEP_INGEST_TOKENS) is checked by the collector's own route, with the same rule
+(collector/auth.py, which both use).
 """
 
 from __future__ import annotations
 
-import hmac
 from typing import Annotated
 
 from fastapi import Depends, Header, HTTPException, Request
 
 from api.settings import Settings, is_loopback
+from collector.auth import check_bearer
 from collector.store import Store
 
 
@@ -48,14 +50,7 @@ Authorization = Annotated[str | None, Header(description="Bearer <token> (option
 ROLE_TOKENS = {
     "reader": (("read_tokens", "ingest_tokens", "admin_tokens"), "read_tokens"),
     "admin": (("admin_tokens",), "admin_tokens"),
-    "ingest": (("ingest_tokens",), "ingest_tokens"),
 }
-
-
-def bearer_token(authorization: str | None) -> str | None:
-    """The token of an ``Authorization: Bearer <token>`` header; None when missing or another scheme."""
-    scheme, _, token = (authorization or "").partition(" ")
-    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
 
 
 def check_role(settings: Settings, role: str, authorization: str | None) -> None:
@@ -63,15 +58,8 @@ def check_role(settings: Settings, role: str, authorization: str | None) -> None
     fields, switch = ROLE_TOKENS[role]
     if not getattr(settings, switch) and is_loopback(settings.host):
         return  # development: the role is open
-    names = [f"LIVESTEP_{f.upper()}" for f in fields]
-    token = bearer_token(authorization)
-    if token is None:
-        raise HTTPException(401, f"missing bearer token: send 'Authorization: Bearer <{role} token>' "
-                                 f"(one of {' / '.join(names)})", headers={"WWW-Authenticate": "Bearer"})
-    valid = [t for f in fields for t in getattr(settings, f)]
-    if not any(hmac.compare_digest(token.encode(), t.encode()) for t in valid):
-        raise HTTPException(403, f"the bearer token is not allowed here: this needs a {role} token "
-                                 f"(one of {' / '.join(names)})")
+    check_bearer(authorization, [t for f in fields for t in getattr(settings, f)], role,
+                 [f"LIVESTEP_{f.upper()}" for f in fields])
 
 
 def require_reader(settings: SettingsDep, authorization: Authorization = None) -> None:
@@ -84,11 +72,5 @@ def require_admin(settings: SettingsDep, authorization: Authorization = None) ->
     check_role(settings, "admin", authorization)
 
 
-def require_ingest(settings: SettingsDep, authorization: Authorization = None) -> None:
-    """Telemetry in: an ingest token (open when no ingest tokens)."""
-    check_role(settings, "ingest", authorization)
-
-
 ReaderDep = Annotated[None, Depends(require_reader)]
 AdminDep = Annotated[None, Depends(require_admin)]
-IngestDep = Annotated[None, Depends(require_ingest)]

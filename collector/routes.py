@@ -12,7 +12,6 @@ its bound.
 from __future__ import annotations
 
 import hashlib
-import hmac
 import time
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
@@ -28,6 +27,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from collector import records
+from collector.auth import check_bearer
 from collector.spool import IpcStream, SpoolError, SpoolFullError, read_ipc_stream
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
@@ -458,17 +458,12 @@ def _ack(batch_id: str, rows: dict[str, int], duplicate: bool) -> bytes:
     return orjson.dumps({"batch_id": batch_id, "rows": rows, "duplicate": duplicate})
 
 
-def _check_token(auth: str, tokens: list[str]) -> None:
-    if not tokens:
-        return
-    scheme, _, token = auth.partition(" ")
-    if scheme.lower() != "bearer" or not token:
-        raise HTTPException(401, "missing bearer token: send 'Authorization: Bearer <ingest token>'",
-                            headers={"WWW-Authenticate": "Bearer"})
-    token_bytes = token.strip().encode()
-    if not any(hmac.compare_digest(token_bytes, t.encode()) for t in tokens):
-        # the API's rule (api/deps.py): no token 401, a token that is not the role's 403
-        raise HTTPException(403, "wrong bearer token: this needs an ingest token (one of LIVESTEP_INGEST_TOKENS)")
+def _check_token(auth: str | bytes, tokens: list[str]) -> None:
+    """The ingest role (collector/auth.py's rule); open when no ingest tokens are set (settings allow
+    that on a loopback bind only)."""
+    if tokens:
+        check_bearer(auth.decode("latin-1") if isinstance(auth, bytes) else auth, tokens, "ingest",
+                     ["LIVESTEP_INGEST_TOKENS"])
 
 
 async def _read_body(receive: Receive, cl: str | None, limit: int) -> bytes:
