@@ -25,7 +25,7 @@ With FP8 GEMMs and the compile switch on CUDA, ``DiT.set_compile`` also installs
 the elementwise chains around the GEMMs compiled into few kernels (residual + LayerNorm/modulation
 + the FP8 activation quantization, a block's last residual added in the next block's first such
 kernel; the query's RoPE; GELU + quantization of the FFN-down input when
-the block's ``row_parallel`` is not overridden). Same math as the unfused path (``BlockFusion.eager()``
+the block's ``row_parallel`` is not overridden). Same math as the unfused path (``BlockFusion.eager(act_scales)``
 is that path with the chains grouped; the tests compare both on CPU). ``DiT.fuse_blocks = False``
 keeps the unfused path under compile (the bench measures both).
 """
@@ -133,12 +133,12 @@ class BlockFusion:
     gelu_quant: Callable
 
     @classmethod
-    def eager(cls, act_scales: str = "tensor") -> BlockFusion:
+    def eager(cls, act_scales: str) -> BlockFusion:
         ln, res, gelu = _chains(ACT_QUANT[act_scales])
         return cls(ln, res, apply_rope_tables, gelu)
 
     @classmethod
-    def compiled(cls, act_scales: str = "tensor") -> BlockFusion:
+    def compiled(cls, act_scales: str) -> BlockFusion:
         ln, res, gelu = _chains(ACT_QUANT[act_scales])
         return cls(*(torch.compile(f) for f in (ln, res, apply_rope_tables, gelu)))
 
@@ -327,7 +327,7 @@ class DiT:
         self.set_fusion(BlockFusion.compiled(self.act_scales) if use_fusion else None)
 
     def set_fusion(self, fusion: BlockFusion | None) -> None:
-        """Install (or remove) the fused block path; ``BlockFusion.eager()`` on CPU for tests."""
+        """Install (or remove) the fused block path; ``BlockFusion.eager(act_scales)`` on CPU for tests."""
         if fusion is not None and not self.fp8:
             raise ValueError("BlockFusion needs FP8 weights (DiT(..., fp8=True) or a shape with fp8_weights on CUDA)")
         for b in self.blocks:

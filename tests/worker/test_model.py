@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from worker.config import ModelShape, tp_rank_of
@@ -66,10 +67,13 @@ def _fp8_chunks(model, fusion, steps=4):
     return torch.stack(outs)
 
 
-def test_fused_block_path_equals_the_unfused_fp8_path():
+@pytest.mark.parametrize("act_scales", ["tensor", "row"])
+def test_fused_block_path_equals_the_unfused_fp8_path(act_scales):
     from worker.model import BlockFusion
 
     model = DiT(ModelShape.from_name("tiny"), dtype=torch.bfloat16, fp8=True)
+    model.act_scales = act_scales
+    model.set_compile(False)
     plain = _fp8_chunks(model, None)
     fused = _fp8_chunks(model, BlockFusion.eager(model.act_scales))
     assert torch.isfinite(plain.float()).all()
@@ -112,8 +116,6 @@ def test_per_row_quantization_is_one_scale_per_row_and_saturates_nowhere():
 
 
 def test_unknown_activation_scales_are_refused():
-    import pytest
-
     model = DiT(ModelShape.from_name("tiny"))
     model.act_scales = "block"
     with pytest.raises(ValueError, match="valid"):
@@ -121,9 +123,7 @@ def test_unknown_activation_scales_are_refused():
 
 
 def test_fusion_needs_fp8_weights():
-    import pytest
-
     from worker.model import BlockFusion
 
     with pytest.raises(ValueError, match="FP8 weights"):
-        DiT(ModelShape.from_name("tiny")).set_fusion(BlockFusion.eager())
+        DiT(ModelShape.from_name("tiny")).set_fusion(BlockFusion.eager("row"))
