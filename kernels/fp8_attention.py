@@ -36,13 +36,13 @@ from kernels.rope import (
     SUPPORTED_HEAD_DIMS,
     dequantize_fp8,
     interpreting,
+    keys_contiguous,
     to_bf16,
     to_fp8_saturating,
 )
 
 LOG2E = 1.4426950408889634
 SLOT_PAD = 16  # keys-contiguous V: slot stride padded to 16 bytes so every head_dim row loads 16 B vectors
-KEYS_CONTIGUOUS_V = True  # the worker (worker/cache.py) stores FP8 V keys-contiguous for these kernels
 
 # The launch choice on Hopper per V layout: bench/kernels.py --only attention sweeps the variants and
 # prints the winner as one such line; set it here. Keys: pv_fp8, tiles (BLOCK_M x BLOCK_N), num_warps,
@@ -63,11 +63,6 @@ def v_layout(H: int, S: int, D: int, dtype=FP8_DTYPE, device=None) -> torch.Tens
     """Zeros [H,S,D] stored keys-contiguous: storage [H,D,S_pad] (slot stride 1, head_dim stride S_pad)."""
     s_pad = triton.cdiv(S, SLOT_PAD) * SLOT_PAD
     return torch.zeros(H, D, s_pad, dtype=dtype, device=device)[:, :, :S].transpose(1, 2)
-
-
-def keys_contiguous(v: torch.Tensor) -> bool:
-    """True when v [H,S,D] has slot stride 1 (and head_dim strided): the FP8 P@V layout."""
-    return v.stride(1) == 1 and v.stride(2) != 1
 
 
 @triton.jit

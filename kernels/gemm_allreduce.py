@@ -131,8 +131,8 @@ CLASSIC_CONFIGS: tuple[TileConfig, ...] = (
     TileConfig(64, 256, 128, 8, 4, 4),
     TileConfig(128, 256, 128, 8, 8, 3),
 )
-# Variants, not yet measured on the GPU: bench/gemm_allreduce.py --sweep compares them all at the
-# rank shapes and `tune` keeps the winner per shape. Two costs are targeted (register/smem figures
+# Variants: bench/gemm_allreduce.py --sweep compares them all at the rank shapes (the 12:45 H200 sweep
+# picked TUNE_CONFIGS below from them). Two costs are targeted (register/smem figures
 # are ptxas -v for sm_90a with Triton 3.6):
 #  - promotion: with fp32 promotion ptxas must wait for each K-block's wgmma before the fp32 adds
 #    (its C7517 "warpgroup.wait injected"), so the tensor cores idle during the adds unless another

@@ -57,6 +57,12 @@ def dequantize_fp8(q: torch.Tensor, scale: torch.Tensor, dtype=torch.float32) ->
     return q.to(dtype) * scale.to(dtype).reshape(-1, *([1] * (q.dim() - 1)))
 
 
+def keys_contiguous(cache: torch.Tensor) -> bool:
+    """True when a cache [H,S,D] has slot stride 1 (head_dim strided): the keys-contiguous layout of
+    ``kernels.fp8_attention.v_layout``, the FP8 P@V MMA's operand layout."""
+    return cache.stride(1) == 1 and cache.stride(2) != 1
+
+
 def interpreting() -> bool:
     """True under TRITON_INTERPRET=1 (the CPU test mode); kernels then pre-round before FP8 casts."""
     return os.environ.get("TRITON_INTERPRET", "0") == "1"

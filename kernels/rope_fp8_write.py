@@ -21,6 +21,7 @@ from kernels.rope import (
     FP8_DTYPE,
     SUPPORTED_HEAD_DIMS,
     interpreting,
+    keys_contiguous,
     log2_base_term,
     quantize_fp8,
     rope_at,
@@ -183,11 +184,6 @@ def _rope_fp8_write_kernel(
             )
 
 
-def _slots_contiguous(cache: torch.Tensor) -> bool:
-    """Keys-contiguous cache (slot stride 1, head_dim strided): kernels.fp8_attention.v_layout."""
-    return cache.stride(1) == 1 and cache.stride(2) != 1
-
-
 def _check(x, positions, slots, scale, cache) -> None:
     assert x.dim() == 3 and cache.dim() == 3, (
         f"x {tuple(x.shape)} and cache {tuple(cache.shape)} must be [H,*,D]"
@@ -203,7 +199,7 @@ def _check(x, positions, slots, scale, cache) -> None:
     assert positions.dtype == torch.int64 and slots.dtype == torch.int64, "positions and slots must be int64"
     assert scale.shape == (H,) and scale.dtype == torch.float32, f"scale must be fp32 [{H}]"
     assert x.stride(-1) == 1, "x: last dim must be contiguous"
-    assert cache.stride(-1) == 1 or _slots_contiguous(cache), (
+    assert cache.stride(-1) == 1 or keys_contiguous(cache), (
         f"cache strides {cache.stride()}: valid layouts: head_dim contiguous, or slots contiguous"
     )
     assert positions.is_contiguous() and slots.is_contiguous() and scale.is_contiguous()
@@ -261,8 +257,8 @@ def _launch(
         log2_base_term(D, base),
         APPLY_ROPE=apply_rope,
         HAS_SECOND=second,
-        CONTIG=_slots_contiguous(cache),
-        CONTIG2=_slots_contiguous(v_cache),
+        CONTIG=keys_contiguous(cache),
+        CONTIG2=keys_contiguous(v_cache),
         EXACT_ROUND=interpreting(),
         HALF=D // 2,
         **cfg,

@@ -6,7 +6,7 @@
 -- Rows stored before this migration keep their data: the column's DEFAULT (last_ts, switches) is
 -- what readers used for them before (argMax(switches, last_ts) over partial rows), computed on read
 -- and written by the next merge. The view is altered in place (MODIFY QUERY: no window where steps
--- inserts miss it); both statements are idempotent. switches stays as it was (cohort filters use it).
+-- inserts miss it); both statements are idempotent. switches stays as it was (the DEFAULT of old rows).
 -- Cluster counterpart: sql/cluster/021_session_switch_state.sql.
 
 ALTER TABLE session_stats

@@ -161,9 +161,8 @@ class CacheOps:
         self._v_layout = None  # FP8 V storage keys-contiguous (the FP8 P@V MMA's layout) when set
         if k is not None:
             self._rw, self._dr, self._fa = k[0].rope_fp8_write, k[1].delta_rotate, k[2].fp8_attention
-            self._rwkv = getattr(k[0], "rope_fp8_write_kv", None)
-            if getattr(k[2], "KEYS_CONTIGUOUS_V", False):
-                self._v_layout = k[2].v_layout
+            self._rwkv = k[0].rope_fp8_write_kv
+            self._v_layout = k[2].v_layout
         if switches.compile and cuda:
             self.write_pair = torch.compile(write_pair_torch)
             self.reread = torch.compile(reread_torch)

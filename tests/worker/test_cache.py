@@ -140,7 +140,7 @@ def _bytes(ts):
 
 
 def test_keys_contiguous_v_store_matches_plain_layout(monkeypatch):
-    """The torch ops (index_copy_ of bytes, views) on a keys-contiguous V store the same bytes."""
+    """The torch ops (indexed stores, views) on a keys-contiguous V store the same bytes."""
     shape = ModelShape.from_name("tiny", fp8_attention=True)
     want_c = make_cache(shape, RING_FP8, "cpu", torch.float32)
     want = _feed(want_c, 12)
