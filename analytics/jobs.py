@@ -280,8 +280,10 @@ class ReleaseWatch:
         return new
 
 
-def start_scheduler(store, *, timezone=UTC) -> BackgroundScheduler:
-    """A started BackgroundScheduler with the analytics schedule (the server's lifespan shuts it down)."""
+def start_scheduler(store, *, timezone=UTC, reports_dir: Path | None = None) -> BackgroundScheduler:
+    """A started BackgroundScheduler with the analytics schedule (the server's lifespan shuts it down).
+    ``reports_dir``: where the weekly report goes (the server passes its settings'; default
+    ``_report_dir()``)."""
     s = BackgroundScheduler(
         timezone=timezone, job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": 3600}
     )
@@ -290,7 +292,8 @@ def start_scheduler(store, *, timezone=UTC) -> BackgroundScheduler:
         args=[s, "weekly_fps", store], id="weekly_fps", replace_existing=True)
     if _report_available():
         add(scheduled, CronTrigger(day_of_week="mon", hour=1, minute=0, timezone=timezone),
-            args=[s, "weekly_report", store], id="weekly_report", replace_existing=True)
+            args=[s, "weekly_report", store], kwargs={"out_dir": reports_dir} if reports_dir else {},
+            id="weekly_report", replace_existing=True)
     add(scheduled, IntervalTrigger(hours=1, timezone=timezone), args=[s, "memory", store], id="memory",
         replace_existing=True)
     add(scheduled, CronTrigger(hour=2, minute=0, timezone=timezone), args=[s, "regressions", store],

@@ -21,6 +21,7 @@ import logging
 import pkgutil
 import threading
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -108,7 +109,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             except ImportError as e:
                 log.info("analytics scheduler not started (analytics.jobs unavailable: %s)", e)
             else:
-                scheduler = start_scheduler(app.state.store)
+                scheduler = start_scheduler(app.state.store, reports_dir=Path(settings.reports_dir))
                 notifier = _wire_scheduler(settings, scheduler, app.state.store)
         app.state.scheduler, app.state.notifier = scheduler, notifier
         try:

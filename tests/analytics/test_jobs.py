@@ -65,12 +65,14 @@ def test_failing_job_is_recorded_retried_and_never_raises(store):
     assert len(failed) >= 2 and all("session_stats" in e for e in failed["error"])
 
 
-def test_scheduler_has_the_schedule_and_watches_releases(store, small):
-    sched = jobs.start_scheduler(store)
+def test_scheduler_has_the_schedule_and_watches_releases(store, small, tmp_path):
+    sched = jobs.start_scheduler(store, reports_dir=tmp_path / "reports")
     try:
         ids = {j.id for j in sched.get_jobs()}
         assert {"weekly_fps", "memory", "regressions", "changepoints", "release_watch"} <= ids
         assert "day_of_week='mon'" in str(sched.get_job("weekly_fps").trigger)
+        report = sched.get_job("weekly_report")  # the server's reports directory, not the environment's
+        assert report is not None and report.kwargs == {"out_dir": tmp_path / "reports"}
     finally:
         sched.shutdown(wait=True)
     watch = jobs.ReleaseWatch()
