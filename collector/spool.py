@@ -546,25 +546,28 @@ class Spool:
                     out.setdefault(kind, []).append(t)
         return out
 
+    def _quarantined(self, seq: int, kind: str) -> tuple[Path, Path]:
+        """The quarantine files of batch ``seq``'s ``kind`` rows: (Arrow IPC stream, error text)."""
+        path = self.dir / "quarantine" / f"{seq:020d}-{kind}.arrow"
+        return path, path.with_suffix(".error.txt")
+
     def quarantine(self, entry: Entry, kind: str, table: pa.Table, error: str) -> Path:
         """Keep a batch's ``kind`` rows the store refuses aside (an Arrow IPC stream + the error)."""
-        qdir = self.dir / "quarantine"
-        qdir.mkdir(exist_ok=True)
-        path = qdir / f"{entry.seq:020d}-{kind}.arrow"
+        path, err = self._quarantined(entry.seq, kind)
+        path.parent.mkdir(exist_ok=True)
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, table.schema) as w:
             w.write_table(table)
         _write_durable(path, sink.getvalue().to_pybytes())
-        _write_durable(path.with_suffix(".error.txt"), f"batch {entry.batch_id}\n{error}\n".encode())
+        _write_durable(err, f"batch {entry.batch_id}\n{error}\n".encode())
         return path
 
     def unquarantine(self, seq: int, kind: str) -> bool:
         """Forget the quarantined ``kind`` rows of batch ``seq`` (the store took them after all, e.g.
         on a replay after a restart): remove its files durably. True if there were any."""
-        path = self.dir / "quarantine" / f"{seq:020d}-{kind}.arrow"
-        err = path.with_suffix(".error.txt")
+        path, err = self._quarantined(seq, kind)
         removed = False
-        for p in (path, err, path.with_suffix(".arrow.tmp"), err.with_suffix(".txt.tmp")):
+        for p in (path, err, *(q.with_suffix(q.suffix + ".tmp") for q in (path, err))):  # _write_durable's tmp
             try:
                 p.unlink()
                 removed = True
