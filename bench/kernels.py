@@ -223,8 +223,7 @@ def bench_attention(dev, budget_s: float = 160.0) -> dict:
     vs = torch.rand(H, device=dev) * 0.02 + 0.01
     kc = torch.clamp(torch.randn(H, S, D, device=dev) / ks[:, None, None], -448, 448).to(torch.float8_e4m3fn)
     vc = torch.clamp(torch.randn(H, S, D, device=dev) / vs[:, None, None], -448, 448).to(torch.float8_e4m3fn)
-    vk = attn.v_layout(H, S, D, device=dev)  # the same V stored keys-contiguous (slot stride 1)
-    vk.view(torch.uint8).copy_(vc.view(torch.uint8))
+    vk = attn.to_keys_contiguous(vc)  # the same V stored keys-contiguous (slot stride 1)
     assert vk.stride(1) == 1 and torch.equal(vk.view(torch.uint8), vc.view(torch.uint8))
     kb, vb = dequantize_fp8(kc, ks).bfloat16(), dequantize_fp8(vc, vs).bfloat16()
     sm = 1.0 / math.sqrt(D)

@@ -65,6 +65,16 @@ def v_layout(H: int, S: int, D: int, dtype=FP8_DTYPE, device=None) -> torch.Tens
     return torch.zeros(H, D, s_pad, dtype=dtype, device=device)[:, :, :S].transpose(1, 2)
 
 
+def to_keys_contiguous(x: torch.Tensor) -> torch.Tensor:
+    """A copy of x [H,S,D] in ``v_layout``'s keys-contiguous storage (same values, bytes copied)."""
+    out = v_layout(*x.shape, dtype=x.dtype, device=x.device)
+    if x.element_size() == 1:  # fp8: copy the bytes (CPU builds lack some float8 copy kernels)
+        out.view(torch.uint8).copy_(x.view(torch.uint8))
+    else:
+        out.copy_(x)
+    return out
+
+
 @triton.jit
 def _bf16_operand(x, INTERPRET: tl.constexpr):
     """x rounded to bf16 for a bf16 MMA; under the interpreter (whose bf16 dot is wrong) held as fp32."""

@@ -15,18 +15,11 @@ from kernels.fp8_attention import (
     fp8_attention,
     fp8_attention_lowp_ref,
     fp8_attention_ref,
-    v_layout,
+    to_keys_contiguous,
 )
 from tests.kernels.helpers import NAN_FP8, max_err, random_fp8_window, random_scale
 
 MODES = REL_ERR_BOUND  # (qk_fp8, pv_fp8) -> relative-error bound: per-row FP8 Q costs ~3% on random data
-
-
-def keys_contiguous_copy(x: torch.Tensor) -> torch.Tensor:
-    """x [H,S,D] fp8 copied into keys-contiguous storage (slot stride 1, padded head_dim stride)."""
-    out = v_layout(*x.shape, dtype=x.dtype, device=x.device)
-    out.view(torch.uint8).copy_(x.view(torch.uint8))
-    return out
 
 
 def _inputs(H, Tq, S, D, n_valid, g, device, v_keys=False):
@@ -35,7 +28,7 @@ def _inputs(H, Tq, S, D, n_valid, g, device, v_keys=False):
     k = random_fp8_window(H, S, D, k_scale, g, device)
     v = random_fp8_window(H, S, D, v_scale, g, device)
     if v_keys:
-        v = keys_contiguous_copy(v)
+        v = to_keys_contiguous(v)
         assert v.stride(1) == 1
     k.view(torch.uint8)[:, n_valid:] = NAN_FP8  # slots past n_valid must never be read
     v.view(torch.uint8)[:, n_valid:] = NAN_FP8

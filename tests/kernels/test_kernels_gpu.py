@@ -14,11 +14,11 @@ import torch
 
 import kernels.fp8_attention as fa
 from kernels.delta_rotate import delta_rotate
-from kernels.fp8_attention import fp8_attention
+from kernels.fp8_attention import fp8_attention, to_keys_contiguous
 from kernels.rope_fp8_write import rope_fp8_write, rope_fp8_write_kv
 from tests.kernels.helpers import poisoned_cache, random_fp8_window, random_scale
 from tests.kernels.test_delta_rotate import test_matches_reference as _delta_case
-from tests.kernels.test_fp8_attention import MODES, check_attention, keys_contiguous_copy
+from tests.kernels.test_fp8_attention import MODES, check_attention
 from tests.kernels.test_rope_fp8_write import _run_case as _rope_case
 from tests.kernels.test_rope_fp8_write import poisoned_keys_cache
 
@@ -105,7 +105,7 @@ def _chain_inputs(g, device):
 
 def _clone(t: torch.Tensor) -> torch.Tensor:
     """A copy in t's layout (clone() of a padded keys-contiguous view would come back contiguous)."""
-    return keys_contiguous_copy(t) if t.stride(1) == 1 else t.clone()
+    return to_keys_contiguous(t) if t.stride(1) == 1 else t.clone()
 
 
 @pytest.mark.parametrize(
@@ -125,7 +125,7 @@ def test_chain_eager_compiled_and_graphed_agree(v_keys, tuned, rng, device, monk
     k0 = random_fp8_window(H, S, D, ks, g, device)
     v0 = random_fp8_window(H, S, D, vs, g, device)
     if v_keys:
-        v0 = keys_contiguous_copy(v0)
+        v0 = to_keys_contiguous(v0)
     args, n_first = _chain_inputs(g, device)
     k0.view(torch.uint8)[:, n_first - T : S - 300] = 0x7F  # slots the first write must overwrite
     v0.view(torch.uint8)[:, n_first - T : S - 300] = 0x7F
