@@ -61,6 +61,14 @@ def _etag(body: bytes) -> str:
     return '"' + hashlib.sha256(body).hexdigest()[:24] + '"'
 
 
+def _known(name: str) -> None:
+    """404 naming the valid switches unless ``name`` is one."""
+    try:
+        check_name(name)
+    except SwitchError as e:
+        raise HTTPException(404, detail=str(e)) from e
+
+
 def _matches(if_none_match: str | None, etag: str) -> bool:
     if not if_none_match:
         return False
@@ -117,10 +125,7 @@ def history(
     changed: bool | None = None,
 ) -> dict[str, Any]:
     if name is not None:
-        try:
-            check_name(name)
-        except SwitchError as e:
-            raise HTTPException(404, detail=str(e)) from e
+        _known(name)
     rows = get_switchboard(store).history(name=name, source=source, changed=changed, start=tr.start, end=tr.end,
                                           limit=page.limit, offset=page.offset)
     return {"decisions": rows, "limit": page.limit, "offset": page.offset}
@@ -129,10 +134,7 @@ def history(
 @router.put("/{name}")
 def put_switch(name: str, body: SwitchWrite, store: StoreDep, settings: SettingsDep,
                _admin: AdminDep) -> dict[str, Any]:
-    try:
-        check_name(name)
-    except SwitchError as e:
-        raise HTTPException(404, detail=str(e)) from e
+    _known(name)
     board = get_switchboard(store, settings.switch_cache_s)
     try:
         d = board.set(name, body.value, body.scope, actor=body.who, reason=body.why, source="api")
@@ -145,10 +147,7 @@ def put_switch(name: str, body: SwitchWrite, store: StoreDep, settings: Settings
 def clear_switch(name: str, body: SwitchClear, store: StoreDep, settings: SettingsDep,
                  _admin: AdminDep) -> dict[str, Any]:
     """Remove a scope's own rule (the switch inherits again); a no-op (recorded) when there is none."""
-    try:
-        check_name(name)
-    except SwitchError as e:
-        raise HTTPException(404, detail=str(e)) from e
+    _known(name)
     board = get_switchboard(store, settings.switch_cache_s)
     try:
         d = board.clear(name, body.scope, actor=body.who, reason=body.why)
