@@ -269,6 +269,15 @@ class KVCache:
     def update(self, b: int, k_new: torch.Tensor, v_new: torch.Tensor) -> Window:
         raise NotImplementedError
 
+    def _write(self, b: int, k_new: torch.Tensor, v_new: torch.Tensor, rope: bool):
+        """Block b's new K (RoPE'd when ``rope``) and V into the step's slots, the scales calibrated on
+        first use: (window size after the step, k_scale, v_scale) for the caller's Window."""
+        self.calibrate(b, k_new, v_new)
+        ks, vs = self.k_scale[b], self.v_scale[b]
+        self.ops.write_kv(k_new, v_new, self.positions, self.cos, self.sin, self._slots, ks, vs, self.k[b], self.v[b],
+                          rope)
+        return self.book.window_after, ks, vs
+
     def end_step(self) -> None:
         self.book.commit()
 
@@ -355,11 +364,7 @@ class PlainCache(KVCache):
         return did_reset
 
     def update(self, b: int, k_new: torch.Tensor, v_new: torch.Tensor) -> Window:
-        n = self.book.window_after
-        self.calibrate(b, k_new, v_new)
-        ks, vs = self.k_scale[b], self.v_scale[b]
-        self.ops.write_kv(k_new, v_new, self.positions, self.cos, self.sin, self._slots, ks, vs, self.k[b], self.v[b],
-                          self.rope_at_write)
+        n, ks, vs = self._write(b, k_new, v_new, self.rope_at_write)
         if self.fp8_store:
             return Window(self.k[b], self.v[b], ks, vs, n)
         rope = not self.rope_at_write
@@ -394,11 +399,7 @@ class RingCache(KVCache):
         return did_reset
 
     def update(self, b: int, k_new: torch.Tensor, v_new: torch.Tensor) -> Window:
-        n = self.book.window_after
-        self.calibrate(b, k_new, v_new)
-        ks, vs = self.k_scale[b], self.v_scale[b]
-        self.ops.write_kv(k_new, v_new, self.positions, self.cos, self.sin, self._slots, ks, vs, self.k[b], self.v[b],
-                          True)
+        n, ks, vs = self._write(b, k_new, v_new, rope=True)
         if self.fp8_store or not self.fp8_read:
             return Window(self.k[b], self.v[b], ks if self.fp8_store else None, vs if self.fp8_store else None, n)
         k, v, ks, vs = self.ops.reread(self.k[b], self.v[b], n, None, None, True, False)  # re-quantize per read
