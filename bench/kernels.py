@@ -157,7 +157,11 @@ def bench_upkeep(calls: int, blocks: int, dev) -> dict:
         row("upkeep", f"triton kv one launch, {bt} tokens x {hh} heads: graph [ms/step]", ms)
     # the worker's layout with the Triton kernels: V keys-contiguous (fp8_attention.v_layout)
     vk = [attn.v_layout(H, S, D, device=dev) for _ in range(blocks)]
-    for bt, hh in ((16, 2), (32, 2), (32, 1), (64, 1)):  # the default first
+    rope_fp8_write_kv(k_new[0], v_new[0], pos, slots, ks, vs, kc[0], vk[0])
+    rope_fp8_write(v_new[0], pos, slots, vs, vr, apply_rope=False)
+    mism = (vk[0].view(torch.uint8) != vr.view(torch.uint8)).float().mean().item()
+    row("upkeep", "check: keys-contiguous V bytes differing from the [H,S,D] write", mism)
+    for bt, hh in ((16, 2), (8, 2), (16, 1), (32, 2), (32, 1)):  # the default first
         cfg = {"BLOCK_T": bt, "HEADS": hh, "num_warps": 4}
 
         def tiles_keys(i, cfg=cfg):
@@ -169,7 +173,11 @@ def bench_upkeep(calls: int, blocks: int, dev) -> dict:
         try:
             ms = graph_ms(tiles_keys, calls)
             out[f"kv keys-V tiles {bt}x{hh} graph"] = ms
-            row("upkeep", f"triton kv one launch, V keys-contiguous, {bt} tokens x {hh} heads: graph [ms/step]", ms)
+            row(
+                "upkeep",
+                f"triton kv one launch, V keys-contiguous, {bt} tokens x {hh} heads: graph [ms/step]",
+                ms,
+            )
         except Exception as e:  # noqa: BLE001
             row("upkeep", f"kv keys-V tiles {bt}x{hh}", None, repr(e)[:120])
     return out

@@ -14,11 +14,11 @@ import torch
 
 import kernels.fp8_attention as fa
 from kernels.delta_rotate import delta_rotate
-from kernels.fp8_attention import fp8_attention, to_keys_contiguous
+from kernels.fp8_attention import fp8_attention, rope_q_ref, to_keys_contiguous
 from kernels.rope_fp8_write import rope_fp8_write, rope_fp8_write_kv
 from tests.kernels.helpers import poisoned_cache, random_fp8_window, random_scale
 from tests.kernels.test_delta_rotate import test_matches_reference as _delta_case
-from tests.kernels.test_fp8_attention import MODES, check_attention
+from tests.kernels.test_fp8_attention import MODES, _inputs, _rope_tables, check_attention
 from tests.kernels.test_rope_fp8_write import _run_case as _rope_case
 from tests.kernels.test_rope_fp8_write import poisoned_keys_cache
 
@@ -43,6 +43,19 @@ def test_delta_rotate_prod_shape(spread, rng, device):
 @pytest.mark.parametrize("v_keys", [False, True], ids=["v_dims", "v_keys"])
 def test_fp8_attention_prod_shape(n_valid, mode, v_keys, rng, device):
     check_attention(H, T, S, D, n_valid, *mode, rng, device, MODES[mode], v_keys=v_keys)
+
+
+@pytest.mark.parametrize("v_keys", [False, True], ids=["v_dims", "v_keys"])
+def test_fp8_attention_rotating_queries_prod_shape(v_keys, rng, device):
+    """q_cos/q_sin at the prod shape: the output of attending with queries rotated beforehand, up to
+    the odd fp32 rounding (FMA) flip of a rotated query before its bf16/FP8 rounding."""
+    g, seed = rng
+    q, k, v, ks, vs = _inputs(H, T, S, D, S, g, device, v_keys)
+    cos, sin = _rope_tables(T, D, 40_000, device)
+    got = fp8_attention(q, k, v, ks, vs, S, q_cos=cos, q_sin=sin).double()
+    want = fp8_attention(rope_q_ref(q, cos, sin), k, v, ks, vs, S).double()
+    rel = ((got - want).norm() / want.norm()).item()
+    assert torch.isfinite(got).all() and rel <= 1e-3, f"rel {rel}: seed={seed} v_keys={v_keys}"
 
 
 def _cfg(bm, bn, w, st, tma=False):
@@ -77,13 +90,13 @@ class _Chain(torch.nn.Module):
             torch._dynamo.mark_static_address(t)  # caches live at fixed addresses (as in the worker)
         self.n_first, self.delta = n_first, delta
 
-    def forward(self, k1, v1, pos1, slots1, q1, k2, v2, pos2, slots2, q2, q3):
+    def forward(self, k1, v1, pos1, slots1, q1, k2, v2, pos2, slots2, q2, q3, cos2, sin2):
         kc, vc, ks, vs = self.k_cache, self.v_cache, self.k_scale, self.v_scale
         rope_fp8_write(k1, pos1, slots1, ks, kc)
         rope_fp8_write(v1, pos1, slots1, vs, vc, apply_rope=False)
         o1 = fp8_attention(q1, kc, vc, ks, vs, self.n_first)
         rope_fp8_write_kv(k2, v2, pos2, slots2, ks, vs, kc, vc)  # the one-launch K+V entry point
-        o2 = fp8_attention(q2, kc, vc, ks, vs, kc.shape[1])
+        o2 = fp8_attention(q2, kc, vc, ks, vs, kc.shape[1], q_cos=cos2, q_sin=sin2)  # queries rotated on load
         delta_rotate(kc, ks, self.delta)
         o3 = fp8_attention(q3, kc, vc, ks, vs, kc.shape[1])
         return o1, o2, o3
@@ -100,6 +113,7 @@ def _chain_inputs(g, device):
         q = torch.randn(H, T, D, generator=g, device=device).bfloat16()
         args += [k, v, pos, slots, q]
     args.append(torch.randn(H, T, D, generator=g, device=device).bfloat16())
+    args += _rope_tables(T, D, 30_000 + T, device)
     return args, n0 + T
 
 
