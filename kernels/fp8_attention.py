@@ -18,6 +18,8 @@ Per-row FP8 Q costs accuracy: on random data ~2.6% relative error vs the fp64 tr
 ``TMA``: K/V tiles through host TensorDescriptors over slots [0, n_valid) (zero fill, no load masks).
 Tried and dropped (slower on the H200 sweep, see docs/PERFORMANCE.md): split window (flash-decoding), half
 tiles with a polynomial exp2 on the FMA pipes, warp specialisation.
+``q_cos``/``q_sin`` (the step's RoPE tables): the queries are rotated as they load (``rope_q_ref``), so
+the worker's separate query-RoPE pass is gone.
 head_dim < 32 always takes the bf16 QK path (FP8 MMA needs K >= 32). ``fp8_attention_ref`` is plain
 torch in fp32; ``fp8_attention_lowp_ref`` models the kernel's precision (for the tests' error bound).
 """
@@ -189,6 +191,8 @@ def _fp8_attention_kernel(
     KSCALE,
     VSCALE,
     OUT,  # q [H,Tq,D] bf16; k, v [H,S,D] fp8; scales [H]; out [H,Tq,D] bf16
+    COS,
+    SIN,  # ROPE_Q: the queries' RoPE tables [Tq, D] fp32 (cos, rotate-half-signed sin), row stride D
     Tq,
     n_valid,
     qk_scale,  # qk_scale = sm_scale * log2(e)
@@ -208,6 +212,7 @@ def _fp8_attention_kernel(
     PV_FP8: tl.constexpr,
     V_KEYS: tl.constexpr,
     TMA: tl.constexpr,  # K, V are TensorDescriptors over slots [0, n_valid) (host-built)
+    ROPE_Q: tl.constexpr,  # rotate the queries on load (q*cos + roll(q, D/2)*sin, rounded to bf16)
     EXACT_ROUND: tl.constexpr,
 ):
     mb = tl.program_id(0)
@@ -217,9 +222,14 @@ def _fp8_attention_kernel(
     offs_d = tl.arange(0, D)
     offs_n0 = tl.arange(0, BLOCK_N)
     mmask = offs_m < Tq
-    q = tl.load(
-        Q + h * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :], mask=mmask[:, None], other=0.0
-    )
+    q_ptr = Q + h * stride_qh + offs_m[:, None] * stride_qt
+    q = tl.load(q_ptr + offs_d[None, :], mask=mmask[:, None], other=0.0)
+    if ROPE_Q:  # the roll is a second load of the tile at rotated offsets (from L1/L2)
+        q_roll = tl.load(q_ptr + ((offs_d + D // 2) % D)[None, :], mask=mmask[:, None], other=0.0)
+        t_off = offs_m[:, None] * D + offs_d[None, :]
+        cos = tl.load(COS + t_off, mask=mmask[:, None], other=0.0)
+        sin = tl.load(SIN + t_off, mask=mmask[:, None], other=0.0)
+        q = to_bf16(q.to(tl.float32) * cos + q_roll.to(tl.float32) * sin, EXACT_ROUND)
     c = tl.cast(qk_scale, tl.float32) * tl.load(KSCALE + h)  # scalars may arrive as fp64 under inductor
     if QK_FP8:
         qf = q.to(tl.float32)
@@ -294,7 +304,19 @@ def _config(Tq: int, D: int, v_cache: torch.Tensor | None = None) -> dict:
 
 
 def _launch(
-    q, k_cache, v_cache, k_scale, v_scale, n_valid, sm_scale, qk_fp8, pv_fp8, wrap=lambda k: k, cfg=None
+    q,
+    k_cache,
+    v_cache,
+    k_scale,
+    v_scale,
+    n_valid,
+    sm_scale,
+    qk_fp8,
+    pv_fp8,
+    wrap=lambda k: k,
+    cfg=None,
+    q_cos=None,
+    q_sin=None,
 ):
     """Launch the kernel; ``cfg`` overrides the tiles (bench/kernels.py sweeps them, tests pin them)."""
     H, Tq, D = q.shape
@@ -326,6 +348,8 @@ def _launch(
         k_scale,
         v_scale,
         out,
+        q if q_cos is None else q_cos,
+        q if q_sin is None else q_sin,
         Tq,
         n_valid,
         sm_scale * LOG2E,
@@ -343,6 +367,7 @@ def _launch(
         PV_FP8=pv_fp8,
         V_KEYS=v_keys,
         TMA=tma,
+        ROPE_Q=q_cos is not None,
         EXACT_ROUND=interpreting(),
         **cfg,
     )
@@ -360,6 +385,8 @@ def _fp8_attention_op(
     sm_scale: float,
     qk_fp8: bool,
     pv_fp8: bool,
+    q_cos: torch.Tensor | None = None,
+    q_sin: torch.Tensor | None = None,
 ) -> torch.Tensor:
     return _launch(
         q,
@@ -372,6 +399,8 @@ def _fp8_attention_op(
         qk_fp8,
         pv_fp8,
         wrap=torch.library.wrap_triton,
+        q_cos=q_cos,
+        q_sin=q_sin,
     )
 
 
@@ -385,16 +414,40 @@ def fp8_attention(
     sm_scale: float | None = None,
     qk_fp8: bool = True,
     pv_fp8: bool | None = None,
+    q_cos: torch.Tensor | None = None,
+    q_sin: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of q [H,Tq,D] bf16 over k/v [H,S,D] fp8 slots [0, n_valid) -> [H,Tq,D] bf16.
 
-    v may be head_dim-contiguous or keys-contiguous (``v_layout``); ``pv_fp8=None``: ``TUNED``'s choice."""
+    v may be head_dim-contiguous or keys-contiguous (``v_layout``); ``pv_fp8=None``: ``TUNED``'s choice.
+    ``q_cos``, ``q_sin`` [Tq, D] fp32 (the tables of ``rope_q_ref``): the queries are rotated in the
+    kernel as they load (same values as attending with ``rope_q_ref(q, q_cos, q_sin)``, one pass less)."""
     _check(q, k_cache, v_cache, k_scale, v_scale, n_valid)
+    _check_rope_tables(q, q_cos, q_sin)
     sm = float(sm_scale) if sm_scale is not None else 1.0 / math.sqrt(q.shape[-1])
     pv = bool(_tuned(v_cache)["pv_fp8"]) if pv_fp8 is None else bool(pv_fp8)
     if torch.compiler.is_compiling():
-        return torch.ops.livestep.fp8_attention(q, k_cache, v_cache, k_scale, v_scale, n_valid, sm, qk_fp8, pv)
-    return _launch(q, k_cache, v_cache, k_scale, v_scale, n_valid, sm, qk_fp8, pv)
+        return torch.ops.livestep.fp8_attention(
+            q, k_cache, v_cache, k_scale, v_scale, n_valid, sm, qk_fp8, pv, q_cos, q_sin
+        )
+    return _launch(q, k_cache, v_cache, k_scale, v_scale, n_valid, sm, qk_fp8, pv, q_cos=q_cos, q_sin=q_sin)
+
+
+def _check_rope_tables(q, q_cos, q_sin) -> None:
+    if q_cos is None and q_sin is None:
+        return
+    Tq, D = q.shape[1], q.shape[2]
+    assert q_cos is not None and q_sin is not None, "q_cos and q_sin go together"
+    for name, t in (("q_cos", q_cos), ("q_sin", q_sin)):
+        assert t.shape == (Tq, D) and t.dtype == torch.float32 and t.is_contiguous(), (
+            f"{name}: {tuple(t.shape)} {t.dtype}; valid: contiguous fp32 [{Tq}, {D}]"
+        )
+
+
+def rope_q_ref(q: torch.Tensor, q_cos: torch.Tensor, q_sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE with tables (cos, sin with the first half negated) [T, D]: fp32 math, q's dtype."""
+    qf = q.float()
+    return (qf * q_cos + qf.roll(q.shape[-1] // 2, dims=-1) * q_sin).to(q.dtype)
 
 
 def fp8_attention_ref(

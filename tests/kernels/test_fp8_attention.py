@@ -15,6 +15,7 @@ from kernels.fp8_attention import (
     fp8_attention,
     fp8_attention_lowp_ref,
     fp8_attention_ref,
+    rope_q_ref,
     to_keys_contiguous,
 )
 from tests.kernels.helpers import NAN_FP8, max_err, random_fp8_window, random_scale
@@ -105,3 +106,36 @@ def test_default_precision_follows_the_v_layout(rng, device):
         q, k, v, ks, vs = _inputs(2, 13, 50, 32, 44, g, device, v_keys)
         want = fp8_attention(q, k, v, ks, vs, 44, pv_fp8=TUNED[key]["pv_fp8"])
         assert torch.equal(fp8_attention(q, k, v, ks, vs, 44), want), f"seed={seed} v_keys={v_keys}"
+
+
+def _rope_tables(Tq, D, start, device):
+    """Rotate-half tables (cos, sin with the first half negated) [Tq, D] fp32 at positions start + t."""
+    inv = 10000.0 ** (-torch.arange(0, D, 2, dtype=torch.float64, device=device) / D)
+    ang = torch.arange(start, start + Tq, dtype=torch.float64, device=device)[:, None] * inv[None, :]
+    ang = torch.cat([ang, ang], dim=-1)
+    h = D // 2
+    sin = ang.sin()
+    return ang.cos().float(), torch.cat([-sin[:, :h], sin[:, h:]], dim=-1).float()
+
+
+@pytest.mark.parametrize("H,Tq,S,D,n_valid", [(3, 37, 50, 32, 41), (2, 9, 20, 64, 20)])
+@pytest.mark.parametrize("v_keys", [False, True], ids=["v_dims", "v_keys"])
+def test_queries_rotated_in_the_kernel_equal_rotated_queries(H, Tq, S, D, n_valid, v_keys, rng, device):
+    """q_cos/q_sin: the same output as attending with queries rotated beforehand by ``rope_q_ref``."""
+    g, seed = rng
+    q, k, v, ks, vs = _inputs(H, Tq, S, D, n_valid, g, device, v_keys)
+    cos, sin = _rope_tables(Tq, D, int(torch.randint(0, 30_000, (1,), generator=g)), device)
+    got = fp8_attention(q, k, v, ks, vs, n_valid, q_cos=cos, q_sin=sin)
+    want = fp8_attention(rope_q_ref(q, cos, sin), k, v, ks, vs, n_valid)
+    assert not torch.equal(rope_q_ref(q, cos, sin), q), "the tables must rotate"
+    assert torch.equal(got, want), f"seed={seed} v_keys={v_keys}"
+
+
+def test_rope_tables_are_checked(rng, device):
+    g, _ = rng
+    q, k, v, ks, vs = _inputs(2, 8, 16, 32, 16, g, device)
+    cos, sin = _rope_tables(8, 32, 0, device)
+    with pytest.raises(AssertionError, match="go together"):
+        fp8_attention(q, k, v, ks, vs, 16, q_cos=cos)
+    with pytest.raises(AssertionError, match=r"valid: contiguous fp32 \[8, 32\]"):
+        fp8_attention(q, k, v, ks, vs, 16, q_cos=cos[:4], q_sin=sin[:4])
