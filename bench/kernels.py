@@ -328,6 +328,23 @@ def bench_attention(dev, budget_s: float = 160.0) -> dict:
         except Exception as e:  # noqa: BLE001 - report and keep sweeping
             row("attention", name, None, f"failed: {repr(e)[:200]}")
     out["best"] = {k: {"ms": b[0], "name": b[1], "tuned": {"pv_fp8": b[3], **b[2]}} for k, b in best.items()}
+    # the worker's call: the queries' RoPE folded into the kernel's Q load (q_cos/q_sin) vs rotated before
+    try:
+        inv = 10000.0 ** (-torch.arange(0, D, 2, dtype=torch.float64, device=dev) / D)
+        ang = torch.arange(20_000, 20_000 + T, device=dev, dtype=torch.float64)[:, None] * inv[None, :]
+        ang = torch.cat([ang, ang], -1)
+        cos, sin = ang.cos().float(), torch.cat([-ang.sin()[:, : D // 2], ang.sin()[:, D // 2 :]], -1).float()
+        fold = lambda: attn.fp8_attention(q, kc, vk, ks, vs, S, q_cos=cos, q_sin=sin)
+        rope_then = lambda: attn.fp8_attention(attn.rope_q_ref(q, cos, sin), kc, vk, ks, vs, S)
+        a, b = fold().double(), rope_then().double()
+        rel = ((a - b).norm() / b.norm()).item()
+        for name, fn in (("keys default, queries rotated on load (q_cos/q_sin)", fold),
+                         ("keys default after rope_q_ref (torch ops, eager)", rope_then)):  # fmt: skip
+            ms = fast_ms(fn)
+            out[name] = ms
+            row("attention", f"{name} [us/call]", ms * 1e3, f"rel.diff on-load vs before {rel:.1e}")
+    except Exception as e:  # noqa: BLE001
+        row("attention", "queries rotated on load", None, f"failed: {repr(e)[:200]}")
     return out
 
 
