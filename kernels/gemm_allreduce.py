@@ -809,6 +809,15 @@ def _max_tiles(m: int, n: int, min_tile: int = _MIN_TILE) -> int:
     return triton.cdiv(m, min_tile) * triton.cdiv(n, min_tile)
 
 
+def _pointer_table(tensors: list[torch.Tensor], device) -> torch.Tensor:
+    """int64 [n] of the tensors' addresses on ``device``; on CUDA copied from pinned memory without a
+    host sync (the worker's step loop creates the steady shape's buffer: no sync allowed there)."""
+    host = torch.tensor([t.data_ptr() for t in tensors], dtype=torch.int64)
+    if torch.device(device).type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
+
+
 def emulated_workspaces(
     world: int, m: int, n: int, device="cpu", min_tile: int = 16
 ) -> list[SymmetricWorkspace]:
@@ -818,8 +827,7 @@ def emulated_workspaces(
         torch.zeros((2, world, _max_tiles(m, n, min_tile)), dtype=torch.int64, device=device)
         for _ in range(world)
     ]
-    slot_ptrs = torch.tensor([s.data_ptr() for s in slots], dtype=torch.int64, device=device)
-    flag_ptrs = torch.tensor([f.data_ptr() for f in flags], dtype=torch.int64, device=device)
+    slot_ptrs, flag_ptrs = _pointer_table(slots, device), _pointer_table(flags, device)
     return [
         SymmetricWorkspace(r, world, m, n, slots[r], flags[r], slot_ptrs, flag_ptrs,
                            torch.ones(1, dtype=torch.int64, device=device))
