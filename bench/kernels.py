@@ -143,7 +143,7 @@ def bench_upkeep(calls: int, blocks: int, dev) -> dict:
             row("upkeep", f"{name}: one CUDA graph of {calls} calls [ms/step]", ms)
         except Exception as e:  # noqa: BLE001
             row("upkeep", f"{name} graph", None, repr(e)[:120])
-    for bt, hh in ((8, 2), (16, 1), (8, 4), (32, 2)):  # other tiles than the default (16 x 2)
+    for bt, hh in ((8, 2), (16, 1), (8, 4), (16, 4), (32, 2)):  # other tiles than the default (16 x 2)
         cfg = {"BLOCK_T": bt, "HEADS": hh, "num_warps": 4}
 
         def tiles(i, cfg=cfg):
@@ -161,7 +161,7 @@ def bench_upkeep(calls: int, blocks: int, dev) -> dict:
     rope_fp8_write(v_new[0], pos, slots, vs, vr, apply_rope=False)
     mism = (vk[0].view(torch.uint8) != vr.view(torch.uint8)).float().mean().item()
     row("upkeep", "check: keys-contiguous V bytes differing from the [H,S,D] write", mism)
-    for bt, hh in ((16, 2), (8, 2), (16, 1), (32, 2), (32, 1)):  # the default first
+    for bt, hh in ((16, 2), (8, 2), (8, 4), (16, 1), (16, 4), (32, 1)):  # the default first
         cfg = {"BLOCK_T": bt, "HEADS": hh, "num_warps": 4}
 
         def tiles_keys(i, cfg=cfg):

@@ -6,10 +6,8 @@ torch path does in several ops: cache[h, slots[t]] = fp8(clamp(rope(x[h, t], pos
 ``rope_fp8_write_ref`` is the same in plain torch (fp32). cos/sin depend only on (token, frequency), so
 each program computes them once for a block of tokens and reuses them across several heads.
 A cache may be head_dim-contiguous ([H,S,D] storage) or keys-contiguous (slot stride 1, the FP8 P@V
-layout of ``kernels.fp8_attention.v_layout``). There the tokens on the run slots[0] + t (mod S) -- every
-write of the worker's ring -- are stored by slot blocks aligned to BLOCK_T (each program gathers the
-tokens of its slots), so whole blocks store 16-byte vectors along the slots instead of single bytes;
-only the run's two edge blocks store byte-masked, and tokens off the run (arbitrary slots) are scattered.
+layout of ``kernels.fp8_attention.v_layout``): there a block's run of consecutive slots is stored as
+one token-major tile (coalesced), and the few tokens off the run (a ring wrap) are scattered.
 Works eagerly, under ``torch.compile`` (a ``torch.library.triton_op``) and on CPU with TRITON_INTERPRET=1.
 """
 
@@ -32,108 +30,63 @@ from kernels.rope import (
 
 
 @triton.jit
-def _load_quant(
-    X,
+def _load_rows(X, hh, t, m3, i, stride_xh, stride_xt, HALF: tl.constexpr):
+    """Both halves of rows t of heads hh: [HEADS, BLOCK_T, HALF] each (masked rows read as zeros)."""
+    ptr = X + hh[:, None, None] * stride_xh + t[None, :, None].to(tl.int64) * stride_xt + i[None, None, :]
+    return tl.load(ptr, mask=m3, other=0.0), tl.load(ptr + HALF, mask=m3, other=0.0)
+
+
+@triton.jit
+def _quant_store(
+    x1,
+    x2,
     SCALE,
-    h,
-    tok,
-    mask,
+    CACHE,
+    hh,
+    m3,
+    slot,
+    lin,
+    run,
     i,
     c,
     s,
-    stride_xh,
-    stride_xt,
+    stride_ch,
+    stride_cs,
+    stride_cd,
     ROPE: tl.constexpr,
+    SLOTS_CONTIG: tl.constexpr,
     EXACT_ROUND: tl.constexpr,
     HALF: tl.constexpr,
 ):
-    """Rows ``tok`` of head h: load both halves, rotate (cos/sin given) when ROPE, quantize -> (q1, q2)."""
-    x_ptr = X + h * stride_xh + tok[:, None].to(tl.int64) * stride_xt + i[None, :]
-    x1 = tl.load(x_ptr, mask=mask[:, None], other=0.0).to(tl.float32)
-    x2 = tl.load(x_ptr + HALF, mask=mask[:, None], other=0.0).to(tl.float32)
+    """Rotate (cos/sin given) when ROPE, quantize with the heads' scales, store to the ring slots.
+
+    SLOTS_CONTIG (cache slot stride 1): tokens whose slot is lin (the block's first slot + token index,
+    ``run``) are stored through lin, which the compiler sees as contiguous; the rest through slot."""
+    x1 = x1.to(tl.float32)
+    x2 = x2.to(tl.float32)
     if ROPE:
         y1 = x1 * c - x2 * s
         y2 = x2 * c + x1 * s
     else:
         y1 = x1
         y2 = x2
-    scale = tl.load(SCALE + h)
-    return to_fp8_saturating(y1 / scale, EXACT_ROUND), to_fp8_saturating(y2 / scale, EXACT_ROUND)
-
-
-@triton.jit
-def _cos_sin(POS, tok, mask, i, freq_exp, ROPE: tl.constexpr, BLOCK_T: tl.constexpr, HALF: tl.constexpr):
-    """cos/sin of the rows' angles pos[tok] * inv_freq[i] (fp32), zeros when not ROPE."""
-    if ROPE:
-        pos = tl.load(POS + tok, mask=mask, other=0).to(tl.float32)
-        angle = pos[:, None] * tl.exp2(i.to(tl.float32) * -tl.cast(freq_exp, tl.float32))[None, :]
-        return tl.cos(angle), tl.sin(angle)
+    scale = tl.load(SCALE + hh)[:, None, None]
+    q1 = to_fp8_saturating(y1 / scale, EXACT_ROUND)
+    q2 = to_fp8_saturating(y2 / scale, EXACT_ROUND)
+    base = CACHE + hh[:, None, None] * stride_ch
+    if SLOTS_CONTIG:
+        c_run = base + lin[None, :, None] + i[None, None, :] * stride_cd
+        c_any = base + slot[None, :, None] + i[None, None, :] * stride_cd
+        on_run = m3 & run[None, :, None]
+        off_run = m3 & (run == 0)[None, :, None]
+        tl.store(c_run, q1, mask=on_run)
+        tl.store(c_run + HALF * stride_cd, q2, mask=on_run)
+        tl.store(c_any, q1, mask=off_run)
+        tl.store(c_any + HALF * stride_cd, q2, mask=off_run)
     else:
-        z = tl.zeros([BLOCK_T, HALF], dtype=tl.float32)
-        return z, z
-
-
-@triton.jit
-def _write_tensor(
-    X,
-    SCALE,
-    CACHE,
-    POS,
-    SLOT,
-    h,
-    hmask,
-    t,
-    tmask,
-    slot,
-    run,
-    s_blk,
-    tok_blk,
-    ok_blk,
-    full_blk,
-    i,
-    c,
-    s,
-    freq_exp,
-    stride_xh,
-    stride_xt,
-    stride_ch,
-    stride_cs,
-    stride_cd,
-    ROPE: tl.constexpr,
-    KEYS: tl.constexpr,
-    EXACT_ROUND: tl.constexpr,
-    HALF: tl.constexpr,
-    BLOCK_T: tl.constexpr,
-):
-    """One head of one tensor (K or V). head_dim-contiguous cache: the token block's rows to their slots.
-    Keys-contiguous cache (KEYS): the slot block's run tokens stored along the slots (unmasked, 16-byte
-    aligned vectors when the whole block is run; byte-masked at the run's edges), then the token block's
-    tokens off the run (arbitrary slots) scattered."""
-    base = CACHE + h * stride_ch
-    if KEYS:
-        ok = ok_blk & hmask
-        cb, sb = _cos_sin(POS, tok_blk, ok, i, freq_exp, ROPE, BLOCK_T, HALF)
-        q1, q2 = _load_quant(
-            X, SCALE, h, tok_blk, ok, i, cb, sb, stride_xh, stride_xt, ROPE, EXACT_ROUND, HALF
-        )
-        c_blk = base + s_blk[:, None] + i[None, :] * stride_cd
-        if full_blk & (tl.min(hmask.to(tl.int32), axis=0) == 1):
-            tl.store(c_blk, q1)
-            tl.store(c_blk + HALF * stride_cd, q2)
-        else:
-            tl.store(c_blk, q1, mask=ok[:, None])
-            tl.store(c_blk + HALF * stride_cd, q2, mask=ok[:, None])
-        off = tmask & hmask & (run == 0)
-        q1, q2 = _load_quant(X, SCALE, h, t, off, i, c, s, stride_xh, stride_xt, ROPE, EXACT_ROUND, HALF)
-        c_any = base + slot[:, None] + i[None, :] * stride_cd
-        tl.store(c_any, q1, mask=off[:, None])
-        tl.store(c_any + HALF * stride_cd, q2, mask=off[:, None])
-    else:
-        m = tmask & hmask
-        q1, q2 = _load_quant(X, SCALE, h, t, m, i, c, s, stride_xh, stride_xt, ROPE, EXACT_ROUND, HALF)
-        c_ptr = base + slot[:, None] * stride_cs + i[None, :]
-        tl.store(c_ptr, q1, mask=m[:, None])
-        tl.store(c_ptr + HALF, q2, mask=m[:, None])
+        c_ptr = base + slot[None, :, None] * stride_cs + i[None, None, :]
+        tl.store(c_ptr, q1, mask=m3)
+        tl.store(c_ptr + HALF, q2, mask=m3)
 
 
 @triton.jit
@@ -148,7 +101,6 @@ def _rope_fp8_write_kernel(
     SLOT,  # positions, slots [T] int64
     T,
     H,
-    S,  # ring slots (cache.shape[1])
     stride_xh,
     stride_xt,
     stride_ch,
@@ -162,101 +114,47 @@ def _rope_fp8_write_kernel(
     freq_exp,  # 2*log2(base)/D: inv_freq[i] = 2**(-i*freq_exp)
     APPLY_ROPE: tl.constexpr,
     HAS_SECOND: tl.constexpr,
-    CONTIG: tl.constexpr,  # cache slots contiguous (stride 1): keys-contiguous layout
+    CONTIG: tl.constexpr,  # cache slots contiguous (stride 1)
     CONTIG2: tl.constexpr,
     EXACT_ROUND: tl.constexpr,
     HALF: tl.constexpr,
     BLOCK_T: tl.constexpr,
     HEADS: tl.constexpr,
 ):
-    # program p: token block p (tokens p*BLOCK_T + j) and, for keys-contiguous caches, slot block p of the
-    # run slots[0] + t (mod S) in BLOCK_T-aligned slot space (the grid has two programs more for the
-    # alignment and the ring wrap); x HEADS heads. cos/sin depend on (token, freq): computed once here.
-    p = tl.program_id(0)
-    t = p * BLOCK_T + tl.arange(0, BLOCK_T)
+    # program: BLOCK_T tokens x HEADS heads as [HEADS, BLOCK_T, HALF] tiles. Every load is issued first
+    # (a store may alias a later load for the compiler, so loads after a store would wait for it: one
+    # memory round trip per head); cos/sin depend on (token, freq) only: computed once here.
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     tmask = t < T
     i = tl.arange(0, HALF)
+    hh = tl.program_id(1) * HEADS + tl.arange(0, HEADS)
+    hmask = hh < H
+    hh = tl.where(hmask, hh, 0).to(tl.int64)  # a head past H reads head 0 and stores nothing
+    m3 = hmask[:, None, None] & tmask[None, :, None]
+    k1, k2 = _load_rows(X, hh, t, m3, i, stride_xh, stride_xt, HALF)
+    if HAS_SECOND:
+        v1, v2 = _load_rows(X2, hh, t, m3, i, stride_x2h, stride_x2t, HALF)
     slot = tl.load(SLOT + t, mask=tmask, other=0).to(tl.int64)
-    slot0 = tl.load(SLOT).to(tl.int64)
-    lin = slot0 + t
-    run = slot == tl.where(lin >= S, lin - S, lin)  # token on the run slots[0] + t (mod S)
-    c, s = _cos_sin(POS, t, tmask, i, freq_exp, APPLY_ROPE, BLOCK_T, HALF)
-    # the slot block: BLOCK_T-aligned slots from slots[0] up to S, then from 0 (the wrap)
-    a0 = (slot0 // BLOCK_T) * BLOCK_T
-    n1 = (S - a0 + BLOCK_T - 1) // BLOCK_T
-    s_blk = tl.where(p < n1, a0 + p * BLOCK_T, (p - n1) * BLOCK_T) + tl.arange(0, BLOCK_T)
-    tok_blk = s_blk - slot0
-    tok_blk = tl.where(tok_blk < 0, tok_blk + S, tok_blk)
-    ok_blk = (s_blk < S) & (tok_blk < T)
-    on = tl.load(SLOT + tok_blk, mask=ok_blk, other=-1) == s_blk  # the run token's slot really is s_blk
-    ok_blk = ok_blk & on
-    full_blk = tl.min(ok_blk.to(tl.int32), axis=0) == 1
-    for j in tl.static_range(HEADS):
-        h = (tl.program_id(1) * HEADS + j).to(tl.int64)
-        hmask = (t * 0 + h) < H  # a vector mask (the interpreter rejects a scalar one)
-        _write_tensor(
-            X,
-            SCALE,
-            CACHE,
-            POS,
-            SLOT,
-            h,
-            hmask,
-            t,
-            tmask,
-            slot,
-            run,
-            s_blk,
-            tok_blk,
-            ok_blk,
-            full_blk,
-            i,
-            c,
-            s,
-            freq_exp,
-            stride_xh,
-            stride_xt,
-            stride_ch,
-            stride_cs,
-            stride_cd,
-            APPLY_ROPE,
-            CONTIG,
-            EXACT_ROUND,
-            HALF,
-            BLOCK_T,
-        )
-        if HAS_SECOND:
-            _write_tensor(
-                X2,
-                SCALE2,
-                CACHE2,
-                POS,
-                SLOT,
-                h,
-                hmask,
-                t,
-                tmask,
-                slot,
-                run,
-                s_blk,
-                tok_blk,
-                ok_blk,
-                full_blk,
-                i,
-                c,
-                s,
-                freq_exp,
-                stride_x2h,
-                stride_x2t,
-                stride_c2h,
-                stride_c2s,
-                stride_c2d,
-                False,
-                CONTIG2,
-                EXACT_ROUND,
-                HALF,
-                BLOCK_T,
-            )
+    lin = tl.load(SLOT + tl.program_id(0) * BLOCK_T).to(tl.int64) + tl.arange(0, BLOCK_T)  # the block's run
+    run = slot == lin
+    if APPLY_ROPE:
+        pos = tl.load(POS + t, mask=tmask, other=0).to(tl.float32)
+        inv_freq = tl.exp2(i.to(tl.float32) * -tl.cast(freq_exp, tl.float32))
+        angle = (pos[:, None] * inv_freq[None, :])[None, :, :]
+        c = tl.cos(angle)
+        s = tl.sin(angle)
+    else:
+        c = tl.zeros([1, BLOCK_T, HALF], dtype=tl.float32)
+        s = c
+    _quant_store(
+        k1, k2, SCALE, CACHE, hh, m3, slot, lin, run, i, c, s, stride_ch, stride_cs, stride_cd,
+        APPLY_ROPE, CONTIG, EXACT_ROUND, HALF,
+    )  # fmt: skip
+    if HAS_SECOND:
+        _quant_store(
+            v1, v2, SCALE2, CACHE2, hh, m3, slot, lin, run, i, c, s, stride_c2h, stride_c2s, stride_c2d,
+            False, CONTIG2, EXACT_ROUND, HALF,
+        )  # fmt: skip
 
 
 def _check(x, positions, slots, scale, cache) -> None:
@@ -307,9 +205,7 @@ def _launch(
     cfg = cfg or _config(T, D)
     second = v is not None
     v, v_scale, v_cache = (v, v_scale, v_cache) if second else (x, scale, cache)
-    keys = keys_contiguous(cache) or keys_contiguous(v_cache)
-    # keys-contiguous: slot blocks may number two more than token blocks (alignment, ring wrap)
-    grid = (triton.cdiv(T, cfg["BLOCK_T"]) + (2 if keys else 0), triton.cdiv(H, cfg["HEADS"]))
+    grid = (triton.cdiv(T, cfg["BLOCK_T"]), triton.cdiv(H, cfg["HEADS"]))
     wrap(_rope_fp8_write_kernel)[grid](
         x,
         scale,
@@ -321,7 +217,6 @@ def _launch(
         slots,
         T,
         H,
-        cache.shape[1],
         x.stride(0),
         x.stride(1),
         cache.stride(0),
