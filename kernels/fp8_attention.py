@@ -44,7 +44,6 @@ from kernels.rope import (
 )
 
 LOG2E = 1.4426950408889634
-LAZY_TAU: tl.constexpr = tl.constexpr(0.75)  # lazy rescaling: p <= 2**8.75 = 430 < 448 (FP8 P)
 SLOT_PAD = 16  # keys-contiguous V: slot stride padded to 16 bytes so every head_dim row loads 16 B vectors
 
 # The launch choice on Hopper per V layout: bench/kernels.py --only attention sweeps the variants and
@@ -109,14 +108,9 @@ def _attn_block(
     PV_FP8: tl.constexpr,
     V_KEYS: tl.constexpr,
     TMA: tl.constexpr,
-    LAZY: tl.constexpr,
     EXACT_ROUND: tl.constexpr,
 ):
-    """One BLOCK_N tile of slots [start, start + BLOCK_N) (masked to < hi when MASKED).
-
-    LAZY: the running max (and the rescale of acc and l) moves only when some row's max grew by more
-    than LAZY_TAU; otherwise p is taken against the stale max, so p <= 2**(8 + LAZY_TAU) < 448 still fits
-    FP8 (FA4's conditional rescaling: after the first tiles the acc multiply is mostly skipped)."""
+    """One BLOCK_N tile of slots [start, start + BLOCK_N) (masked to < hi when MASKED)."""
     offs_n = start + offs_n0
     k, v = _load_kv(
         k_base, v_base, h32, start, offs_n0, hi, stride_ks, stride_vs, stride_vd, offs_d, MASKED, V_KEYS, TMA
@@ -128,27 +122,15 @@ def _attn_block(
     qk = tl.dot(q, tl.trans(k))  # [M, N] fp32 raw codes; row_c (> 0) folds all scales and log2(e)
     if MASKED:
         qk = tl.where(nmask[None, :], qk, float("-inf"))
-    row_max = tl.max(qk, 1) * row_c
-    if LAZY:
-        if tl.max(row_max - m_i, 0) > LAZY_TAU:  # block-uniform: rescale only when a max grew enough
-            m_new = tl.maximum(m_i, row_max)
-            alpha = tl.math.exp2(m_i - m_new)
-            acc = acc * alpha[:, None]
-            l_i = l_i * alpha
-            m_i = m_new
-        m_new = m_i
-    else:
-        m_new = tl.maximum(m_i, row_max)
-        alpha = tl.math.exp2(m_i - m_new)
-        acc = acc * alpha[:, None]
-        l_i = l_i * alpha
+    m_new = tl.maximum(m_i, tl.max(qk, 1) * row_c)
     if PV_FP8:
         m_sub = m_new - 8.0  # p in [0, 256]: FP8 headroom (see module docstring)
     else:
         m_sub = m_new
     p = tl.math.exp2(qk * row_c[:, None] - m_sub[:, None])  # one FMA + exp2 per score
-    l_i = l_i + tl.sum(p, 1)
-    acc = _p_dot_v(acc, p, v, PV_FP8, EXACT_ROUND)
+    alpha = tl.math.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = _p_dot_v(acc * alpha[:, None], p, v, PV_FP8, EXACT_ROUND)
     return acc, l_i, m_new
 
 
@@ -230,7 +212,6 @@ def _fp8_attention_kernel(
     PV_FP8: tl.constexpr,
     V_KEYS: tl.constexpr,
     TMA: tl.constexpr,  # K, V are TensorDescriptors over slots [0, n_valid) (host-built)
-    LAZY: tl.constexpr,  # conditional rescaling (see _attn_block)
     ROPE_Q: tl.constexpr,  # rotate the queries on load (q*cos + roll(q, D/2)*sin, rounded to bf16)
     EXACT_ROUND: tl.constexpr,
 ):
@@ -272,13 +253,13 @@ def _fp8_attention_kernel(
         acc, l_i, m_i = _attn_block(
             acc, l_i, m_i, q, row_c, k_base, v_base, tl.multiple_of(start, BLOCK_N), n_valid,
             stride_ks, stride_vs, stride_vd, offs_d, offs_n0,
-            h32, False, QK_FP8, PV_FP8, V_KEYS, TMA, LAZY, EXACT_ROUND,
+            h32, False, QK_FP8, PV_FP8, V_KEYS, TMA, EXACT_ROUND,
         )  # fmt: skip
     if n_full < n_valid:
         acc, l_i, m_i = _attn_block(
             acc, l_i, m_i, q, row_c, k_base, v_base, n_full, n_valid,
             stride_ks, stride_vs, stride_vd, offs_d, offs_n0,
-            h32, True, QK_FP8, PV_FP8, V_KEYS, TMA, LAZY, EXACT_ROUND,
+            h32, True, QK_FP8, PV_FP8, V_KEYS, TMA, EXACT_ROUND,
         )  # fmt: skip
     out = acc * (tl.load(VSCALE + h) / l_i)[:, None]
     o_ptr = OUT + h * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :]
@@ -342,7 +323,6 @@ def _launch(
     out = torch.empty_like(q)
     cfg = dict(cfg or _config(Tq, D, v_cache))
     tma = cfg.pop("TMA", False)
-    lazy = cfg.pop("LAZY", False)
     if wrap is torch.library.wrap_triton:
         # under torch.compile (the triton_op) loads go through pointers: torch 2.11's wrap_triton does
         # not take host TensorDescriptors built inside the op (KeyError in identify_mutated_tensors, then
@@ -387,7 +367,6 @@ def _launch(
         PV_FP8=pv_fp8,
         V_KEYS=v_keys,
         TMA=tma,
-        LAZY=lazy,
         ROPE_Q=q_cos is not None,
         EXACT_ROUND=interpreting(),
         **cfg,
