@@ -4,12 +4,14 @@
 
 (a) cache upkeep per step (240 calls, K and V): plain whole-window path (shift copy + re-RoPE + re-quantize,
 torch ops), the write-time torch ops (``rope_fp8_write_ref``) eager and under ``torch.compile``, and the
-Triton ``rope_fp8_write``; each per call (do_bench median x calls) and as one CUDA graph of all calls.
+Triton ``rope_fp8_write``; each per call (do_bench median x calls) and as one CUDA graph of all calls;
+then the write kernel's tiles in both V layouts (the default first: V keys-contiguous is the worker's).
 (b) delta rotation of the K window of every block (60) at a reset: Triton vs eager torch.
 (c) ``fp8_attention`` sweep (``--only attention``, < 3 min): bf16 ``scaled_dot_product_attention`` over
 the same window first, then every variant (V layout: ``dims`` [H,S,D] storage or ``keys`` keys-contiguous
 ``v_layout``; precision; tiles; TMA loads), each checked against the fp64 truth
-with the tests' bound (a wrong one is reported, not timed); us/call, TFLOP/s, error; the best per layout
+with the tests' bound (a wrong one is reported, not timed); us/call as GPU time (10 calls in one CUDA
+graph, SDPA too: host launch cost, ~TMA descriptor building, is not the kernel's), TFLOP/s, error; the best per layout
 printed as the ``TUNED`` line to set in kernels/fp8_attention.py.
 Prints a table, then LAST the ratios against the baselines measured in this run.
 """
@@ -143,43 +145,47 @@ def bench_upkeep(calls: int, blocks: int, dev) -> dict:
             row("upkeep", f"{name}: one CUDA graph of {calls} calls [ms/step]", ms)
         except Exception as e:  # noqa: BLE001
             row("upkeep", f"{name} graph", None, repr(e)[:120])
-    for bt, hh in ((8, 2), (16, 1), (8, 4), (16, 4), (32, 2)):  # other tiles than the default (16 x 2)
-        cfg = {"BLOCK_T": bt, "HEADS": hh, "num_warps": 4}
-
-        def tiles(i, cfg=cfg):
-            j = i % n_inputs
-            rfw._launch(
-                k_new[j], pos, slots, ks, kc[i % blocks], True, 1e4, v_new[j], vs, vc[i % blocks], cfg=cfg
-            )
-
-        ms = graph_ms(tiles, calls)
-        out[f"kv tiles {bt}x{hh} graph"] = ms
-        row("upkeep", f"triton kv one launch, {bt} tokens x {hh} heads: graph [ms/step]", ms)
-    # the worker's layout with the Triton kernels: V keys-contiguous (fp8_attention.v_layout)
+    # the write kernel's tiles (BLOCK_T tokens x HEADS heads, warps), both V layouts; the default first.
+    # V keys-contiguous is the worker's layout with the Triton kernels (fp8_attention.v_layout)
     vk = [attn.v_layout(H, S, D, device=dev) for _ in range(blocks)]
     rope_fp8_write_kv(k_new[0], v_new[0], pos, slots, ks, vs, kc[0], vk[0])
     rope_fp8_write(v_new[0], pos, slots, vs, vr, apply_rope=False)
     mism = (vk[0].view(torch.uint8) != vr.view(torch.uint8)).float().mean().item()
     row("upkeep", "check: keys-contiguous V bytes differing from the [H,S,D] write", mism)
-    for bt, hh in ((16, 2), (8, 2), (8, 4), (16, 1), (16, 4), (32, 1)):  # the default first
-        cfg = {"BLOCK_T": bt, "HEADS": hh, "num_warps": 4}
+    d = rfw._config(T, D)
+    default = (d["BLOCK_T"], d["HEADS"], d["num_warps"])
+    tiles = [default] + [
+        t for t in ((16, 1, 4), (8, 1, 4), (8, 2, 4), (16, 1, 2), (16, 2, 4), (32, 1, 4)) if t != default
+    ]
+    for layout, vcaches in (("V [H,S,D]", vc), ("V keys-contiguous", vk)):
+        for bt, hh, w in tiles:
+            cfg = {"BLOCK_T": bt, "HEADS": hh, "num_warps": w}
 
-        def tiles_keys(i, cfg=cfg):
-            j = i % n_inputs
-            rfw._launch(
-                k_new[j], pos, slots, ks, kc[i % blocks], True, 1e4, v_new[j], vs, vk[i % blocks], cfg=cfg
-            )
+            def launch(i, cfg=cfg, vcaches=vcaches):
+                j = i % n_inputs
+                rfw._launch(
+                    k_new[j],
+                    pos,
+                    slots,
+                    ks,
+                    kc[i % blocks],
+                    True,
+                    1e4,
+                    v_new[j],
+                    vs,
+                    vcaches[i % blocks],
+                    cfg=cfg,
+                )
 
-        try:
-            ms = graph_ms(tiles_keys, calls)
-            out[f"kv keys-V tiles {bt}x{hh} graph"] = ms
-            row(
-                "upkeep",
-                f"triton kv one launch, V keys-contiguous, {bt} tokens x {hh} heads: graph [ms/step]",
-                ms,
-            )
-        except Exception as e:  # noqa: BLE001
-            row("upkeep", f"kv keys-V tiles {bt}x{hh}", None, repr(e)[:120])
+            what = f"triton kv one launch, {layout}, {bt} tokens x {hh} heads w{w}"
+            try:
+                ms = graph_ms(launch, calls)
+                out[f"kv {layout} tiles {bt}x{hh}w{w} graph"] = ms
+                if (bt, hh, w) == default and vcaches is vk:
+                    out["worker layout graph"] = ms
+                row("upkeep", f"{what}: graph [ms/step]", ms)
+            except Exception as e:  # noqa: BLE001
+                row("upkeep", what, None, repr(e)[:120])
     return out
 
 
@@ -250,11 +256,12 @@ def bench_attention(dev, budget_s: float = 160.0) -> dict:
         ok = err <= bound and rel <= attn.REL_ERR_BOUND[qk8, pv8] and bool(torch.isfinite(o).all())
         return ok, f"rel.err {rel:.2e}  max.err {err:.2e} (bound {bound:.2e})"
 
-    def fast_ms(fn) -> float:
-        return do_bench(fn, warmup=10, rep=60, return_mode="median")
+    def fast_ms(fn, n: int = 10) -> float:
+        """GPU ms per call: n calls captured in one CUDA graph (as the worker runs them: no launch cost)."""
+        return graph_ms(lambda i: fn(), n) / n
 
     out = {}
-    ms = median_ms(lambda: F.scaled_dot_product_attention(q[None], kb[None], vb[None]))
+    ms = fast_ms(lambda: F.scaled_dot_product_attention(q[None], kb[None], vb[None]))
     out["sdpa"] = ms
     o = F.scaled_dot_product_attention(q[None], kb[None], vb[None])[0]
     err = ((o.double() - truth).norm() / truth.norm()).item()
@@ -378,7 +385,12 @@ def main() -> None:
     kv = up.get("triton rope_fp8_write_kv (one launch) graph")
     sep = up.get("triton rope_fp8_write graph")
     plain, comp = up.get("plain per-call"), up.get("torch.compile (same ops) graph")
-    for name, fused in (("K+V in one launch (rope_fp8_write_kv)", kv), ("K and V launched apart", sep)):
+    worker = up.get("worker layout graph")
+    for name, fused in (
+        ("K+V in one launch, V keys-contiguous (the worker's layout)", worker),
+        ("K+V in one launch, V [H,S,D] (rope_fp8_write_kv)", kv),
+        ("K and V launched apart, V [H,S,D]", sep),
+    ):
         if fused:
             print(
                 f"  upkeep, {name}: {fused:.3f} ms/step (goal <= 2)"

@@ -179,11 +179,12 @@ def _check(x, positions, slots, scale, cache) -> None:
 
 
 def _config(T: int, D: int) -> dict:
-    """Fixed tiles: 16 tokens x 2 heads per program (prod: 48 x 10 = 480 programs); fastest of the tiles
-    bench/kernels.py compared on an H200 (16x2: 1.61 ms/step for K+V, 8x4: 1.78, 16x4: 2.12, 32x4: 2.72)."""
+    """Fixed tiles: 16 tokens x 1 head per program (prod: 48 x 20 = 960 programs); the fastest of the tiles
+    bench/kernels.py compared on an H200 with every load issued first (K+V, 240 calls: V keys-contiguous
+    16x1 1.78 ms/step, 8x2 2.17, 16x2 2.84; V [H,S,D] 16x1 1.38, 8x2 1.37, 16x2 2.15)."""
     if interpreting():
         return {"BLOCK_T": 8, "HEADS": 2, "num_warps": 4}
-    return {"BLOCK_T": 16 if D <= 128 else 8, "HEADS": 2, "num_warps": 4}
+    return {"BLOCK_T": 16 if D <= 128 else 8, "HEADS": 1, "num_warps": 4}
 
 
 def _launch(
