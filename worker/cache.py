@@ -2,9 +2,9 @@
 
     cache = make_cache(shape, switches, device, dtype)
     cache.begin_step(T, reset=...)          # once per step: advance / delta-rotate; returns reset done
-    q = apply_rope(q, cache.positions)       # the new tokens' positions (slot order or absolute)
     win = cache.update(block, k_new, v_new)  # every pass: write the step's K/V, return the window
-    out = cache.ops.attention(q, win)        # attends to slots [0, win.n)
+    out = cache.ops.attention(q, win, cache.cos, cache.sin)  # queries RoPE'd at the new tokens'
+                                             # positions (tables of cache.positions), slots [0, win.n)
     cache.end_step()                         # commit the step's slots
 
 ``PlainCache`` (all switches off): raw keys in time order, positions by slot order, every read
@@ -189,9 +189,14 @@ class CacheOps:
         else:
             self.write_pair(k, v, cos, sin, slots, k_scale, v_scale, k_cache, v_cache, rope_k)
 
-    def attention(self, q, win: Window) -> torch.Tensor:
+    def attention(self, q, win: Window, cos=None, sin=None, rope=apply_rope_tables) -> torch.Tensor:
+        """q [H, Tq, D] over the window; with the step's RoPE tables (cos, sin) the queries are rotated
+        first: inside the FP8 kernel as they load when it runs, else by ``rope`` (the caller's, maybe
+        compiled)."""
         if self._fa is not None and win.k_scale is not None:
-            return self._fa(q, win.k, win.v, win.k_scale, win.v_scale, win.n)
+            return self._fa(q, win.k, win.v, win.k_scale, win.v_scale, win.n, q_cos=cos, q_sin=sin)
+        if cos is not None:
+            q = rope(q, cos, sin)
         return attention_torch(q, win)
 
     def delta_rotate(self, cache, scale, delta: int) -> None:

@@ -24,7 +24,8 @@ CUDA, bf16 otherwise on CUDA, fp32 on CPU. Activations are quantized on the fly,
 With FP8 GEMMs and the compile switch on CUDA, ``DiT.set_compile`` also installs a ``BlockFusion``:
 the elementwise chains around the GEMMs compiled into few kernels (residual + LayerNorm/modulation
 + the FP8 activation quantization, a block's last residual added in the next block's first such
-kernel; the query's RoPE; GELU + quantization of the FFN-down input when
+kernel; the query's RoPE (inside the FP8 attention kernel when it runs: ``CacheOps.attention``); GELU +
+quantization of the FFN-down input when
 the block's ``row_parallel`` is not overridden). Same math as the unfused path (``BlockFusion.eager(act_scales)``
 is that path with the chains grouped; the tests compare both on CPU). ``DiT.fuse_blocks = False``
 keeps the unfused path under compile (the bench measures both). ``DiT.chain_kernels`` picks who runs
@@ -243,11 +244,10 @@ class Block:
         else:
             x, hq, hs = fu.res_ln_quant(x, pending[0], pending[1], sc1, sh1)
         q, k, v = _mm(hq, hs, self.qkv).view(T, 3, H, hd).permute(1, 2, 0, 3).unbind(0)
-        q = fu.rope(q, cache.cos, cache.sin)
         with self.timer.span("upkeep"):
             win = cache.update(b, k, v)
-        with self.timer.span("attention"):
-            o = cache.ops.attention(q, win)
+        with self.timer.span("attention"):  # the queries' RoPE inside the FP8 kernel, else fu.rope
+            o = cache.ops.attention(q, win, cache.cos, cache.sin, fu.rope)
         y = self.row_parallel(o.transpose(0, 1).reshape(T, H * hd), self.o)
         x, hq, hs = fu.res_ln_quant(x, g1, y, None, None)
         cq = _mm(hq, hs, self.cq).view(T, H, hd).transpose(0, 1)
@@ -272,11 +272,10 @@ class Block:
         # self-attention over the window + this chunk's tokens
         h = F.layer_norm(x, (d,), sc1, sh1)
         q, k, v = self.qkv(h).view(T, 3, H, hd).permute(1, 2, 0, 3).unbind(0)  # [H, T, hd] each
-        q = apply_rope_tables(q, cache.cos, cache.sin)  # the step's tables, built once in begin_step
         with self.timer.span("upkeep"):
             win = cache.update(b, k, v)
-        with self.timer.span("attention"):
-            o = cache.ops.attention(q, win)  # [H, T, hd]
+        with self.timer.span("attention"):  # queries RoPE'd with the step's tables (built in begin_step)
+            o = cache.ops.attention(q, win, cache.cos, cache.sin)  # [H, T, hd]
         x = torch.addcmul(x, g1, self.row_parallel(o.transpose(0, 1).reshape(T, H * hd), self.o))
         # cross-attention to the conditioning
         cq = self.cq(F.layer_norm(x, (d,))).view(T, H, hd).transpose(0, 1)

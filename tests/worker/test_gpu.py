@@ -5,6 +5,8 @@ Run on the H200: ``python -m pytest -q -m gpu tests/worker/test_gpu.py``.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -45,22 +47,37 @@ def test_cuda_graph_session_runs_and_replays(small_worker):
     assert not graphed or graphed[0]["step"] < 10 - s.graphed_steps
 
 
-def test_ring_fp8_agrees_with_plain_in_bf16(small_worker):
-    model: DiT = small_worker.model
+def _latents(model: DiT, sw: Switches) -> tuple[torch.Tensor, int]:
+    """9 chunks from the same noise (resets every 3): stacked latents and the ring's wraps."""
     shape = model.shape
-    outs = {}
-    for name, sw in {"plain": Switches(), "ring": Switches(ring_cache=True, rope_at_write=True, fp8_cache=True,
-                                                             delta_rotation=True)}.items():
-        cache = make_cache(shape, sw, "cuda", model.dtype)
-        g = torch.Generator(device="cuda").manual_seed(3)
-        ckv = model.first_forward(torch.randn(300, shape.d_model, generator=g, device="cuda"), cache)
-        lat = []
-        for i in range(9):  # 300 + 9 x 757 tokens: the 2400-slot window wraps twice
-            cache.begin_step(shape.new_tokens, reset=i > 0 and i % 3 == 0)
-            lat.append(model.denoise_chunk(torch.randn(shape.new_tokens, shape.latent_channels, generator=g,
-                                                       device="cuda"), cache, ckv).float())
-            cache.end_step()
-        outs[name] = torch.stack(lat)
-        assert cache.book.wraps >= 2
-    rel = (outs["ring"] - outs["plain"]).norm() / outs["plain"].norm()
+    cache = make_cache(shape, sw, "cuda", model.dtype)
+    g = torch.Generator(device="cuda").manual_seed(3)
+    ckv = model.first_forward(torch.randn(300, shape.d_model, generator=g, device="cuda"), cache)
+    lat = []
+    for i in range(9):  # 300 + 9 x 757 tokens: the 2400-slot window wraps twice
+        cache.begin_step(shape.new_tokens, reset=i > 0 and i % 3 == 0)
+        lat.append(model.denoise_chunk(torch.randn(shape.new_tokens, shape.latent_channels, generator=g,
+                                                   device="cuda"), cache, ckv).float())
+        cache.end_step()
+    return torch.stack(lat), cache.book.wraps
+
+
+RING_FP8 = Switches(ring_cache=True, rope_at_write=True, fp8_cache=True, delta_rotation=True)
+
+
+def test_ring_fp8_agrees_with_plain_in_bf16(small_worker):
+    plain, _ = _latents(small_worker.model, Switches())
+    ring, wraps = _latents(small_worker.model, RING_FP8)
+    assert wraps >= 2
+    rel = (ring - plain).norm() / plain.norm()
+    assert rel < 0.05, rel
+
+
+def test_triton_kernels_agree_with_the_torch_ops(small_worker):
+    """The ring + FP8 cache with the Triton ops (fused K/V write, the queries rotated inside the FP8
+    attention kernel, delta rotation) and with the torch ops: the same latents up to FP8 attention."""
+    torch_ops, _ = _latents(small_worker.model, RING_FP8)
+    kernels, wraps = _latents(small_worker.model, dataclasses.replace(RING_FP8, triton_kernels=True))
+    assert wraps >= 2 and torch.isfinite(kernels).all()
+    rel = (kernels - torch_ops).norm() / torch_ops.norm()
     assert rel < 0.05, rel
