@@ -18,7 +18,10 @@ the ratio of the best row against the plain path.
 The row +fused_blocks is +cuda_graphs with the blocks' elementwise chains compiled
 (``model.BlockFusion``: residual + LayerNorm + FP8 quantization, the query's RoPE, GELU + quantization);
 the rows before it run with ``fuse_blocks`` off, so both are measured in the same run. The last row,
-+row_scales, quantizes activations per token (``DiT.act_scales = "row"``: no global amax, one pass).
++row_scales, quantizes activations per token (``DiT.act_scales = "row"``: no global amax, one pass);
++triton_chains runs those chains as one-pass Triton kernels (``DiT.chain_kernels = "triton"``,
+kernels/block_chains.py) instead of inductor's code. Telemetry and the full model run the fastest row's
+settings.
 
 "upkeep GPU ms": the GPU time of one step's cache upkeep with the row's ops (begin_step + the 240
 ``cache.update`` calls on the row's full window, new K/V fixed) captured as one CUDA graph and
@@ -71,11 +74,20 @@ ROWS = [
     ("+cuda_graphs", {"cuda_graphs": True}),
     ("+fused_blocks", {}),  # model.fuse_blocks: BlockFusion under compile (not a switch)
     ("+row_scales", {}),  # model.act_scales = "row": per-token FP8 activation scales, one pass
+    ("+triton_chains", {}),  # model.chain_kernels = "triton": the chains as one-pass Triton kernels
 ]
 FUSED_ROW = "+fused_blocks"
 ROW_SCALES_ROW = "+row_scales"
-FUSED_ROWS = (FUSED_ROW, ROW_SCALES_ROW)
-PROFILED_ROWS = ("+cuda_graphs", FUSED_ROW, ROW_SCALES_ROW)
+CHAINS_ROW = "+triton_chains"
+# the model settings (not switches) of the rows after +cuda_graphs: fuse_blocks, act_scales, chain_kernels
+MODEL_ROWS = {
+    FUSED_ROW: (True, "tensor", "inductor"),
+    ROW_SCALES_ROW: (True, "row", "inductor"),
+    CHAINS_ROW: (True, "row", "triton"),
+}
+PLAIN_MODEL = (False, "tensor", "inductor")
+FUSED_ROWS = tuple(MODEL_ROWS)
+PROFILED_ROWS = ("+cuda_graphs", *FUSED_ROWS)
 
 # kernel name -> group, first match wins (names lower-cased)
 GROUPS = [
@@ -146,16 +158,16 @@ def upkeep_gpu_ms(model: DiT, cache, reps: int = 5) -> float | None:
     return statistics.median(times)
 
 
-def measure_row(model: DiT, sw: Switches, steps: int, cond_tokens: int, fuse: bool = False,
-                profile_replays: int = 0, act_scales: str = "tensor"):
+def measure_row(model: DiT, sw: Switches, steps: int, cond_tokens: int, settings=PLAIN_MODEL,
+                profile_replays: int = 0):
     """(diffusion, upkeep, attention) ms per steady step, the reset step's diffusion ms, the torch
-    profiler over ``profile_replays`` more steady steps (None without), and the upkeep GPU ms."""
+    profiler over ``profile_replays`` more steady steps (None without), and the upkeep GPU ms.
+    ``settings``: the model's (fuse_blocks, act_scales, chain_kernels) for the row."""
     shape, dev = model.shape, model.device
     cuda = dev.type == "cuda"
     timer = CudaTimer() if cuda else CpuTimer()
     model.set_timer(timer)
-    model.fuse_blocks = fuse
-    model.act_scales = act_scales
+    model.fuse_blocks, model.act_scales, model.chain_kernels = settings
     model.set_compile(sw.compile)
     cache = make_cache(shape, sw, dev, model.dtype)
     runner = ChunkRunner(model, sw.cuda_graphs)
@@ -397,7 +409,6 @@ def main(argv=None) -> int:
     print(f"{'row':<28}{'diffusion ms':>13}{'upkeep ms':>11}{'upkeep GPU ms':>15}{'attention ms':>14}"
           f"{'reset step ms':>15}{'x floor':>9}{'vs plain':>10}", flush=True)
     plain_ms = None
-    fused_ok = rows_ok = False
     cuda = dev.type == "cuda"
     profiled = PROFILED_ROWS if cuda else ("+delta_rotation",)  # CPU: the smoke test of the profile path
     profiles = []
@@ -421,14 +432,12 @@ def main(argv=None) -> int:
         replays = args.profile_replays if (args.profile and row in profiled) else 0
         try:
             diff, upkeep, attn, reset_ms, prof, upkeep_gpu = measure_row(
-                model, Switches.from_mapping(sw), args.steps, cond, fuse=row in FUSED_ROWS,
-                profile_replays=replays, act_scales="row" if row == ROW_SCALES_ROW else "tensor")
+                model, Switches.from_mapping(sw), args.steps, cond, MODEL_ROWS.get(row, PLAIN_MODEL),
+                profile_replays=replays)
         except Exception as e:  # noqa: BLE001 - a row that fails is reported, the waterfall goes on
             print(f"{row:<28}  FAILED: {type(e).__name__}: {str(e)[:300]}", flush=True)
             sw = {k: v for k, v in sw.items() if k not in add}
             continue
-        fused_ok = fused_ok or row == FUSED_ROW
-        rows_ok = rows_ok or row == ROW_SCALES_ROW
         plain_ms = plain_ms or diff
         results.append((row, diff, upkeep, attn, reset_ms, upkeep_gpu))
         print(f"{row:<28}{fmt(diff):>13}{fmt(upkeep):>11}{fmt(upkeep_gpu, 2):>15}{fmt(attn):>14}{fmt(reset_ms):>15}"
@@ -445,9 +454,10 @@ def main(argv=None) -> int:
     gc.collect()
 
     best_sw = Switches.from_mapping(sw)  # every switch that worked: the production configuration
-    model.fuse_blocks = fused_ok
     fastest = min(results, key=lambda r: r[1])[0] if results else None
-    model.act_scales = "row" if (rows_ok and fastest == ROW_SCALES_ROW) else "tensor"
+    best_model = MODEL_ROWS.get(fastest, PLAIN_MODEL)  # the fastest row's model settings
+    model.fuse_blocks, model.act_scales, model.chain_kernels = best_model
+    fused_ok = best_model[0]
     if args.telemetry_steps and not late():
         t_tel = time.perf_counter()
         try:
@@ -456,7 +466,8 @@ def main(argv=None) -> int:
                                 and time.perf_counter() - t_start > args.deadline_s + 40)
             print(f"# telemetry on/off (sessions alternating x {len(r['ratios'])} rounds, steady graphed steps only:"
                   f" {r['n'][0]} / {r['n'][1]} steps; switches [{best_sw.encode()}]"
-                  f"{', fused blocks' if fused_ok else ''}, {model.act_scales} activation scales): median step period {r['on']:.2f} / {r['off']:.2f}"
+                  f"{', fused blocks' if fused_ok else ''}, {model.act_scales} activation scales, chains by"
+                  f" {model.chain_kernels}): median step period {r['on']:.2f} / {r['off']:.2f}"
                   f" ms = {r['ratio']:.4f}; per-round ratios {', '.join(f'{x:.4f}' for x in r['ratios'])};"
                   f" diffusion (GPU) {r['diff_on']:.2f} / {r['diff_off']:.2f} ms; host syncs in steady steps:"
                   f" on {r['syncs'][True]}, off {r['syncs'][False]} (whole loop incl. fill and capture: on"
@@ -468,7 +479,6 @@ def main(argv=None) -> int:
             print(f"# telemetry on/off: FAILED {type(e).__name__}: {str(e)[:300]}", flush=True)
 
     if not args.no_full and args.tp > 1 and dev.type == "cuda" and not late():
-        act = model.act_scales
         del model
         gc.collect()
         torch.cuda.empty_cache()
@@ -477,7 +487,7 @@ def main(argv=None) -> int:
             full = DiT(base, dev)
             full_sw = best_sw
             diff, upkeep, attn, reset_ms, _, _ = measure_row(full, full_sw, max(2, args.steps // 2), cond,
-                                                             fuse=fused_ok, act_scales=act)
+                                                             best_model)
             peak = torch.cuda.max_memory_allocated(dev) / 2**30
             print(f"# full {base.name} ({base.n_heads} heads) on one GPU, switches [{full_sw.encode()}]: "
                   f"{diff:.1f} ms/step, upkeep {fmt(upkeep)} ms, attention {fmt(attn)} ms, reset step "
