@@ -28,10 +28,7 @@ kernel; the query's RoPE (inside the FP8 attention kernel when it runs: ``CacheO
 quantization of the FFN-down input when
 the block's ``row_parallel`` is not overridden). Same math as the unfused path (``BlockFusion.eager(act_scales)``
 is that path with the chains grouped; the tests compare both on CPU). ``DiT.fuse_blocks = False``
-keeps the unfused path under compile (the bench measures both). ``DiT.chain_kernels`` picks who runs
-the chains: "inductor" (``BlockFusion.compiled``: torch.compile of the torch chains) or "triton"
-(``BlockFusion.triton``, row scales only: kernels/block_chains.py, one pass per row, the same roundings;
-the blocks' linears then quantize with its ``quant_rows`` too).
+keeps the unfused path under compile (the bench measures both).
 """
 
 from __future__ import annotations
@@ -44,7 +41,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kernels import block_chains
 from worker.cache import KVCache
 from worker.config import ModelShape
 from worker.fp8 import col_scale, fp8_linear, quantize_act, quantize_act_rows, quantize_weight, scaled_mm
@@ -126,7 +122,6 @@ def _chains(quant: Callable) -> tuple[Callable, Callable, Callable]:
 
 
 ACT_QUANT = {"tensor": quantize_act, "row": quantize_act_rows}  # DiT.act_scales -> quantizer
-CHAIN_KERNELS = ("inductor", "triton")  # DiT.chain_kernels: who runs the fused chains under compile
 
 
 @dataclass
@@ -147,12 +142,6 @@ class BlockFusion:
     def compiled(cls, act_scales: str) -> BlockFusion:
         ln, res, gelu = _chains(ACT_QUANT[act_scales])
         return cls(*(torch.compile(f) for f in (ln, res, apply_rope_tables, gelu)))
-
-    @classmethod
-    def triton(cls) -> BlockFusion:
-        """The chains as one-pass Triton kernels (per-row scales; the query's RoPE stays compiled)."""
-        return cls(block_chains.ln_quant_rows, block_chains.res_ln_quant_rows, torch.compile(apply_rope_tables),
-                   block_chains.gelu_quant_rows)
 
 
 class WeightMaker:
@@ -300,9 +289,6 @@ class DiT:
         # FP8 activation scales: "row" (one pass; measured faster on the H200, bench/worker_step.py
         # +row_scales) or "tensor" (a global amax first: two passes)
         self.act_scales = "row"
-        # the fused chains under compile: "inductor" (torch.compile) or "triton" (kernels/block_chains.py,
-        # needs act_scales "row")
-        self.chain_kernels = "inductor"
         wm = WeightMaker(shape.seed, self.device, self.dtype, fp8)
         d, c = shape.d_model, shape.latent_channels
         self.t_embed = wm.chunk((d, 256), 1 / 16, "t_embed")
@@ -327,25 +313,17 @@ class DiT:
     def set_compile(self, on: bool) -> None:
         """The compile switch's share in the model (CUDA only): the FP8 activation quantizer compiled,
         and with FP8 weights and ``fuse_blocks`` the blocks' elementwise chains (``BlockFusion``).
-        Both use ``act_scales`` and ``chain_kernels``; set them before calling this."""
+        Both use ``act_scales``; set it before calling this."""
         if self.act_scales not in ACT_QUANT:
             raise ValueError(f"act_scales {self.act_scales!r}; valid: {sorted(ACT_QUANT)}")
-        if self.chain_kernels not in CHAIN_KERNELS:
-            raise ValueError(f"chain_kernels {self.chain_kernels!r}; valid: {list(CHAIN_KERNELS)}")
-        triton = self.chain_kernels == "triton"
-        if triton and self.act_scales != "row":
-            raise ValueError(f"chain_kernels 'triton' quantizes per row: act_scales {self.act_scales!r}; valid: 'row'")
         use = on and self.device.type == "cuda"
         quant = ACT_QUANT[self.act_scales]
-        if use:
-            quant = block_chains.quant_rows if triton else torch.compile(quant)
+        quant = torch.compile(quant) if use else quant
         for b in self.blocks:
             for lin in (b.qkv, b.cq, b.ckv, b.up, b.o, b.co, b.down):
                 lin.quant = quant
-        fusion = None
-        if use and self.fp8 and self.fuse_blocks:
-            fusion = BlockFusion.triton() if triton else BlockFusion.compiled(self.act_scales)
-        self.set_fusion(fusion)
+        use_fusion = use and self.fp8 and self.fuse_blocks
+        self.set_fusion(BlockFusion.compiled(self.act_scales) if use_fusion else None)
 
     def set_fusion(self, fusion: BlockFusion | None) -> None:
         """Install (or remove) the fused block path; ``BlockFusion.eager(act_scales)`` on CPU for tests."""
