@@ -19,9 +19,9 @@ The row +fused_blocks is +cuda_graphs with the blocks' elementwise chains compil
 (``model.BlockFusion``: residual + LayerNorm + FP8 quantization, the query's RoPE, GELU + quantization);
 the rows before it run with ``fuse_blocks`` off, so both are measured in the same run. The last row,
 +row_scales, quantizes activations per token (``DiT.act_scales = "row"``: no global amax, one pass);
-+triton_chains runs those chains as one-pass Triton kernels (``DiT.chain_kernels = "triton"``,
-kernels/block_chains.py) instead of inductor's code. Telemetry and the full model run the fastest row's
-settings.
++static_scales quantizes with static per-tensor scales (``DiT.act_scales = "static"``: calibrated on the
+first forward and chunk, then fixed: no reduction in the chains, per-tensor GEMM scaling). Telemetry and
+the full model run the fastest row's settings.
 
 "upkeep GPU ms": the GPU time of one step's cache upkeep with the row's ops (begin_step + the 240
 ``cache.update`` calls on the row's full window, new K/V fixed) captured as one CUDA graph and
@@ -74,18 +74,14 @@ ROWS = [
     ("+cuda_graphs", {"cuda_graphs": True}),
     ("+fused_blocks", {}),  # model.fuse_blocks: BlockFusion under compile (not a switch)
     ("+row_scales", {}),  # model.act_scales = "row": per-token FP8 activation scales, one pass
-    ("+triton_chains", {}),  # model.chain_kernels = "triton": the chains as one-pass Triton kernels
+    ("+static_scales", {}),  # model.act_scales = "static": calibrated per-tensor scales, no reduction
 ]
 FUSED_ROW = "+fused_blocks"
 ROW_SCALES_ROW = "+row_scales"
-CHAINS_ROW = "+triton_chains"
-# the model settings (not switches) of the rows after +cuda_graphs: fuse_blocks, act_scales, chain_kernels
-MODEL_ROWS = {
-    FUSED_ROW: (True, "tensor", "inductor"),
-    ROW_SCALES_ROW: (True, "row", "inductor"),
-    CHAINS_ROW: (True, "row", "triton"),
-}
-PLAIN_MODEL = (False, "tensor", "inductor")
+STATIC_ROW = "+static_scales"
+# the model settings (not switches) of the rows after +cuda_graphs: fuse_blocks, act_scales
+MODEL_ROWS = {FUSED_ROW: (True, "tensor"), ROW_SCALES_ROW: (True, "row"), STATIC_ROW: (True, "static")}
+PLAIN_MODEL = (False, "tensor")
 FUSED_ROWS = tuple(MODEL_ROWS)
 PROFILED_ROWS = ("+cuda_graphs", *FUSED_ROWS)
 
@@ -162,12 +158,12 @@ def measure_row(model: DiT, sw: Switches, steps: int, cond_tokens: int, settings
                 profile_replays: int = 0):
     """(diffusion, upkeep, attention) ms per steady step, the reset step's diffusion ms, the torch
     profiler over ``profile_replays`` more steady steps (None without), and the upkeep GPU ms.
-    ``settings``: the model's (fuse_blocks, act_scales, chain_kernels) for the row."""
+    ``settings``: the model's (fuse_blocks, act_scales) for the row."""
     shape, dev = model.shape, model.device
     cuda = dev.type == "cuda"
     timer = CudaTimer() if cuda else CpuTimer()
     model.set_timer(timer)
-    model.fuse_blocks, model.act_scales, model.chain_kernels = settings
+    model.fuse_blocks, model.act_scales = settings
     model.set_compile(sw.compile)
     cache = make_cache(shape, sw, dev, model.dtype)
     runner = ChunkRunner(model, sw.cuda_graphs)
@@ -456,7 +452,7 @@ def main(argv=None) -> int:
     best_sw = Switches.from_mapping(sw)  # every switch that worked: the production configuration
     fastest = min(results, key=lambda r: r[1])[0] if results else None
     best_model = MODEL_ROWS.get(fastest, PLAIN_MODEL)  # the fastest row's model settings
-    model.fuse_blocks, model.act_scales, model.chain_kernels = best_model
+    model.fuse_blocks, model.act_scales = best_model
     fused_ok = best_model[0]
     if args.telemetry_steps and not late():
         t_tel = time.perf_counter()
@@ -466,8 +462,7 @@ def main(argv=None) -> int:
                                 and time.perf_counter() - t_start > args.deadline_s + 40)
             print(f"# telemetry on/off (sessions alternating x {len(r['ratios'])} rounds, steady graphed steps only:"
                   f" {r['n'][0]} / {r['n'][1]} steps; switches [{best_sw.encode()}]"
-                  f"{', fused blocks' if fused_ok else ''}, {model.act_scales} activation scales, chains by"
-                  f" {model.chain_kernels}): median step period {r['on']:.2f} / {r['off']:.2f}"
+                  f"{', fused blocks' if fused_ok else ''}, {model.act_scales} activation scales): median step period {r['on']:.2f} / {r['off']:.2f}"
                   f" ms = {r['ratio']:.4f}; per-round ratios {', '.join(f'{x:.4f}' for x in r['ratios'])};"
                   f" diffusion (GPU) {r['diff_on']:.2f} / {r['diff_off']:.2f} ms; host syncs in steady steps:"
                   f" on {r['syncs'][True]}, off {r['syncs'][False]} (whole loop incl. fill and capture: on"

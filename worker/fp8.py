@@ -5,8 +5,11 @@
     y = fp8_linear(x, w_fp8, w_scale)      # x: [M, K] bf16, w_fp8: [N, K] -> [M, N] bf16
 
 Activations are quantized per tensor (``quantize_act``: scale [], a global amax first, so two passes
-over x) or per row (``quantize_act_rows``: scale [M, 1], each row's amax and its quantization in one
-pass; ``_scaled_mm`` then takes the weight's scale as a [1, N] row, ``col_scale``).
+over x), per row (``quantize_act_rows``: scale [M, 1], each row's amax and its quantization in one
+pass; ``_scaled_mm`` then takes the weight's scale as a [1, N] row, ``col_scale``), or with a static
+per-tensor scale (``StaticScale``: calibrated on a call site's first uses as the running max of
+amax * margin, then fixed; quantizing is one pass with no reduction, and the GEMM takes the per-tensor
+scale -- vLLM's / TensorRT's "static activation scales"; values beyond the calibrated range saturate).
 
 Quantized = clamp(x / scale, -448, 448).to(float8_e4m3fn): never NaN/inf (contract 6). Scales are
 device tensors: nothing here reads a value back to the host.
@@ -55,6 +58,39 @@ def quantize_act_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     amax = torch.linalg.vector_norm(x, float("inf"), dim=-1, keepdim=True, dtype=torch.float32)
     scale = amax.clamp_min(1e-12) * (1.0 / FP8_MAX)
     return (x / scale).to(FP8), scale
+
+
+def quantize_act_static(x: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """FP8 of an activation with a given per-tensor scale []: one pass, saturating at +-448."""
+    return (x / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
+
+
+STATIC_MARGIN = 2.0  # calibrated amax x 2 maps to 448: later inputs may grow 2x before they saturate
+
+
+class StaticScale:
+    """A call site's static activation scale: the running max of amax(x) * margin / 448 over its first
+    ``calls`` uses (device ops only, no host sync), then fixed. Callable as a ``Linear.quant``:
+    x -> (x_fp8, scale []). ``quant`` is ``quantize_act_static`` (compiled under the compile switch)."""
+
+    def __init__(self, device, calls: int, margin: float = STATIC_MARGIN, quant=quantize_act_static):
+        self.scale = torch.zeros((), dtype=torch.float32, device=device)
+        self.left, self.margin, self.quant = calls, margin, quant
+
+    @property
+    def calibrating(self) -> bool:
+        return self.left > 0
+
+    def observe(self, x: torch.Tensor) -> None:
+        """One calibration use: the scale grows to cover x (amax floored like the dynamic quantizers)."""
+        amax = torch.linalg.vector_norm(x, float("inf"), dtype=torch.float32)
+        torch.maximum(self.scale, amax.clamp_min(1e-12) * (self.margin / FP8_MAX), out=self.scale)
+        self.left -= 1
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.left > 0:
+            self.observe(x)
+        return self.quant(x, self.scale)
 
 
 def col_scale(w_scale: torch.Tensor, n: int) -> torch.Tensor:

@@ -19,7 +19,9 @@ index), so a rank's shard equals the slice of the single-process model's weights
 
 GEMMs are FP8 (``torch._scaled_mm``, per-tensor weight scales) when the shape says ``fp8_weights`` on
 CUDA, bf16 otherwise on CUDA, fp32 on CPU. Activations are quantized on the fly, per tensor or per row
-(``DiT.act_scales``: "row" needs no global amax, so a compiled chain quantizes in the same pass).
+(``DiT.act_scales``: "row" needs no global amax, so a compiled chain quantizes in the same pass), or
+with static per-tensor scales ("static": each linear's input scale calibrated on the first forward and
+chunk, then fixed; no reduction at all, and the GEMM takes the faster per-tensor scaling).
 
 With FP8 GEMMs and the compile switch on CUDA, ``DiT.set_compile`` also installs a ``BlockFusion``:
 the elementwise chains around the GEMMs compiled into few kernels (residual + LayerNorm/modulation
@@ -43,7 +45,16 @@ import torch.nn.functional as F
 
 from worker.cache import KVCache
 from worker.config import ModelShape
-from worker.fp8 import col_scale, fp8_linear, quantize_act, quantize_act_rows, quantize_weight, scaled_mm
+from worker.fp8 import (
+    StaticScale,
+    col_scale,
+    fp8_linear,
+    quantize_act,
+    quantize_act_rows,
+    quantize_act_static,
+    quantize_weight,
+    scaled_mm,
+)
 from worker.rope import apply_rope_tables
 
 
@@ -81,6 +92,7 @@ class Linear:
     scale: torch.Tensor | None = None
     quant: Callable = quantize_act  # the activation quantizer (compiled under the compile switch)
     col_scale: torch.Tensor | None = None  # the scale as a [1, N] row, for per-row activation scales
+    site: StaticScale | None = None  # the input's static scale (act_scales "static"; also self.quant)
 
     def __post_init__(self):
         if self.scale is not None:
@@ -92,6 +104,11 @@ class Linear:
         return x @ self.w.t()
 
     @property
+    def in_scale(self) -> torch.Tensor | None:
+        """The static input scale the fused chains quantize with (None: dynamic scales)."""
+        return None if self.site is None else self.site.scale
+
+    @property
     def nbytes(self) -> int:
         return self.w.numel() * self.w.element_size()
 
@@ -101,27 +118,36 @@ def _mm(xq: torch.Tensor, xs: torch.Tensor, lin: Linear) -> torch.Tensor:
     return scaled_mm(xq, xs, lin.w, lin.scale, lin.col_scale)
 
 
-def _chains(quant: Callable) -> tuple[Callable, Callable, Callable]:
-    """The block's elementwise chains ending in the activation quantizer ``quant``."""
+def _chains(act_scales: str) -> tuple[Callable, Callable, Callable]:
+    """The block's elementwise chains ending in the activation quantizer of ``act_scales``; each takes the
+    consuming linear's static scale ``s`` last (``Linear.in_scale``: None unless act_scales is "static")."""
+    if act_scales == "static":
+        quant = quantize_act_static
+    else:
+        dynamic = ACT_QUANT[act_scales]
 
-    def ln_quant(x: torch.Tensor, w: torch.Tensor | None, b: torch.Tensor | None):
+        def quant(h, s):
+            return dynamic(h)
+
+    def ln_quant(x: torch.Tensor, w: torch.Tensor | None, b: torch.Tensor | None, s: torch.Tensor | None):
         """LayerNorm (modulated when w/b are given) then FP8: (h_fp8, scale)."""
-        return quant(F.layer_norm(x, (x.shape[-1],), w, b))
+        return quant(F.layer_norm(x, (x.shape[-1],), w, b), s)
 
     def res_ln_quant(x: torch.Tensor, g: torch.Tensor | None, y: torch.Tensor, w: torch.Tensor | None,
-                     b: torch.Tensor | None):
+                     b: torch.Tensor | None, s: torch.Tensor | None):
         """Residual (x + g*y, or x + y) then its LayerNorm and FP8: (x_new, h_fp8, scale)."""
         x = torch.addcmul(x, g, y) if g is not None else x + y
-        hq, hs = quant(F.layer_norm(x, (x.shape[-1],), w, b))
+        hq, hs = quant(F.layer_norm(x, (x.shape[-1],), w, b), s)
         return x, hq, hs
 
-    def gelu_quant(u: torch.Tensor):
-        return quant(F.gelu(u, approximate="tanh"))
+    def gelu_quant(u: torch.Tensor, s: torch.Tensor | None):
+        return quant(F.gelu(u, approximate="tanh"), s)
 
     return ln_quant, res_ln_quant, gelu_quant
 
 
-ACT_QUANT = {"tensor": quantize_act, "row": quantize_act_rows}  # DiT.act_scales -> quantizer
+# DiT.act_scales -> quantizer ("static": one StaticScale per linear's input, see DiT.set_compile)
+ACT_QUANT = {"tensor": quantize_act, "row": quantize_act_rows, "static": quantize_act_static}
 
 
 @dataclass
@@ -135,12 +161,12 @@ class BlockFusion:
 
     @classmethod
     def eager(cls, act_scales: str) -> BlockFusion:
-        ln, res, gelu = _chains(ACT_QUANT[act_scales])
+        ln, res, gelu = _chains(act_scales)
         return cls(ln, res, apply_rope_tables, gelu)
 
     @classmethod
     def compiled(cls, act_scales: str) -> BlockFusion:
-        ln, res, gelu = _chains(ACT_QUANT[act_scales])
+        ln, res, gelu = _chains(act_scales)
         return cls(*(torch.compile(f) for f in (ln, res, apply_rope_tables, gelu)))
 
 
@@ -229,25 +255,25 @@ class Block:
         H, hd = self.shape.heads, self.shape.head_dim
         sh1, sc1, g1, sh2, sc2, g2 = self.mods[t]
         if pending is None:
-            hq, hs = fu.ln_quant(x, sc1, sh1)
+            hq, hs = fu.ln_quant(x, sc1, sh1, self.qkv.in_scale)
         else:
-            x, hq, hs = fu.res_ln_quant(x, pending[0], pending[1], sc1, sh1)
+            x, hq, hs = fu.res_ln_quant(x, pending[0], pending[1], sc1, sh1, self.qkv.in_scale)
         q, k, v = _mm(hq, hs, self.qkv).view(T, 3, H, hd).permute(1, 2, 0, 3).unbind(0)
         with self.timer.span("upkeep"):
             win = cache.update(b, k, v)
         with self.timer.span("attention"):  # the queries' RoPE inside the FP8 kernel, else fu.rope
             o = cache.ops.attention(q, win, cache.cos, cache.sin, fu.rope)
         y = self.row_parallel(o.transpose(0, 1).reshape(T, H * hd), self.o)
-        x, hq, hs = fu.res_ln_quant(x, g1, y, None, None)
+        x, hq, hs = fu.res_ln_quant(x, g1, y, None, None, self.cq.in_scale)
         cq = _mm(hq, hs, self.cq).view(T, H, hd).transpose(0, 1)
         o = F.scaled_dot_product_attention(cq[None], ckv[0][None], ckv[1][None])[0]
         y = self.row_parallel(o.transpose(0, 1).reshape(T, H * hd), self.co)
-        x, hq, hs = fu.res_ln_quant(x, None, y, sc2, sh2)
+        x, hq, hs = fu.res_ln_quant(x, None, y, sc2, sh2, self.up.in_scale)
         u = _mm(hq, hs, self.up)
         if "row_parallel" in self.__dict__:  # overridden (worker/parallel.py): it quantizes its input
             y = self.row_parallel(F.gelu(u, approximate="tanh"), self.down)
         else:
-            y = _mm(*fu.gelu_quant(u), self.down)
+            y = _mm(*fu.gelu_quant(u, self.down.in_scale), self.down)
             if self.allreduce is not _identity:
                 with self.timer.span("allreduce"):
                     y = self.allreduce(y)
@@ -287,7 +313,8 @@ class DiT:
         self.fp8 = fp8
         self.fuse_blocks = True  # BlockFusion under the compile switch (CUDA, FP8 weights)
         # FP8 activation scales: "row" (one pass; measured faster on the H200, bench/worker_step.py
-        # +row_scales) or "tensor" (a global amax first: two passes)
+        # +row_scales), "tensor" (a global amax first: two passes) or "static" (per-tensor scales
+        # calibrated on the first forward + chunk, then fixed: no reduction, saturating)
         self.act_scales = "row"
         wm = WeightMaker(shape.seed, self.device, self.dtype, fp8)
         d, c = shape.d_model, shape.latent_channels
@@ -313,15 +340,19 @@ class DiT:
     def set_compile(self, on: bool) -> None:
         """The compile switch's share in the model (CUDA only): the FP8 activation quantizer compiled,
         and with FP8 weights and ``fuse_blocks`` the blocks' elementwise chains (``BlockFusion``).
-        Both use ``act_scales``; set it before calling this."""
+        Both use ``act_scales``; set it before calling this. "static" gives every linear's input a fresh
+        ``StaticScale`` calibrated over the next 1 + passes forwards (a first forward and one chunk),
+        during which the blocks run unfused (the sites observe their inputs there)."""
         if self.act_scales not in ACT_QUANT:
             raise ValueError(f"act_scales {self.act_scales!r}; valid: {sorted(ACT_QUANT)}")
         use = on and self.device.type == "cuda"
         quant = ACT_QUANT[self.act_scales]
         quant = torch.compile(quant) if use else quant
+        static = self.act_scales == "static"
         for b in self.blocks:
             for lin in (b.qkv, b.cq, b.ckv, b.up, b.o, b.co, b.down):
-                lin.quant = quant
+                lin.site = StaticScale(self.device, 1 + self.shape.passes, quant=quant) if static else None
+                lin.quant = lin.site or quant
         use_fusion = use and self.fp8 and self.fuse_blocks
         self.set_fusion(BlockFusion.compiled(self.act_scales) if use_fusion else None)
 
@@ -344,8 +375,14 @@ class DiT:
         emb = torch.cat([ang.cos(), ang.sin()]).to(self.dtype)
         return F.silu(self.t_embed @ emb)  # [d]
 
+    @property
+    def calibrating(self) -> bool:
+        """Static activation scales still calibrating (every block's sites count their uses alike)."""
+        site = self.blocks[0].qkv.site if self.blocks else None
+        return site is not None and site.calibrating
+
     def forward_tokens(self, x: torch.Tensor, t: float, cache: KVCache, cond_kv, fused: bool = True) -> torch.Tensor:
-        if fused and self.blocks and self.blocks[0].fusion is not None:
+        if fused and self.blocks and self.blocks[0].fusion is not None and not self.calibrating:
             pending = None
             for b, blk in enumerate(self.blocks):
                 x, pending = blk.fused(x, pending, t, cache, cond_kv[b], b)

@@ -127,3 +127,44 @@ def test_fusion_needs_fp8_weights():
 
     with pytest.raises(ValueError, match="FP8 weights"):
         DiT(ModelShape.from_name("tiny")).set_fusion(BlockFusion.eager("row"))
+
+
+def test_static_scales_calibrate_then_fuse_and_track_the_per_row_path():
+    """act_scales "static": every linear's input scale calibrated over a first forward and one chunk
+    (the blocks run unfused meanwhile), then fixed; fused == unfused bit for bit with the same sites, and
+    the latents stay close to the dynamic per-row path's."""
+    from worker.model import BlockFusion
+
+    model = DiT(ModelShape.from_name("tiny"), dtype=torch.bfloat16, fp8=True)
+    model.set_compile(False)
+    per_row = _fp8_chunks(model, None)
+    model.act_scales = "static"
+    model.set_compile(False)  # fresh sites: calibrate again
+    assert model.calibrating and all(b.o.quant is b.o.site for b in model.blocks)
+    plain = _fp8_chunks(model, None)
+    assert not model.calibrating
+    scales = [b.down.in_scale.clone() for b in model.blocks]
+    assert all(float(s) > 0 for s in scales)
+    model.set_compile(False)
+    fusion, used = BlockFusion.eager("static"), []
+    res_ln_quant = fusion.res_ln_quant
+    fusion.res_ln_quant = lambda *a: used.append(1) or res_ln_quant(*a)
+    fused = _fp8_chunks(model, fusion)
+    assert used, "the fused path must run once calibrated"
+    assert torch.isfinite(plain.float()).all()
+    torch.testing.assert_close(fused, plain, rtol=0, atol=0)
+    assert all(torch.equal(b.down.in_scale, s) for b, s in zip(model.blocks, scales, strict=True))
+    err = (plain.float() - per_row.float()).norm() / per_row.float().norm()
+    assert 0 < err < 0.1, err
+
+
+def test_static_scale_covers_its_calibration_inputs_then_saturates():
+    from worker.fp8 import FP8_MAX, StaticScale
+
+    site = StaticScale("cpu", calls=2)
+    q, s = site(torch.tensor([1.0, -3.0]))
+    q, s = site(torch.tensor([0.5, 2.0]))
+    assert not site.calibrating and float(s) == pytest.approx(3.0 * 2.0 / FP8_MAX)
+    assert q.float().abs().max() < FP8_MAX  # calibration inputs sit inside the range (margin 2)
+    q, s2 = site(torch.tensor([100.0, -100.0, 1.0]))  # beyond the calibrated range: saturates, never NaN
+    assert torch.equal(s2, s) and q.float().tolist()[:2] == [FP8_MAX, -FP8_MAX]
