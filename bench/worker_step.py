@@ -164,6 +164,9 @@ def measure_row(model: DiT, sw: Switches, steps: int, cond_tokens: int, settings
     timer = CudaTimer() if cuda else CpuTimer()
     model.set_timer(timer)
     model.fuse_blocks, model.act_scales = settings
+    # every row compiles afresh: the chains of earlier rows (other act_scales) would otherwise count
+    # against dynamo's recompile limit (8 per function) and push a later row's chain back to eager
+    torch._dynamo.reset()
     model.set_compile(sw.compile)
     cache = make_cache(shape, sw, dev, model.dtype)
     runner = ChunkRunner(model, sw.cuda_graphs)
