@@ -84,7 +84,9 @@ def test_row_scaled_activations_fused_equal_unfused_and_track_the_per_tensor_pat
     from worker.model import BlockFusion
 
     model = DiT(ModelShape.from_name("tiny"), dtype=torch.bfloat16, fp8=True)
-    assert model.act_scales == "row" and all(b.qkv.quant.__name__ == "quantize_act_rows" for b in model.blocks)
+    model.act_scales = "row"
+    model.set_compile(False)
+    assert all(b.qkv.quant.__name__ == "quantize_act_rows" and b.qkv.site is None for b in model.blocks)
     model.act_scales = "tensor"
     model.set_compile(False)  # installs the per-tensor quantizer on every linear
     assert all(b.down.quant.__name__ == "quantize_act" for b in model.blocks)
@@ -136,7 +138,10 @@ def test_static_scales_calibrate_then_fuse_and_track_the_per_row_path():
     from worker.model import BlockFusion
 
     model = DiT(ModelShape.from_name("tiny"), dtype=torch.bfloat16, fp8=True)
+    assert model.act_scales == "static" and model.calibrating  # the default: sites from construction
+    model.act_scales = "row"
     model.set_compile(False)
+    assert not model.calibrating
     per_row = _fp8_chunks(model, None)
     model.act_scales = "static"
     model.set_compile(False)  # fresh sites: calibrate again
