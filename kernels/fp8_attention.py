@@ -19,7 +19,8 @@ Per-row FP8 Q costs accuracy: on random data ~2.6% relative error vs the fp64 tr
 Tried and dropped (slower on the H200 sweep, see docs/PERFORMANCE.md): split window (flash-decoding), half
 tiles with a polynomial exp2 on the FMA pipes, warp specialisation.
 ``q_cos``/``q_sin`` (the step's RoPE tables): the queries are rotated as they load (``rope_q_ref``), so
-the worker's separate query-RoPE pass is gone.
+the worker's separate query-RoPE pass is gone; ``out_scale`` (a static activation scale): the output is
+stored as FP8 [Tq, H*D], the output projection's input, so its quantization pass is gone too.
 head_dim < 32 always takes the bf16 QK path (FP8 MMA needs K >= 32). ``fp8_attention_ref`` is plain
 torch in fp32; ``fp8_attention_lowp_ref`` models the kernel's precision (for the tests' error bound).
 """
@@ -193,6 +194,7 @@ def _fp8_attention_kernel(
     OUT,  # q [H,Tq,D] bf16; k, v [H,S,D] fp8; scales [H]; out [H,Tq,D] bf16
     COS,
     SIN,  # ROPE_Q: the queries' RoPE tables [Tq, D] fp32 (cos, rotate-half-signed sin), row stride D
+    OSCALE,  # FP8_OUT: the output's static scale [] fp32
     Tq,
     n_valid,
     qk_scale,  # qk_scale = sm_scale * log2(e)
@@ -213,6 +215,7 @@ def _fp8_attention_kernel(
     V_KEYS: tl.constexpr,
     TMA: tl.constexpr,  # K, V are TensorDescriptors over slots [0, n_valid) (host-built)
     ROPE_Q: tl.constexpr,  # rotate the queries on load (q*cos + roll(q, D/2)*sin, rounded to bf16)
+    FP8_OUT: tl.constexpr,  # out = fp8(clamp(o / OSCALE)) instead of bf16
     EXACT_ROUND: tl.constexpr,
 ):
     mb = tl.program_id(0)
@@ -263,7 +266,10 @@ def _fp8_attention_kernel(
         )  # fmt: skip
     out = acc * (tl.load(VSCALE + h) / l_i)[:, None]
     o_ptr = OUT + h * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :]
-    tl.store(o_ptr, to_bf16(out, EXACT_ROUND), mask=mmask[:, None])
+    if FP8_OUT:
+        tl.store(o_ptr, to_fp8_saturating(out / tl.load(OSCALE), EXACT_ROUND), mask=mmask[:, None])
+    else:
+        tl.store(o_ptr, to_bf16(out, EXACT_ROUND), mask=mmask[:, None])
 
 
 def _check(q, k_cache, v_cache, k_scale, v_scale, n_valid) -> None:
@@ -317,10 +323,14 @@ def _launch(
     cfg=None,
     q_cos=None,
     q_sin=None,
+    out_scale=None,
 ):
     """Launch the kernel; ``cfg`` overrides the tiles (bench/kernels.py sweeps them, tests pin them)."""
     H, Tq, D = q.shape
-    out = torch.empty_like(q)
+    if out_scale is None:
+        out = torch.empty_like(q)
+    else:  # token-major FP8 [Tq, H*D], viewed [H, Tq, D] for the kernel's strides
+        out = torch.empty(Tq, H * D, dtype=FP8_DTYPE, device=q.device).view(Tq, H, D).transpose(0, 1)
     cfg = dict(cfg or _config(Tq, D, v_cache))
     tma = cfg.pop("TMA", False)
     if wrap is torch.library.wrap_triton:
@@ -350,6 +360,7 @@ def _launch(
         out,
         q if q_cos is None else q_cos,
         q if q_sin is None else q_sin,
+        k_scale if out_scale is None else out_scale,
         Tq,
         n_valid,
         sm_scale * LOG2E,
@@ -368,10 +379,11 @@ def _launch(
         V_KEYS=v_keys,
         TMA=tma,
         ROPE_Q=q_cos is not None,
+        FP8_OUT=out_scale is not None,
         EXACT_ROUND=interpreting(),
         **cfg,
     )
-    return out
+    return out if out_scale is None else out.transpose(0, 1).reshape(Tq, H * D)
 
 
 @torch.library.triton_op("livestep::fp8_attention", mutates_args=())
@@ -387,6 +399,7 @@ def _fp8_attention_op(
     pv_fp8: bool,
     q_cos: torch.Tensor | None = None,
     q_sin: torch.Tensor | None = None,
+    out_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     return _launch(
         q,
@@ -401,6 +414,7 @@ def _fp8_attention_op(
         wrap=torch.library.wrap_triton,
         q_cos=q_cos,
         q_sin=q_sin,
+        out_scale=out_scale,
     )
 
 
@@ -416,21 +430,40 @@ def fp8_attention(
     pv_fp8: bool | None = None,
     q_cos: torch.Tensor | None = None,
     q_sin: torch.Tensor | None = None,
+    out_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of q [H,Tq,D] bf16 over k/v [H,S,D] fp8 slots [0, n_valid) -> [H,Tq,D] bf16.
 
     v may be head_dim-contiguous or keys-contiguous (``v_layout``); ``pv_fp8=None``: ``TUNED``'s choice.
     ``q_cos``, ``q_sin`` [Tq, D] fp32 (the tables of ``rope_q_ref``): the queries are rotated in the
-    kernel as they load (same values as attending with ``rope_q_ref(q, q_cos, q_sin)``, one pass less)."""
+    kernel as they load (same values as attending with ``rope_q_ref(q, q_cos, q_sin)``, one pass less).
+    ``out_scale`` (fp32 [], a static activation scale): the output is instead FP8 [Tq, H*D] token-major,
+    clamp(o / out_scale, +-448) -- the output projection's GEMM input, no quantization pass after."""
     _check(q, k_cache, v_cache, k_scale, v_scale, n_valid)
     _check_rope_tables(q, q_cos, q_sin)
+    assert out_scale is None or (out_scale.shape == () and out_scale.dtype == torch.float32), (
+        f"out_scale: {None if out_scale is None else (tuple(out_scale.shape), out_scale.dtype)}; valid: fp32 []"
+    )
     sm = float(sm_scale) if sm_scale is not None else 1.0 / math.sqrt(q.shape[-1])
     pv = bool(_tuned(v_cache)["pv_fp8"]) if pv_fp8 is None else bool(pv_fp8)
     if torch.compiler.is_compiling():
         return torch.ops.livestep.fp8_attention(
-            q, k_cache, v_cache, k_scale, v_scale, n_valid, sm, qk_fp8, pv, q_cos, q_sin
+            q, k_cache, v_cache, k_scale, v_scale, n_valid, sm, qk_fp8, pv, q_cos, q_sin, out_scale
         )
-    return _launch(q, k_cache, v_cache, k_scale, v_scale, n_valid, sm, qk_fp8, pv, q_cos=q_cos, q_sin=q_sin)
+    return _launch(
+        q,
+        k_cache,
+        v_cache,
+        k_scale,
+        v_scale,
+        n_valid,
+        sm,
+        qk_fp8,
+        pv,
+        q_cos=q_cos,
+        q_sin=q_sin,
+        out_scale=out_scale,
+    )
 
 
 def _check_rope_tables(q, q_cos, q_sin) -> None:

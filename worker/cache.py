@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from worker.config import ModelShape, Switches
-from worker.fp8 import FP8, dequantize, head_scale, quantize
+from worker.fp8 import FP8, dequantize, head_scale, quantize, quantize_act_static
 from worker.rope import apply_rope, apply_rope_tables, rope_tables, rotate_by
 
 # Calibration margin: rotation can grow a component by sqrt(2); later tokens get 25% headroom.
@@ -189,15 +189,20 @@ class CacheOps:
         else:
             self.write_pair(k, v, cos, sin, slots, k_scale, v_scale, k_cache, v_cache, rope_k)
 
-    def attention(self, q, win: Window, cos=None, sin=None, rope=apply_rope_tables) -> torch.Tensor:
-        """q [H, Tq, D] over the window; with the step's RoPE tables (cos, sin) the queries are rotated
-        first: inside the FP8 kernel as they load when it runs, else by ``rope`` (the caller's, maybe
-        compiled)."""
+    def attention(self, q, win: Window, cos=None, sin=None, rope=apply_rope_tables, out_scale=None) -> torch.Tensor:
+        """q [H, Tq, D] over the window -> [H, Tq, D]; with the step's RoPE tables (cos, sin) the queries
+        are rotated first: inside the FP8 kernel as they load when it runs, else by ``rope`` (the caller's,
+        maybe compiled). ``out_scale`` (a static activation scale []): FP8 [Tq, H*D] instead, the output
+        projection's input (stored so by the kernel; quantized after the torch path)."""
         if self._fa is not None and win.k_scale is not None:
-            return self._fa(q, win.k, win.v, win.k_scale, win.v_scale, win.n, q_cos=cos, q_sin=sin)
+            return self._fa(q, win.k, win.v, win.k_scale, win.v_scale, win.n, q_cos=cos, q_sin=sin,
+                            out_scale=out_scale)
         if cos is not None:
             q = rope(q, cos, sin)
-        return attention_torch(q, win)
+        o = attention_torch(q, win)
+        if out_scale is None:
+            return o
+        return quantize_act_static(o.transpose(0, 1).reshape(o.shape[1], -1), out_scale)[0]
 
     def delta_rotate(self, cache, scale, delta: int) -> None:
         if self._dr is not None and cache.dtype == FP8:

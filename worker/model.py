@@ -26,7 +26,8 @@ chunk, then fixed; no reduction at all, and the GEMM takes the faster per-tensor
 With FP8 GEMMs and the compile switch on CUDA, ``DiT.set_compile`` also installs a ``BlockFusion``:
 the elementwise chains around the GEMMs compiled into few kernels (residual + LayerNorm/modulation
 + the FP8 activation quantization, a block's last residual added in the next block's first such
-kernel; the query's RoPE (inside the FP8 attention kernel when it runs: ``CacheOps.attention``); GELU +
+kernel; the query's RoPE (inside the FP8 attention kernel when it runs: ``CacheOps.attention``, which
+with static scales also stores its output as the FP8 input of the output projection); GELU +
 quantization of the FFN-down input when
 the block's ``row_parallel`` is not overridden). Same math as the unfused path (``BlockFusion.eager(act_scales)``
 is that path with the chains grouped; the tests compare both on CPU). ``DiT.fuse_blocks = False``
@@ -231,7 +232,10 @@ class Block:
 
     def row_parallel(self, x: torch.Tensor, lin: Linear) -> torch.Tensor:
         """A row-parallel linear: the rank's partial product, then the all-reduce over the group."""
-        y = lin(x)
+        return self._reduce(lin(x))
+
+    def _reduce(self, y: torch.Tensor) -> torch.Tensor:
+        """A row-parallel partial product summed over the group (identity at world size 1)."""
         if self.allreduce is _identity:
             return y
         with self.timer.span("allreduce"):
@@ -261,22 +265,24 @@ class Block:
         q, k, v = _mm(hq, hs, self.qkv).view(T, 3, H, hd).permute(1, 2, 0, 3).unbind(0)
         with self.timer.span("upkeep"):
             win = cache.update(b, k, v)
+        own_rp = "row_parallel" in self.__dict__  # overridden (worker/parallel.py): it quantizes its input
+        os_ = None if own_rp else self.o.in_scale  # static: attention stores the FP8 GEMM input itself
         with self.timer.span("attention"):  # the queries' RoPE inside the FP8 kernel, else fu.rope
-            o = cache.ops.attention(q, win, cache.cos, cache.sin, fu.rope)
-        y = self.row_parallel(o.transpose(0, 1).reshape(T, H * hd), self.o)
+            o = cache.ops.attention(q, win, cache.cos, cache.sin, fu.rope, out_scale=os_)
+        if os_ is not None:
+            y = self._reduce(_mm(o, os_, self.o))
+        else:
+            y = self.row_parallel(o.transpose(0, 1).reshape(T, H * hd), self.o)
         x, hq, hs = fu.res_ln_quant(x, g1, y, None, None, self.cq.in_scale)
         cq = _mm(hq, hs, self.cq).view(T, H, hd).transpose(0, 1)
         o = F.scaled_dot_product_attention(cq[None], ckv[0][None], ckv[1][None])[0]
         y = self.row_parallel(o.transpose(0, 1).reshape(T, H * hd), self.co)
         x, hq, hs = fu.res_ln_quant(x, None, y, sc2, sh2, self.up.in_scale)
         u = _mm(hq, hs, self.up)
-        if "row_parallel" in self.__dict__:  # overridden (worker/parallel.py): it quantizes its input
+        if own_rp:
             y = self.row_parallel(F.gelu(u, approximate="tanh"), self.down)
         else:
-            y = _mm(*fu.gelu_quant(u, self.down.in_scale), self.down)
-            if self.allreduce is not _identity:
-                with self.timer.span("allreduce"):
-                    y = self.allreduce(y)
+            y = self._reduce(_mm(*fu.gelu_quant(u, self.down.in_scale), self.down))
         return x, (g2, y)
 
     def __call__(self, x, t: float, cache: KVCache, ckv, b: int) -> torch.Tensor:

@@ -139,3 +139,26 @@ def test_rope_tables_are_checked(rng, device):
         fp8_attention(q, k, v, ks, vs, 16, q_cos=cos)
     with pytest.raises(AssertionError, match=r"valid: contiguous fp32 \[8, 32\]"):
         fp8_attention(q, k, v, ks, vs, 16, q_cos=cos[:4], q_sin=sin[:4])
+
+
+def check_fp8_output(H, Tq, S, D, n_valid, v_keys, rng, device):
+    """out_scale: FP8 [Tq, H*D] = clamp(o / out_scale) of the bf16 output, up to its double rounding
+    (the kernel rounds once, from fp32): every code within one e4m3 step, most identical."""
+    g, seed = rng
+    q, k, v, ks, vs = _inputs(H, Tq, S, D, n_valid, g, device, v_keys)
+    o = fp8_attention(q, k, v, ks, vs, n_valid)
+    scale = (o.float().abs().max() / 300.0).reshape(())  # some values past 448 * scale: saturate
+    got = fp8_attention(q, k, v, ks, vs, n_valid, out_scale=scale)
+    want = torch.clamp(o.float().transpose(0, 1).reshape(Tq, H * D) / scale, -448.0, 448.0)
+    assert got.shape == (Tq, H * D) and got.dtype == torch.float8_e4m3fn and got.is_contiguous()
+    gf = got.float()
+    assert torch.isfinite(gf).all(), f"seed={seed}"
+    step = torch.exp2(torch.floor(torch.log2(want.abs().clamp_min(2.0**-6))) - 3)
+    assert ((gf - want).abs() <= step + 1e-6).all(), f"seed={seed}"
+    # the bf16 rounding first decides a code near an e4m3 half-step: ~2**-5 of them
+    assert (gf != want.to(torch.float8_e4m3fn).float()).float().mean() < 0.06, f"seed={seed}"
+
+
+@pytest.mark.parametrize("v_keys", [False, True], ids=["v_dims", "v_keys"])
+def test_fp8_output_is_the_bf16_output_quantized_token_major(v_keys, rng, device):
+    check_fp8_output(3, 37, 50, 32, 41, v_keys, rng, device)
