@@ -163,6 +163,7 @@ class CacheOps:
             self._rw, self._dr, self._fa = k[0].rope_fp8_write, k[1].delta_rotate, k[2].fp8_attention
             self._rwkv = k[0].rope_fp8_write_kv
             self._v_layout = k[2].v_layout
+            self._to_keys = k[2].to_keys_contiguous
         if switches.compile and cuda:
             self.write_pair = torch.compile(write_pair_torch)
             self.reread = torch.compile(reread_torch)
@@ -188,6 +189,15 @@ class CacheOps:
                 self._rw(v, positions, slots, v_scale, v_cache, apply_rope=False)
         else:
             self.write_pair(k, v, cos, sin, slots, k_scale, v_scale, k_cache, v_cache, rope_k)
+
+    def cross_window(self, k: torch.Tensor, v: torch.Tensor) -> Window:
+        """The conditioning's cross-attention K/V [H, L, D] (once per session) as a window ``attention``
+        reads: with the kernels FP8 with per-head scales (V keys-contiguous), so the cross-attention runs
+        the FP8 kernel too; else as given (SDPA)."""
+        if self._fa is None:
+            return Window(k, v, None, None, k.shape[1])
+        ks, vs = head_scale(k), head_scale(v)
+        return Window(quantize(k, ks), self._to_keys(quantize(v, vs)), ks, vs, k.shape[1])
 
     def attention(self, q, win: Window, cos=None, sin=None, rope=apply_rope_tables, out_scale=None) -> torch.Tensor:
         """q [H, Tq, D] over the window -> [H, Tq, D]; with the step's RoPE tables (cos, sin) the queries

@@ -234,6 +234,13 @@ class Block:
         """A row-parallel linear: the rank's partial product, then the all-reduce over the group."""
         return self._reduce(lin(x))
 
+    def _project(self, o: torch.Tensor, lin: Linear, out_scale: torch.Tensor | None) -> torch.Tensor:
+        """An attention output through its row-parallel projection: o is FP8 [T, H*D] already when the
+        attention stored it with the static ``out_scale``, else [H, T, D]."""
+        if out_scale is not None:
+            return self._reduce(_mm(o, out_scale, lin))
+        return self.row_parallel(o.transpose(0, 1).reshape(o.shape[1], -1), lin)
+
     def _reduce(self, y: torch.Tensor) -> torch.Tensor:
         """A row-parallel partial product summed over the group (identity at world size 1)."""
         if self.allreduce is _identity:
@@ -269,14 +276,11 @@ class Block:
         os_ = None if own_rp else self.o.in_scale  # static: attention stores the FP8 GEMM input itself
         with self.timer.span("attention"):  # the queries' RoPE inside the FP8 kernel, else fu.rope
             o = cache.ops.attention(q, win, cache.cos, cache.sin, fu.rope, out_scale=os_)
-        if os_ is not None:
-            y = self._reduce(_mm(o, os_, self.o))
-        else:
-            y = self.row_parallel(o.transpose(0, 1).reshape(T, H * hd), self.o)
+        y = self._project(o, self.o, os_)
         x, hq, hs = fu.res_ln_quant(x, g1, y, None, None, self.cq.in_scale)
         cq = _mm(hq, hs, self.cq).view(T, H, hd).transpose(0, 1)
-        o = F.scaled_dot_product_attention(cq[None], ckv[0][None], ckv[1][None])[0]
-        y = self.row_parallel(o.transpose(0, 1).reshape(T, H * hd), self.co)
+        os_ = None if own_rp else self.co.in_scale
+        y = self._project(cache.ops.attention(cq, ckv, out_scale=os_), self.co, os_)
         x, hq, hs = fu.res_ln_quant(x, None, y, sc2, sh2, self.up.in_scale)
         u = _mm(hq, hs, self.up)
         if own_rp:
@@ -300,7 +304,7 @@ class Block:
         x = torch.addcmul(x, g1, self.row_parallel(o.transpose(0, 1).reshape(T, H * hd), self.o))
         # cross-attention to the conditioning
         cq = self.cq(F.layer_norm(x, (d,))).view(T, H, hd).transpose(0, 1)
-        o = F.scaled_dot_product_attention(cq[None], ckv[0][None], ckv[1][None])[0]
+        o = cache.ops.attention(cq, ckv)  # over the conditioning's window (cache.ops.cross_window)
         x = x + self.row_parallel(o.transpose(0, 1).reshape(T, H * hd), self.co)
         # MLP
         h = F.layer_norm(x, (d,), sc2, sh2)
@@ -401,7 +405,7 @@ class DiT:
     def first_forward(self, cond: torch.Tensor, cache: KVCache):
         """Conditioning [L, d]: cross-attention K/V per block, and the window prefilled with it."""
         cond = cond.to(self.dtype)
-        cond_kv = [blk.cross_kv(cond) for blk in self.blocks]
+        cond_kv = [cache.ops.cross_window(*blk.cross_kv(cond)) for blk in self.blocks]
         cache.begin_step(cond.shape[0])
         # unfused: once per session, and its token count varies per session (the compiled chains
         # then see one shape only, the chunk's, and never recompile)
