@@ -25,7 +25,8 @@ from worker.model import DiT
 
 def latents(model: DiT, act_scales: str, steps: int) -> torch.Tensor:
     model.act_scales = act_scales
-    model.set_compile(False)  # fresh quantizers (static: calibrate again)
+    model.set_compile(False)  # this scaling's quantizers
+    model.reset_act_scales()  # static: calibrate again on these inputs
     shape, dev = model.shape, model.device
     sw = Switches(ring_cache=True, rope_at_write=True, fp8_cache=True)
     cache = make_cache(shape, sw, dev, model.dtype)

@@ -147,8 +147,8 @@ def _chains(act_scales: str) -> tuple[Callable, Callable, Callable]:
     return ln_quant, res_ln_quant, gelu_quant
 
 
-# DiT.act_scales -> quantizer ("static": one StaticScale per linear's input, see DiT.set_compile)
-ACT_QUANT = {"tensor": quantize_act, "row": quantize_act_rows, "static": quantize_act_static}
+ACT_QUANT = {"tensor": quantize_act, "row": quantize_act_rows}  # DiT.act_scales -> dynamic quantizer
+ACT_SCALES = (*ACT_QUANT, "static")  # "static": one StaticScale per linear's input (DiT.set_compile)
 
 
 @dataclass
@@ -348,24 +348,43 @@ class DiT:
         for b in self.blocks:
             b.allreduce = fn
 
+    def _linears(self):
+        return [lin for b in self.blocks for lin in (b.qkv, b.cq, b.ckv, b.up, b.o, b.co, b.down)]
+
     def set_compile(self, on: bool) -> None:
         """The compile switch's share in the model (CUDA only): the FP8 activation quantizer compiled,
         and with FP8 weights and ``fuse_blocks`` the blocks' elementwise chains (``BlockFusion``).
-        Both use ``act_scales``; set it before calling this. "static" gives every linear's input a fresh
-        ``StaticScale`` calibrated over the next 1 + passes forwards (a first forward and one chunk),
-        during which the blocks run unfused (the sites observe their inputs there)."""
-        if self.act_scales not in ACT_QUANT:
-            raise ValueError(f"act_scales {self.act_scales!r}; valid: {sorted(ACT_QUANT)}")
+        Both use ``act_scales``; set it before calling this. "static" keeps the linears' ``StaticScale``
+        sites (their calibration) and swaps only their quantizer; the first call makes them
+        (``reset_act_scales``)."""
+        if self.act_scales not in ACT_SCALES:
+            raise ValueError(f"act_scales {self.act_scales!r}; valid: {list(ACT_SCALES)}")
         use = on and self.device.type == "cuda"
-        quant = ACT_QUANT[self.act_scales]
-        quant = torch.compile(quant) if use else quant
-        static = self.act_scales == "static" and self.fp8  # bf16/fp32 weights quantize nothing
-        for b in self.blocks:
-            for lin in (b.qkv, b.cq, b.ckv, b.up, b.o, b.co, b.down):
-                lin.site = StaticScale(self.device, 1 + self.shape.passes, quant=quant) if static else None
-                lin.quant = lin.site or quant
+        if self.act_scales == "static" and self.fp8:
+            quant = torch.compile(quantize_act_static) if use else quantize_act_static
+            if any(lin.site is None for lin in self._linears()):
+                self.reset_act_scales()
+            for lin in self._linears():
+                lin.site.quant = quant
+                lin.quant = lin.site
+        else:  # dynamic scales ("static" with bf16/fp32 weights: nothing is quantized)
+            quant = ACT_QUANT.get(self.act_scales, quantize_act)
+            quant = torch.compile(quant) if use else quant
+            for lin in self._linears():
+                lin.site, lin.quant = None, quant
         use_fusion = use and self.fp8 and self.fuse_blocks
         self.set_fusion(BlockFusion.compiled(self.act_scales) if use_fusion else None)
+
+    def reset_act_scales(self) -> None:
+        """Static scales: fresh sites for every linear (same quantizer), calibrated over the next
+        1 + passes uses -- a session's first forward and first chunk, during which the blocks run
+        unfused and ``ChunkRunner`` captures no graph. Nothing without static scales."""
+        if self.act_scales != "static" or not self.fp8:
+            return
+        for lin in self._linears():
+            quant = lin.site.quant if lin.site is not None else quantize_act_static
+            lin.site = StaticScale(self.device, 1 + self.shape.passes, quant=quant)
+            lin.quant = lin.site
 
     def set_fusion(self, fusion: BlockFusion | None) -> None:
         """Install (or remove) the fused block path; ``BlockFusion.eager(act_scales)`` on CPU for tests."""
@@ -388,7 +407,9 @@ class DiT:
 
     @property
     def calibrating(self) -> bool:
-        """Static activation scales still calibrating (every block's sites count their uses alike)."""
+        """Static activation scales still calibrating (block 0's QKV input stands for all: every block's
+        steady-path sites count their uses alike; the cross K/V input is used once per session and the
+        row-parallel inputs under tensor parallel quantize dynamically, so those may never finish)."""
         site = self.blocks[0].qkv.site if self.blocks else None
         return site is not None and site.calibrating
 

@@ -96,7 +96,9 @@ class ChunkRunner:
         self._graph = None
 
     def __call__(self, noise: torch.Tensor, cache: KVCache, cond_kv) -> tuple[torch.Tensor, bool]:
-        if not (self.use_graphs and cache.book.n_valid == cache.shape.window):
+        # eager until the window is full, and while static activation scales calibrate (a graph would
+        # freeze the calibration's unfused path and its scale updates into every replay)
+        if not (self.use_graphs and cache.book.n_valid == cache.shape.window) or self.model.calibrating:
             return self.model.denoise_chunk(noise, cache, cond_kv), False
         if self._graph is None or self._graph[3] is not cache:
             static_noise = noise.clone()
@@ -257,6 +259,7 @@ class Session:
         model = w.model
         model.set_timer(tel.timer)
         model.set_compile(self.switches.compile)
+        model.reset_act_scales()  # static activation scales: this session calibrates its own
         try:
             cond = torch.randn(self.cond_tokens, shape.d_model, generator=gen, device=dev)
             self.w.register_forward(self.cond_tokens, self.switches)

@@ -50,7 +50,8 @@ def test_cuda_graph_session_runs_and_replays(small_worker):
 def _latents(model: DiT, sw: Switches) -> tuple[torch.Tensor, int]:
     """9 chunks from the same noise (resets every 3): stacked latents and the ring's wraps."""
     shape = model.shape
-    model.set_compile(False)  # fresh static activation scales: every run calibrates on its own inputs
+    model.set_compile(False)
+    model.reset_act_scales()  # static activation scales: every run calibrates on its own inputs
     cache = make_cache(shape, sw, "cuda", model.dtype)
     g = torch.Generator(device="cuda").manual_seed(3)
     ckv = model.first_forward(torch.randn(300, shape.d_model, generator=g, device="cuda"), cache)

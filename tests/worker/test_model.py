@@ -133,8 +133,8 @@ def test_fusion_needs_fp8_weights():
 
 def test_static_scales_calibrate_then_fuse_and_track_the_per_row_path():
     """act_scales "static": every linear's input scale calibrated over a first forward and one chunk
-    (the blocks run unfused meanwhile), then fixed; fused == unfused bit for bit with the same sites, and
-    the latents stay close to the dynamic per-row path's."""
+    (the blocks run unfused meanwhile), then fixed; fused == unfused bit for bit (each calibrating on the
+    same inputs), and the latents stay close to the dynamic per-row path's."""
     from worker.model import BlockFusion
 
     model = DiT(ModelShape.from_name("tiny"), dtype=torch.bfloat16, fp8=True)
@@ -150,7 +150,8 @@ def test_static_scales_calibrate_then_fuse_and_track_the_per_row_path():
     assert not model.calibrating
     scales = [b.down.in_scale.clone() for b in model.blocks]
     assert all(float(s) > 0 for s in scales)
-    model.set_compile(False)
+    model.reset_act_scales()  # fresh sites: the fused run calibrates on the same inputs again
+    assert model.calibrating
     fusion, used = BlockFusion.eager("static"), []
     res_ln_quant = fusion.res_ln_quant
     fusion.res_ln_quant = lambda *a: used.append(1) or res_ln_quant(*a)
@@ -173,3 +174,22 @@ def test_static_scale_covers_its_calibration_inputs_then_saturates():
     assert q.float().abs().max() < FP8_MAX  # calibration inputs sit inside the range (margin 2)
     q, s2 = site(torch.tensor([100.0, -100.0, 1.0]))  # beyond the calibrated range: saturates, never NaN
     assert torch.equal(s2, s) and q.float().tolist()[:2] == [FP8_MAX, -FP8_MAX]
+
+
+def test_compile_switch_keeps_the_static_calibration_and_a_reset_starts_over():
+    """Flipping compile mid-session swaps the quantizer only: the sites, their scales and their count
+    stay (a mid-session recalibration would run unfused, uncaptured, without a first forward)."""
+    model = DiT(ModelShape.from_name("tiny"), dtype=torch.bfloat16, fp8=True)
+    _fp8_chunks(model, None, steps=1)
+    assert not model.calibrating
+    sites = [(lin.site, lin.site.scale.clone()) for lin in model._linears()]
+    model.set_compile(True)  # on CPU the compile switch compiles nothing, but runs the same code
+    model.set_compile(False)
+    assert not model.calibrating
+    for lin, (site, scale) in zip(model._linears(), sites, strict=True):
+        assert lin.site is site and lin.quant is site and torch.equal(site.scale, scale)
+    model.reset_act_scales()
+    assert model.calibrating and all(lin.site is not s for lin, (s, _) in zip(model._linears(), sites, strict=True))
+    model.act_scales = "row"
+    model.set_compile(False)
+    assert not model.calibrating and all(lin.site is None for lin in model._linears())
