@@ -164,6 +164,7 @@ class CacheOps:
             self._rwkv = k[0].rope_fp8_write_kv
             self._v_layout = k[2].v_layout
             self._to_keys = k[2].to_keys_contiguous
+            self._fa_dims = k[2].SUPPORTED_HEAD_DIMS
         if switches.compile and cuda:
             self.write_pair = torch.compile(write_pair_torch)
             self.reread = torch.compile(reread_torch)
@@ -190,11 +191,12 @@ class CacheOps:
         else:
             self.write_pair(k, v, cos, sin, slots, k_scale, v_scale, k_cache, v_cache, rope_k)
 
-    def cross_window(self, k: torch.Tensor, v: torch.Tensor) -> Window:
+    def cross_window(self, k: torch.Tensor, v: torch.Tensor, fp8: bool) -> Window:
         """The conditioning's cross-attention K/V [H, L, D] (once per session) as a window ``attention``
-        reads: with the kernels FP8 with per-head scales (V keys-contiguous), so the cross-attention runs
-        the FP8 kernel too; else as given (SDPA)."""
-        if self._fa is None:
+        reads: FP8 with per-head scales (V keys-contiguous) when attention reads FP8 (``fp8``) and the
+        kernels run, so the cross-attention runs the FP8 kernel too; else as given (SDPA). A session keeps
+        its windows when a switch flips: FP8 ones are then read by the torch path (dequantized)."""
+        if self._fa is None or not fp8 or k.dtype != torch.bfloat16 or k.shape[-1] not in self._fa_dims:
             return Window(k, v, None, None, k.shape[1])
         ks, vs = head_scale(k), head_scale(v)
         return Window(quantize(k, ks), self._to_keys(quantize(v, vs)), ks, vs, k.shape[1])
@@ -278,6 +280,10 @@ class KVCache:
             self.k_scale[b] = head_scale(k_raw, CALIBRATION_MARGIN)
             self.v_scale[b] = head_scale(v, 1.25)
             self.calibrated[b] = True
+
+    def cross_window(self, k: torch.Tensor, v: torch.Tensor) -> Window:
+        """The conditioning's cross-attention K/V as a window, FP8 when this cache's attention reads FP8."""
+        return self.ops.cross_window(k, v, self.fp8_read)
 
     def slot_positions(self) -> torch.Tensor:
         """Absolute position of the token in every slot [slots] (committed tokens)."""

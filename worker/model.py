@@ -304,7 +304,7 @@ class Block:
         x = torch.addcmul(x, g1, self.row_parallel(o.transpose(0, 1).reshape(T, H * hd), self.o))
         # cross-attention to the conditioning
         cq = self.cq(F.layer_norm(x, (d,))).view(T, H, hd).transpose(0, 1)
-        o = cache.ops.attention(cq, ckv)  # over the conditioning's window (cache.ops.cross_window)
+        o = cache.ops.attention(cq, ckv)  # over the conditioning's window (cache.cross_window)
         x = x + self.row_parallel(o.transpose(0, 1).reshape(T, H * hd), self.co)
         # MLP
         h = F.layer_norm(x, (d,), sc2, sh2)
@@ -426,7 +426,7 @@ class DiT:
     def first_forward(self, cond: torch.Tensor, cache: KVCache):
         """Conditioning [L, d]: cross-attention K/V per block, and the window prefilled with it."""
         cond = cond.to(self.dtype)
-        cond_kv = [cache.ops.cross_window(*blk.cross_kv(cond)) for blk in self.blocks]
+        cond_kv = [cache.cross_window(*blk.cross_kv(cond)) for blk in self.blocks]
         cache.begin_step(cond.shape[0])
         # unfused: once per session, and its token count varies per session (the compiled chains
         # then see one shape only, the chunk's, and never recompile)

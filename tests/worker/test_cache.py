@@ -173,3 +173,26 @@ def test_switch_flips_move_the_window_between_v_layouts(monkeypatch):
         assert torch.equal(_bytes(g_c.v), _bytes(w_c.v)) and torch.equal(_bytes(g_c.k), _bytes(w_c.k))
         for a, b in zip(g_c.export_tokens()[:2], w_c.export_tokens()[:2], strict=True):
             assert torch.equal(a, b)
+
+
+def test_cross_window_is_fp8_only_where_attention_reads_fp8_with_the_kernels():
+    """The conditioning's K/V: as given without the kernels, for a bf16-reading cache, or for a dtype the
+    kernel does not take; FP8 with per-head scales (V keys-contiguous) otherwise, which the torch path
+    also reads (dequantized) if the kernels go away mid-session."""
+    import kernels.fp8_attention as fa
+    from worker.cache import CacheOps, attention_torch
+
+    g = torch.Generator().manual_seed(5)
+    k, v = (torch.randn(2, 40, 32, generator=g).bfloat16() for _ in range(2))
+    ops = CacheOps(Switches(triton_kernels=True), torch.device("cpu"))  # no kernels off CUDA
+    assert ops.cross_window(k, v, fp8=True).k_scale is None
+    ops._fa, ops._to_keys, ops._fa_dims = fa.fp8_attention, fa.to_keys_contiguous, fa.SUPPORTED_HEAD_DIMS
+    assert ops.cross_window(k, v, fp8=False).k is k
+    assert ops.cross_window(k.float(), v.float(), fp8=True).k_scale is None
+    win = ops.cross_window(k, v, fp8=True)
+    assert win.k.dtype == torch.float8_e4m3fn and win.v.stride(1) == 1 and win.n == 40
+    assert torch.allclose(dequantize(win.k, win.k_scale, torch.float32), k.float(), rtol=0.07, atol=1e-2)
+    q = torch.randn(2, 9, 32, generator=g).bfloat16()
+    plain = attention_torch(q, ops.cross_window(k, v, fp8=False)).float()
+    read = attention_torch(q, win).float()  # the torch path over the FP8 window
+    assert ((read - plain).norm() / plain.norm()) < 0.05
