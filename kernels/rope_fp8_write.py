@@ -4,7 +4,7 @@
 torch path does in several ops: cache[h, slots[t]] = fp8(clamp(rope(x[h, t], positions[t]) / scale[h])).
 ``apply_rope=False`` writes V (quantize only); ``rope_fp8_write_kv`` writes K and V in one launch.
 ``rope_fp8_write_ref`` is the same in plain torch (fp32). cos/sin depend only on (token, frequency), so
-each program computes them once for a block of tokens and reuses them across several heads.
+each program computes them once for its block of tokens (and its HEADS heads, one by default).
 A cache may be head_dim-contiguous ([H,S,D] storage) or keys-contiguous (slot stride 1, the FP8 P@V
 layout of ``kernels.fp8_attention.v_layout``): there a block's run of consecutive slots is stored as
 one token-major tile (coalesced), and the few tokens off the run (a ring wrap) are scattered.
@@ -40,7 +40,7 @@ def _load_rows(X, hh, t, m3, i, stride_xh, stride_xt, HALF: tl.constexpr):
 def _quant_store(
     x1,
     x2,
-    SCALE,
+    scale,
     CACHE,
     hh,
     m3,
@@ -58,7 +58,7 @@ def _quant_store(
     EXACT_ROUND: tl.constexpr,
     HALF: tl.constexpr,
 ):
-    """Rotate (cos/sin given) when ROPE, quantize with the heads' scales, store to the ring slots.
+    """Rotate (cos/sin given) when ROPE, quantize with the heads' scales [HEADS], store to the ring slots.
 
     SLOTS_CONTIG (cache slot stride 1): tokens whose slot is lin (the block's first slot + token index,
     ``run``) are stored through lin, which the compiler sees as contiguous; the rest through slot."""
@@ -70,9 +70,8 @@ def _quant_store(
     else:
         y1 = x1
         y2 = x2
-    scale = tl.load(SCALE + hh)[:, None, None]
-    q1 = to_fp8_saturating(y1 / scale, EXACT_ROUND)
-    q2 = to_fp8_saturating(y2 / scale, EXACT_ROUND)
+    q1 = to_fp8_saturating(y1 / scale[:, None, None], EXACT_ROUND)
+    q2 = to_fp8_saturating(y2 / scale[:, None, None], EXACT_ROUND)
     base = CACHE + hh[:, None, None] * stride_ch
     if SLOTS_CONTIG:
         c_run = base + lin[None, :, None] + i[None, None, :] * stride_cd
@@ -132,8 +131,10 @@ def _rope_fp8_write_kernel(
     hh = tl.where(hmask, hh, 0).to(tl.int64)  # a head past H reads head 0 and stores nothing
     m3 = hmask[:, None, None] & tmask[None, :, None]
     k1, k2 = _load_rows(X, hh, t, m3, i, stride_xh, stride_xt, HALF)
+    ks = tl.load(SCALE + hh)
     if HAS_SECOND:
         v1, v2 = _load_rows(X2, hh, t, m3, i, stride_x2h, stride_x2t, HALF)
+        vs = tl.load(SCALE2 + hh)
     slot = tl.load(SLOT + t, mask=tmask, other=0).to(tl.int64)
     lin = tl.load(SLOT + tl.program_id(0) * BLOCK_T).to(tl.int64) + tl.arange(0, BLOCK_T)  # the block's run
     run = slot == lin
@@ -147,12 +148,12 @@ def _rope_fp8_write_kernel(
         c = tl.zeros([1, BLOCK_T, HALF], dtype=tl.float32)
         s = c
     _quant_store(
-        k1, k2, SCALE, CACHE, hh, m3, slot, lin, run, i, c, s, stride_ch, stride_cs, stride_cd,
+        k1, k2, ks, CACHE, hh, m3, slot, lin, run, i, c, s, stride_ch, stride_cs, stride_cd,
         APPLY_ROPE, CONTIG, EXACT_ROUND, HALF,
     )  # fmt: skip
     if HAS_SECOND:
         _quant_store(
-            v1, v2, SCALE2, CACHE2, hh, m3, slot, lin, run, i, c, s, stride_c2h, stride_c2s, stride_c2d,
+            v1, v2, vs, CACHE2, hh, m3, slot, lin, run, i, c, s, stride_c2h, stride_c2s, stride_c2d,
             False, CONTIG2, EXACT_ROUND, HALF,
         )  # fmt: skip
 
