@@ -17,9 +17,9 @@ the ratio of the best row against the plain path.
 
 The row +fused_blocks is +cuda_graphs with the blocks' elementwise chains compiled
 (``model.BlockFusion``: residual + LayerNorm + FP8 quantization, the query's RoPE, GELU + quantization);
-the rows before it run with ``fuse_blocks`` off, so both are measured in the same run. The last row,
+the rows before it run with ``fuse_blocks`` off, so both are measured in the same run. The next row,
 +row_scales, quantizes activations per token (``DiT.act_scales = "row"``: no global amax, one pass);
-+static_scales quantizes with static per-tensor scales (``DiT.act_scales = "static"``: calibrated on the
+the last, +static_scales, quantizes with static per-tensor scales (``DiT.act_scales = "static"``: calibrated on the
 first forward and chunk, then fixed: no reduction in the chains, per-tensor GEMM scaling). Telemetry and
 the full model run the fastest row's settings.
 

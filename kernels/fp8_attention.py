@@ -191,7 +191,7 @@ def _fp8_attention_kernel(
     V,
     KSCALE,
     VSCALE,
-    OUT,  # q [H,Tq,D] bf16; k, v [H,S,D] fp8; scales [H]; out [H,Tq,D] bf16
+    OUT,  # q [H,Tq,D] bf16; k, v [H,S,D] fp8; scales [H]; out [H,Tq,D] bf16 (FP8_OUT: a view of [Tq,H*D] fp8)
     COS,
     SIN,  # ROPE_Q: the queries' RoPE tables [Tq, D] fp32 (cos, rotate-half-signed sin), row stride D
     OSCALE,  # FP8_OUT: the output's static scale [] fp32

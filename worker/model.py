@@ -20,18 +20,20 @@ index), so a rank's shard equals the slice of the single-process model's weights
 GEMMs are FP8 (``torch._scaled_mm``, per-tensor weight scales) when the shape says ``fp8_weights`` on
 CUDA, bf16 otherwise on CUDA, fp32 on CPU. Activations are quantized on the fly, per tensor or per row
 (``DiT.act_scales``: "row" needs no global amax, so a compiled chain quantizes in the same pass), or
-with static per-tensor scales ("static": each linear's input scale calibrated on the first forward and
-chunk, then fixed; no reduction at all, and the GEMM takes the faster per-tensor scaling).
+with static per-tensor scales ("static", the default: each linear's input scale calibrated on a
+session's first forward and chunk, then fixed; no reduction at all, and the GEMM takes the faster
+per-tensor scaling; under tensor parallel the row-parallel inputs still quantize dynamically in
+``worker/parallel.py``'s fused GEMM + all-reduce).
 
 With FP8 GEMMs and the compile switch on CUDA, ``DiT.set_compile`` also installs a ``BlockFusion``:
-the elementwise chains around the GEMMs compiled into few kernels (residual + LayerNorm/modulation
-+ the FP8 activation quantization, a block's last residual added in the next block's first such
-kernel; the query's RoPE (inside the FP8 attention kernel when it runs: ``CacheOps.attention``, which
-with static scales also stores its output as the FP8 input of the output projection); GELU +
-quantization of the FFN-down input when
-the block's ``row_parallel`` is not overridden). Same math as the unfused path (``BlockFusion.eager(act_scales)``
-is that path with the chains grouped; the tests compare both on CPU). ``DiT.fuse_blocks = False``
-keeps the unfused path under compile (the bench measures both).
+the elementwise chains around the GEMMs compiled into few kernels: residual + LayerNorm/modulation +
+the FP8 activation quantization (a block's last residual added in the next block's first such kernel);
+GELU + quantization of the FFN-down input (when the block's ``row_parallel`` is not overridden). The
+query's RoPE runs inside the FP8 attention kernel when it runs (``CacheOps.attention``), which with
+static scales also stores its output (self- and cross-attention) as the FP8 input of the output
+projection. Same math as the unfused path (``BlockFusion.eager(act_scales)`` is that path with the
+chains grouped; the tests compare both on CPU). ``DiT.fuse_blocks = False`` keeps the unfused path
+under compile (the bench measures both).
 """
 
 from __future__ import annotations
