@@ -39,6 +39,7 @@ from kernels import rope_fp8_write as rfw
 from kernels.delta_rotate import delta_rotate, delta_rotate_ref
 from kernels.rope import dequantize_fp8, quantize_fp8, rope_at
 from kernels.rope_fp8_write import rope_fp8_write, rope_fp8_write_kv, rope_fp8_write_ref
+from worker.rope import rope_tables
 
 H, D, T, S = 20, 128, 757, 5788
 ROWS: list[tuple[str, str, float | None, str]] = []  # (section, what, value, unit/note)
@@ -337,10 +338,7 @@ def bench_attention(dev, budget_s: float = 160.0) -> dict:
     out["best"] = {k: {"ms": b[0], "name": b[1], "tuned": {"pv_fp8": b[3], **b[2]}} for k, b in best.items()}
     # the worker's call: the queries' RoPE folded into the kernel's Q load (q_cos/q_sin) vs rotated before
     try:
-        inv = 10000.0 ** (-torch.arange(0, D, 2, dtype=torch.float64, device=dev) / D)
-        ang = torch.arange(20_000, 20_000 + T, device=dev, dtype=torch.float64)[:, None] * inv[None, :]
-        ang = torch.cat([ang, ang], -1)
-        cos, sin = ang.cos().float(), torch.cat([-ang.sin()[:, : D // 2], ang.sin()[:, D // 2 :]], -1).float()
+        cos, sin = rope_tables(torch.arange(20_000, 20_000 + T, device=dev), D)  # the worker's step tables
         fold = lambda: attn.fp8_attention(q, kc, vk, ks, vs, S, q_cos=cos, q_sin=sin)
         rope_then = lambda: attn.fp8_attention(attn.rope_q_ref(q, cos, sin), kc, vk, ks, vs, S)
         a, b = fold().double(), rope_then().double()

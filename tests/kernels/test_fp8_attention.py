@@ -19,6 +19,7 @@ from kernels.fp8_attention import (
     to_keys_contiguous,
 )
 from tests.kernels.helpers import NAN_FP8, max_err, random_fp8_window, random_scale
+from worker.rope import apply_rope_tables, rope_tables
 
 MODES = REL_ERR_BOUND  # (qk_fp8, pv_fp8) -> relative-error bound: per-row FP8 Q costs ~3% on random data
 
@@ -109,13 +110,17 @@ def test_default_precision_follows_the_v_layout(rng, device):
 
 
 def _rope_tables(Tq, D, start, device):
-    """Rotate-half tables (cos, sin with the first half negated) [Tq, D] fp32 at positions start + t."""
-    inv = 10000.0 ** (-torch.arange(0, D, 2, dtype=torch.float64, device=device) / D)
-    ang = torch.arange(start, start + Tq, dtype=torch.float64, device=device)[:, None] * inv[None, :]
-    ang = torch.cat([ang, ang], dim=-1)
-    h = D // 2
-    sin = ang.sin()
-    return ang.cos().float(), torch.cat([-sin[:, :h], sin[:, h:]], dim=-1).float()
+    """The worker's step tables (cos, sin with the first half negated) [Tq, D] fp32 at positions start + t:
+    what the kernel gets from ``worker.cache``."""
+    return rope_tables(torch.arange(start, start + Tq, device=device), D)
+
+
+def test_rope_q_ref_is_the_workers_query_rope(rng, device):
+    """The kernel's reference rotation equals worker.rope.apply_rope_tables (the path it replaces)."""
+    g, seed = rng
+    q = torch.randn(3, 11, 32, generator=g, device=device).bfloat16()
+    cos, sin = _rope_tables(11, 32, 12_345, device)
+    assert torch.equal(rope_q_ref(q, cos, sin), apply_rope_tables(q, cos, sin)), f"seed={seed}"
 
 
 @pytest.mark.parametrize("H,Tq,S,D,n_valid", [(3, 37, 50, 32, 41), (2, 9, 20, 64, 20)])
