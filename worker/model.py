@@ -236,6 +236,15 @@ class Block:
         """A row-parallel linear: the rank's partial product, then the all-reduce over the group."""
         return self._reduce(lin(x))
 
+    @property
+    def _own_row_parallel(self) -> bool:
+        """``row_parallel`` overridden on this block (worker/parallel.py): it quantizes its input itself."""
+        return "row_parallel" in self.__dict__
+
+    def _out_scale(self, lin: Linear) -> torch.Tensor | None:
+        """The static scale an attention output is stored with for ``lin`` (None: bf16 out)."""
+        return None if self._own_row_parallel else lin.in_scale
+
     def _project(self, o: torch.Tensor, lin: Linear, out_scale: torch.Tensor | None) -> torch.Tensor:
         """An attention output through its row-parallel projection: o is FP8 [T, H*D] already when the
         attention stored it with the static ``out_scale``, else [H, T, D]."""
@@ -274,18 +283,17 @@ class Block:
         q, k, v = _mm(hq, hs, self.qkv).view(T, 3, H, hd).permute(1, 2, 0, 3).unbind(0)
         with self.timer.span("upkeep"):
             win = cache.update(b, k, v)
-        own_rp = "row_parallel" in self.__dict__  # overridden (worker/parallel.py): it quantizes its input
-        os_ = None if own_rp else self.o.in_scale  # static: attention stores the FP8 GEMM input itself
+        os_ = self._out_scale(self.o)  # static: attention stores the FP8 GEMM input itself
         with self.timer.span("attention"):  # the queries' RoPE inside the FP8 kernel, else fu.rope
             o = cache.ops.attention(q, win, cache.cos, cache.sin, fu.rope, out_scale=os_)
         y = self._project(o, self.o, os_)
         x, hq, hs = fu.res_ln_quant(x, g1, y, None, None, self.cq.in_scale)
         cq = _mm(hq, hs, self.cq).view(T, H, hd).transpose(0, 1)
-        os_ = None if own_rp else self.co.in_scale
+        os_ = self._out_scale(self.co)
         y = self._project(cache.ops.attention(cq, ckv, out_scale=os_), self.co, os_)
         x, hq, hs = fu.res_ln_quant(x, None, y, sc2, sh2, self.up.in_scale)
         u = _mm(hq, hs, self.up)
-        if own_rp:
+        if self._own_row_parallel:
             y = self.row_parallel(F.gelu(u, approximate="tanh"), self.down)
         else:
             y = self._reduce(_mm(*fu.gelu_quant(u, self.down.in_scale), self.down))
