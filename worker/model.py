@@ -161,16 +161,17 @@ class BlockFusion:
     res_ln_quant: Callable
     rope: Callable
     gelu_quant: Callable
+    act_scales: str | None = None  # the scaling its chains quantize with (None: not checked)
 
     @classmethod
     def eager(cls, act_scales: str) -> BlockFusion:
         ln, res, gelu = _chains(act_scales)
-        return cls(ln, res, apply_rope_tables, gelu)
+        return cls(ln, res, apply_rope_tables, gelu, act_scales)
 
     @classmethod
     def compiled(cls, act_scales: str) -> BlockFusion:
         ln, res, gelu = _chains(act_scales)
-        return cls(*(torch.compile(f) for f in (ln, res, apply_rope_tables, gelu)))
+        return cls(*(torch.compile(f) for f in (ln, res, apply_rope_tables, gelu)), act_scales)
 
 
 class WeightMaker:
@@ -400,6 +401,9 @@ class DiT:
         """Install (or remove) the fused block path; ``BlockFusion.eager(act_scales)`` on CPU for tests."""
         if fusion is not None and not self.fp8:
             raise ValueError("BlockFusion needs FP8 weights (DiT(..., fp8=True) or a shape with fp8_weights on CUDA)")
+        if fusion is not None and fusion.act_scales not in (None, self.act_scales):
+            raise ValueError(f"BlockFusion for act_scales {fusion.act_scales!r} on a model with act_scales "
+                             f"{self.act_scales!r}; valid: BlockFusion.eager({self.act_scales!r})")
         for b in self.blocks:
             b.fusion = fusion
 

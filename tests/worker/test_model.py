@@ -193,3 +193,13 @@ def test_compile_switch_keeps_the_static_calibration_and_a_reset_starts_over():
     model.act_scales = "row"
     model.set_compile(False)
     assert not model.calibrating and all(lin.site is None for lin in model._linears())
+
+
+def test_fusion_must_match_the_activation_scaling():
+    from worker.model import BlockFusion
+
+    model = DiT(ModelShape.from_name("tiny"), dtype=torch.bfloat16, fp8=True)
+    assert model.act_scales == "static"
+    with pytest.raises(ValueError, match=r"valid: BlockFusion.eager\('static'\)"):
+        model.set_fusion(BlockFusion.eager("row"))
+    model.set_fusion(BlockFusion.eager("static"))
