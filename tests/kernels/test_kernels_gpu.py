@@ -33,6 +33,15 @@ def test_rope_fp8_write_prod_shape_wrapping(apply_rope, keys, rng, device):
     _rope_case(H, T, S, D, S - 300, apply_rope, torch.bfloat16, rng, device, keys=keys)
 
 
+@pytest.mark.parametrize("keys", [False, True], ids=["dims", "keys"])
+def test_rope_fp8_write_two_heads_per_program_odd_heads(keys, rng, device, monkeypatch):
+    """HEADS=2 tiles over 7 heads at the prod token/slot counts: the last program's second head is masked."""
+    import kernels.rope_fp8_write as rfw
+
+    monkeypatch.setattr(rfw, "_config", lambda T, D: {"BLOCK_T": 16, "HEADS": 2, "num_warps": 4})
+    _rope_case(7, T, S, D, S - 300, True, torch.bfloat16, rng, device, keys=keys)
+
+
 @pytest.mark.parametrize("spread", [1.0, 40.0])
 def test_delta_rotate_prod_shape(spread, rng, device):
     _delta_case(H, S, D, spread, rng, device)

@@ -47,10 +47,11 @@ def test_cuda_graph_session_runs_and_replays(small_worker):
     assert not graphed or graphed[0]["step"] < 10 - s.graphed_steps
 
 
-def _latents(model: DiT, sw: Switches) -> tuple[torch.Tensor, int]:
-    """9 chunks from the same noise (resets every 3): stacked latents and the ring's wraps."""
+def _latents(model: DiT, sw: Switches, compile: bool = False) -> tuple[torch.Tensor, int]:
+    """9 chunks from the same noise (resets every 3): stacked latents and the ring's wraps. ``compile``:
+    the model's compiled, fused path (the cache's ops follow ``sw``)."""
     shape = model.shape
-    model.set_compile(False)
+    model.set_compile(compile)
     model.reset_act_scales()  # static activation scales: every run calibrates on its own inputs
     cache = make_cache(shape, sw, "cuda", model.dtype)
     g = torch.Generator(device="cuda").manual_seed(3)
@@ -82,4 +83,20 @@ def test_triton_kernels_agree_with_the_torch_ops(small_worker):
     kernels, wraps = _latents(small_worker.model, dataclasses.replace(RING_FP8, triton_kernels=True))
     assert wraps >= 2 and torch.isfinite(kernels).all()
     rel = (kernels - torch_ops).norm() / torch_ops.norm()
+    assert rel < 0.05, rel
+
+
+def test_fused_compiled_path_agrees_with_the_unfused_one(small_worker):
+    """compile on: the fused chains, the queries' RoPE and the FP8 outputs (self- and cross-attention)
+    stored by the attention kernel with static scales; the unfused path's latents up to FP8 rounding."""
+    model = small_worker.model
+    sw = dataclasses.replace(RING_FP8, triton_kernels=True)
+    try:
+        fused, _ = _latents(model, sw, compile=True)
+        assert model.blocks[0].fusion is not None and not model.calibrating
+    finally:
+        model.set_compile(False)
+    unfused, _ = _latents(model, sw)
+    assert torch.isfinite(fused).all()
+    rel = (fused - unfused).norm() / unfused.norm()
     assert rel < 0.05, rel
