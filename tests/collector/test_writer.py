@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from collector import records
 from collector.spool import Spool
 from collector.writer import BlockWriter
@@ -240,26 +242,19 @@ class _LandsThenRaises(_RefusesBlocks):
         raise TimeoutError("read timed out")
 
 
-def test_a_block_that_landed_before_its_insert_raised_is_not_stored_again_batch_by_batch(store, tmp_path):
+@pytest.mark.parametrize(
+    "part",
+    [None, (5, 10)],  # the whole block landed; rows 5-14 landed (batch 1 in part: a partition's share)
+    ids=["whole-block", "part-of-block"],
+)
+def test_a_block_that_landed_before_its_insert_raised_stores_only_its_missing_rows_batch_by_batch(
+    part, store, tmp_path
+):
     sp = Spool(tmp_path, max_bytes=1 << 24)
     for i in range(3):
         sp.submit(f"b{i}", _t(10, start=10 * i)).result()
-    w = BlockWriter(sp, lambda: _LandsThenRaises(store), flush_rows=1000, flush_interval_s=0.01,
+    w = BlockWriter(sp, lambda: _LandsThenRaises(store, part=part), flush_rows=1000, flush_interval_s=0.01,
                     retry_max_s=0.01, poison_after=2)
-    w.start()
-    wait_for(lambda: sp.stats()["batches"] == 0, what="spool drained")
-    w.stop()
-    sp.close()
-    assert w.quarantined == 0 and w.last_error is None
-    assert _counts(store) == ((30, 30), 30)
-
-
-def test_a_block_that_partly_landed_stores_only_its_missing_rows_batch_by_batch(store, tmp_path):
-    sp = Spool(tmp_path, max_bytes=1 << 24)
-    for i in range(3):
-        sp.submit(f"b{i}", _t(10, start=10 * i)).result()
-    w = BlockWriter(sp, lambda: _LandsThenRaises(store, part=(5, 10)), flush_rows=1000, flush_interval_s=0.01,
-                    retry_max_s=0.01, poison_after=2)  # rows 5-14 land with the block: batch 1 in part
     w.start()
     wait_for(lambda: sp.stats()["batches"] == 0, what="spool drained")
     w.stop()
