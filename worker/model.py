@@ -229,9 +229,12 @@ class Block:
             self.mods[t] = (sh1, 1 + sc1, g1, sh2, 1 + sc2, g2)
 
     @property
+    def linears(self) -> tuple[Linear, ...]:
+        return (self.qkv, self.cq, self.ckv, self.up, self.o, self.co, self.down)
+
+    @property
     def nbytes(self) -> int:
-        lins = (self.qkv, self.cq, self.ckv, self.up, self.o, self.co, self.down)
-        return sum(lin.nbytes for lin in lins) + self.table.numel() * self.table.element_size()
+        return sum(lin.nbytes for lin in self.linears) + self.table.numel() * self.table.element_size()
 
     def row_parallel(self, x: torch.Tensor, lin: Linear) -> torch.Tensor:
         """A row-parallel linear: the rank's partial product, then the all-reduce over the group."""
@@ -359,8 +362,8 @@ class DiT:
         for b in self.blocks:
             b.allreduce = fn
 
-    def _linears(self):
-        return [lin for b in self.blocks for lin in (b.qkv, b.cq, b.ckv, b.up, b.o, b.co, b.down)]
+    def _linears(self) -> list[Linear]:
+        return [lin for b in self.blocks for lin in b.linears]
 
     def set_compile(self, on: bool) -> None:
         """The compile switch's share in the model (CUDA only): the FP8 activation quantizer compiled,
