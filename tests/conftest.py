@@ -7,13 +7,17 @@ start a separate ``livestep serve`` process give it its own directory (``tmp_pat
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 import uuid
 
 import pytest
 
 _CHDB_DIR = tempfile.mkdtemp(prefix=f"livestep-chdb-{os.getpid()}-")
+# a few hundred MB per process once the suite has run: left behind, a thousand runs filled the disk
+atexit.register(shutil.rmtree, _CHDB_DIR, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):
