@@ -15,5 +15,6 @@ SWITCH_NAMES: tuple[str, ...] = (
     "decoder_own_gpu",
     "cuda_graphs",
     "compile",
+    "static_scales",
     "buffer_per_shape",
 )

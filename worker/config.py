@@ -189,6 +189,7 @@ class Switches:
     decoder_own_gpu: bool = False
     cuda_graphs: bool = False
     compile: bool = False
+    static_scales: bool = False  # FP8 activations: static per-tensor scales (off: per-token dynamic scales)
     buffer_per_shape: bool = False  # fault switch: reproduces the August leak
 
     def __post_init__(self) -> None:
