@@ -2,7 +2,9 @@
 
 Four record kinds (step, gpu_sample, session, event) as pydantic models for validation at the
 collector, and one Arrow schema per kind for the Arrow IPC body. Field names are stable: SQL,
-analytics and dashboards key on them. Bump ``SCHEMA_VERSION`` only with a migration.
+analytics and dashboards key on them. Bump ``SCHEMA_VERSION`` only with a migration. An optional
+column added later (``ADDED_COLUMNS``) keeps the version: a body without it (an older worker) is
+still valid and stores it as null.
 
 An Arrow IPC stream body carries one kind; its schema metadata names it
 (``livestep.kind`` and ``livestep.schema_version``). A JSON body is a ``TelemetryBatch``.
@@ -68,6 +70,7 @@ def _switch_state(v: str) -> str:
 Ms = Annotated[float, Field(ge=0), AfterValidator(_finite)]
 OptMs = Annotated[float | None, Field(default=None, ge=0), AfterValidator(_finite)]
 OptFloat = Annotated[float | None, Field(default=None), AfterValidator(_finite)]
+OptFraction = Annotated[float | None, Field(default=None, ge=0, le=1), AfterValidator(_finite)]
 Count = Annotated[int, Field(ge=0, lt=2**63)]
 Label = Annotated[str, Field(min_length=1, max_length=128)]
 SwitchState = Annotated[str, Field(max_length=512), AfterValidator(_switch_state)]
@@ -114,6 +117,11 @@ class StepRecord(_Record):
     mem_reserved_bytes: Count
     buffers_registered: Count = Field(description="fused-kernel buffer registry size")
     switches: SwitchState
+    fp8_saturated: OptFraction = Field(
+        description="fraction in [0, 1] of the step's FP8 activation elements (inputs of linears quantized "
+        "with static scales) that sit at the FP8 maximum (+-448); measured on sampled steps only, null on "
+        "the others and when static_scales is off"
+    )
 
 
 class GpuSampleRecord(_Record):
@@ -221,6 +229,7 @@ ARROW_SCHEMAS: dict[str, pa.Schema] = {
             pa.field("mem_reserved_bytes", pa.int64(), nullable=False),
             pa.field("buffers_registered", pa.int64(), nullable=False),
             pa.field("switches", pa.string(), nullable=False),
+            pa.field("fp8_saturated", pa.float64()),
         ],
     ),
     "gpu_sample": _schema(
@@ -260,10 +269,32 @@ ARROW_SCHEMAS: dict[str, pa.Schema] = {
 }
 
 
+# Optional columns added after a kind's first schema (each with its migration): a body without them
+# (an older worker, a batch spooled before the upgrade) is valid and reads them as null.
+ADDED_COLUMNS: dict[str, tuple[str, ...]] = {"step": ("fp8_saturated",)}
+
+
+def conform(kind: str, table: pa.Table) -> pa.Table:
+    """``table`` with the ``ADDED_COLUMNS`` it lacks appended as nulls, in the kind's column order.
+
+    Only those columns may be missing (anything else is returned as is, for the caller's check).
+    """
+    schema = ARROW_SCHEMAS[kind]
+    missing = [n for n in ADDED_COLUMNS.get(kind, ()) if n not in table.schema.names]
+    names = table.schema.names
+    if not missing or len(set(names)) != len(names) or set(schema.names) - set(names) != set(missing):
+        return table
+    for n in missing:
+        table = table.append_column(schema.field(n), pa.nulls(table.num_rows, schema.field(n).type))
+    return table.select(schema.names)
+
+
 def _check_same_columns() -> None:
     for kind, model in MODELS.items():
         cols = list(ARROW_SCHEMAS[kind].names)
         assert cols == list(model.model_fields), (kind, cols, list(model.model_fields))
+        for name in ADDED_COLUMNS.get(kind, ()):
+            assert ARROW_SCHEMAS[kind].field(name).nullable, (kind, name)
 
 
 _check_same_columns()

@@ -52,6 +52,7 @@ class BadBatchError(Exception):
 _LABEL = ("label", 1, 128)
 _MS = ("float", 0.0)
 _FLOAT = ("float", None)
+_FRACTION = ("float", 0.0, 1.0)
 _U63 = ("int", 0, 2**63 - 1)
 _U32 = ("int", 0, 2**32 - 1)
 _COMMON_CHECKS: dict[str, tuple] = {
@@ -62,7 +63,7 @@ CHECKS: dict[str, dict[str, tuple]] = {
         **_COMMON_CHECKS, "step": _U32, "diffusion_ms": _MS, "step_period_ms": _MS, "decode_ms": _MS,
         "cache_upkeep_ms": _MS, "attention_ms": _MS, "allreduce_ms": _MS, "playout_depth": ("int", 0, 65535),
         "energy_mj": _MS, "mem_allocated_bytes": _U63, "mem_reserved_bytes": _U63, "buffers_registered": _U32,
-        "switches": ("switches",),
+        "switches": ("switches",), "fp8_saturated": _FRACTION,
     },
     "gpu_sample": {
         **_COMMON_CHECKS, "gpu_index": ("int", 0, 1023), "power_w": _MS, "energy_mj": _MS, "sm_clock_mhz": _U32,
@@ -101,7 +102,7 @@ def _first_of(col: pa.ChunkedArray, value) -> int:
 class _Plan(NamedTuple):
     """A kind's checks grouped by type, as column indices: one numpy reduction per group, not per column."""
 
-    floats: dict[float | None, tuple[int, ...]]  # lower bound (None: any finite) -> columns
+    floats: dict[tuple[float | None, float | None], tuple[int, ...]]  # (lo, hi), None: unbounded -> columns
     ints: dict[tuple[int, int], tuple[int, ...]]  # (lo, hi) -> columns
     labels: dict[tuple[int, int], tuple[int, ...]]  # (min chars, max chars) -> columns
     ts: tuple[int, ...]
@@ -120,7 +121,7 @@ def _plan(kind: str) -> _Plan:
     for name, check in CHECKS[kind].items():
         i, what = schema.get_field_index(name), check[0]
         if what == "float":
-            floats.setdefault(check[1], []).append(i)
+            floats.setdefault((check[1], check[2] if len(check) > 2 else None), []).append(i)
         elif what == "int":
             ints.setdefault((check[1], check[2]), []).append(i)
         elif what == "label":
@@ -172,9 +173,10 @@ def _all_valid(kind: str, table: pa.Table) -> bool:
                  for i in idx if nulls[i] != n]  # an all-null optional column: nothing to check
         return (parts[0] if len(parts) == 1 else np.concatenate(parts)) if parts else None
 
-    for lo, idx in plan.floats.items():
+    for (lo, hi), idx in plan.floats.items():
         a = numeric(idx, 0.0)
-        if a is not None and not ((a.min() > -np.inf if lo is None else a.min() >= lo) and a.max() < np.inf):
+        if a is not None and not ((a.min() > -np.inf if lo is None else a.min() >= lo)
+                                  and (a.max() < np.inf if hi is None else a.max() <= hi)):
             return False
     for (lo, hi), idx in plan.ints.items():
         a = numeric(idx, lo)
@@ -229,6 +231,10 @@ def _explain(kind: str, table: pa.Table) -> None:
             if not np.isfinite(a).all():
                 row = _first(~np.isfinite(a))
                 raise _bad(kind, name, row, col[row].as_py(), "a finite number (NaN and infinity are not valid)")
+            hi = check[2] if len(check) > 2 else None
+            if hi is not None and len(a) and (a.min() < check[1] or a.max() > hi):
+                row = _first((a < check[1]) | (a > hi))
+                raise _bad(kind, name, row, col[row].as_py(), f"a number in [{check[1]:g}, {hi:g}] (a fraction)")
             if check[1] is not None and len(a) and a.min() < check[1]:
                 row = _first(a < check[1])
                 raise _bad(kind, name, row, col[row].as_py(), f"a number >= {check[1]:g} (a duration or amount)")
@@ -302,7 +308,9 @@ def parse_arrow(body: bytes) -> dict[str, pa.Table | IpcStream]:
     want = records.ARROW_SCHEMAS[kind]
     canonical = schema.equals(want, check_metadata=True)
     if not canonical:  # the shipping client sends exactly ``want``; anything else is checked here
-        names, want_names = schema.names, want.names
+        table = records.conform(kind, table)  # an older worker's body: columns added since read as null
+        names, want_names = table.schema.names, want.names
+        schema = table.schema
         missing = [n for n in want_names if n not in names]
         extra = [n for n in names if n not in want_names]
         if missing or extra or len(set(names)) != len(names):

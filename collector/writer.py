@@ -37,7 +37,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from collector.records import ARROW_SCHEMAS, TABLES
+from collector.records import ARROW_SCHEMAS, TABLES, conform
 from collector.spool import Entry, Spool
 from collector.store import Store
 
@@ -292,6 +292,7 @@ class BlockWriter:
                 continue
             # one contiguous record batch: chDB turns every Arrow chunk into its own block (500 chunks
             # insert ~3x slower than the same rows in one, and leave more parts to merge)
+            tables = [conform(kind, t) for t in tables]  # batches spooled before a column was added
             block = (pa.concat_tables(tables) if len(tables) > 1 else tables[0]).combine_chunks()
             block = block.cast(ARROW_SCHEMAS[kind]) if block.schema != ARROW_SCHEMAS[kind] else block
             store.insert_arrow(TABLES[kind], block, dedup_token=f"{self.spool.uid}:{first}-{last}:{kind}")

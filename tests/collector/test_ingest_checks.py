@@ -32,7 +32,8 @@ def _bad_values(check: tuple) -> list:
     what = check[0]
     if what == "float":
         bad = [float("nan"), float("inf"), float("-inf")]
-        return bad + ([check[1] - 1.0] if check[1] is not None else [])
+        bad += [check[1] - 1.0] if check[1] is not None else []
+        return bad + ([check[2] + 1.0] if len(check) > 2 else [])
     if what == "int":
         return [check[1] - 1] + ([check[2] + 1] if check[2] < 2**63 - 1 else [])
     if what == "label":

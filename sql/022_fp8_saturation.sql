@@ -1,0 +1,56 @@
+-- FP8 saturation telemetry (StepRecord.fp8_saturated): the fraction of a sampled step's FP8 activation
+-- elements at the FP8 maximum (+-448) when linears quantize with static scales; null on steps not
+-- sampled, with static_scales off, and in every row stored before this migration (older workers).
+-- session_stats keeps per session, so fleet-wide figures never scan raw steps (analytics/saturation.py):
+--   fp8_sat_max      max fraction over the session's sampled steps (NULL: none sampled)
+--   fp8_sat_avg      mean fraction over them (NULL: none sampled)
+--   fp8_sampled      sampled steps (fp8_saturated IS NOT NULL)
+--   fp8_sat_steps    sampled steps with any element saturated (fp8_saturated > 0)
+--   fp8_static_steps sampled steps whose switch state had static_scales on
+-- Rows stored before this migration read the columns' defaults (NULL, empty states: 0 sampled).
+-- The view is altered in place (MODIFY QUERY), as in 021; every statement is idempotent.
+-- Cluster counterpart: sql/cluster/022_fp8_saturation.sql.
+
+ALTER TABLE steps ADD COLUMN IF NOT EXISTS fp8_saturated Nullable(Float32) CODEC(ZSTD(1));
+
+ALTER TABLE session_stats ADD COLUMN IF NOT EXISTS fp8_sat_max SimpleAggregateFunction(max, Nullable(Float32));
+
+ALTER TABLE session_stats ADD COLUMN IF NOT EXISTS fp8_sat_avg AggregateFunction(avg, Nullable(Float32));
+
+ALTER TABLE session_stats ADD COLUMN IF NOT EXISTS fp8_sampled AggregateFunction(countIf, UInt8);
+
+ALTER TABLE session_stats ADD COLUMN IF NOT EXISTS fp8_sat_steps AggregateFunction(countIf, UInt8);
+
+ALTER TABLE session_stats ADD COLUMN IF NOT EXISTS fp8_static_steps AggregateFunction(countIf, UInt8);
+
+ALTER TABLE session_stats_mv MODIFY QUERY
+SELECT
+    release,
+    gpu_kind,
+    worker_id,
+    session_id,
+    max(simulated)                                           AS simulated,
+    min(ts)                                                  AS first_ts,
+    max(ts)                                                  AS last_ts,
+    countState()                                             AS steps,
+    countIfState(toUInt8(late))                              AS late_chunks,
+    countIfState(toUInt8(reset_step))                        AS reset_steps,
+    sumState(toFloat64(step_period_ms))                      AS period_ms_sum,
+    quantilesTDigestState(0.5, 0.95, 0.99)(diffusion_ms)     AS diffusion_ms_q,
+    quantilesTDigestState(0.5, 0.95, 0.99)(step_period_ms)   AS period_ms_q,
+    avgState(diffusion_ms)                                   AS diffusion_ms_avg,
+    avgState(cache_upkeep_ms)                                AS upkeep_ms_avg,
+    avgState(attention_ms)                                   AS attention_ms_avg,
+    sumState(energy_mj)                                      AS energy_mj_sum,
+    max(mem_reserved_bytes)                                  AS mem_reserved_max,
+    max(buffers_registered)                                  AS buffers_max,
+    anyLast(toString(switches))                              AS switches,
+    max((ts, toString(steps.switches)))                      AS switch_last,
+    max(fp8_saturated)                                       AS fp8_sat_max,
+    avgState(fp8_saturated)                                  AS fp8_sat_avg,
+    countIfState(toUInt8(fp8_saturated IS NOT NULL))         AS fp8_sampled,
+    countIfState(toUInt8(ifNull(fp8_saturated > 0, 0)))      AS fp8_sat_steps,
+    countIfState(toUInt8(fp8_saturated IS NOT NULL
+        AND has(splitByChar(',', toString(steps.switches)), 'static_scales')))  AS fp8_static_steps
+FROM steps
+GROUP BY release, gpu_kind, worker_id, session_id;
