@@ -74,7 +74,7 @@ ROWS = [
     ("+cuda_graphs", {"cuda_graphs": True}),
     ("+fused_blocks", {}),  # model.fuse_blocks: BlockFusion under compile (not a switch)
     ("+row_scales", {}),  # model.act_scales = "row": per-token FP8 activation scales, one pass
-    ("+static_scales", {}),  # model.act_scales = "static": calibrated per-tensor scales, no reduction
+    ("+static_scales", {"static_scales": True}),  # model.act_scales = "static": calibrated per-tensor scales
 ]
 FUSED_ROW = "+fused_blocks"
 ROW_SCALES_ROW = "+row_scales"
@@ -452,9 +452,11 @@ def main(argv=None) -> int:
     del profiles
     gc.collect()
 
-    best_sw = Switches.from_mapping(sw)  # every switch that worked: the production configuration
     fastest = min(results, key=lambda r: r[1])[0] if results else None
     best_model = MODEL_ROWS.get(fastest, PLAIN_MODEL)  # the fastest row's model settings
+    # every switch that worked: the production configuration (static_scales only if its row was fastest:
+    # the sessions below set the model's activation scaling from the switch)
+    best_sw = Switches.from_mapping({**sw, "static_scales": best_model[1] == "static"})
     model.fuse_blocks, model.act_scales = best_model
     fused_ok = best_model[0]
     if args.telemetry_steps and not late():

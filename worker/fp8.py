@@ -12,7 +12,9 @@ amax * margin, then fixed; quantizing is one pass with no reduction, and the GEM
 scale -- vLLM's / TensorRT's "static activation scales"; values beyond the calibrated range saturate).
 
 Quantized = clamp(x / scale, -448, 448).to(float8_e4m3fn): never NaN/inf (contract 6). Scales are
-device tensors: nothing here reads a value back to the host.
+device tensors: nothing here reads a value back to the host. Saturation under static scales is counted
+on sampled steps by a ``SaturationProbe`` (elements at +-448 of the GEMM inputs, summed on the device,
+copied to pinned memory and read once the step's events are done).
 """
 
 from __future__ import annotations
@@ -91,6 +93,49 @@ class StaticScale:
         if self.left > 0:
             self.observe(x)
         return self.quant(x, self.scale)
+
+
+FP8_MAX_CODE = 0x7E  # 448 in e4m3fn (S.1111.110; 0x7F is NaN): what a saturated element is stored as
+
+
+def count_saturated(q: torch.Tensor) -> torch.Tensor:
+    """Elements of an e4m3fn tensor at +-448 (int64 [], on q's device). With a static scale calibrated
+    with margin 2, nothing reaches 448 until an input exceeds ~1.9x the calibrated range (values from 432
+    round to 448), so a nonzero count means inputs drifted past what the scale covers."""
+    return q.view(torch.uint8).bitwise_and(0x7F).eq(FP8_MAX_CODE).sum()
+
+
+class SaturationProbe:
+    """Counts one step's saturated FP8 activation elements on the device, for the step record.
+
+        probe.start()                      # before the step (DiT.set_probe(probe) routes the GEMM inputs here)
+        probe.add(x_fp8)                   # per static-scale GEMM input: device ops only
+        host, total = probe.finish()       # enqueue the count's copy to pinned memory; read host
+                                           # once the step's events say it is done: host / total
+
+    The copy goes to one of ``slots`` pinned buffers in turn: more than the steps a session keeps in
+    flight, so a value is read before its buffer comes round again."""
+
+    def __init__(self, device, slots: int = 8):
+        device = torch.device(device)
+        self.count = torch.zeros((), dtype=torch.int64, device=device)
+        self.host = torch.zeros(slots, dtype=torch.int64, pin_memory=device.type == "cuda")
+        self.total = 0
+        self._slot = 0
+
+    def start(self) -> None:
+        self.count.zero_()
+        self.total = 0
+
+    def add(self, q: torch.Tensor) -> None:
+        self.count += count_saturated(q)
+        self.total += q.numel()
+
+    def finish(self) -> tuple[torch.Tensor, int]:
+        dst = self.host[self._slot]
+        self._slot = (self._slot + 1) % self.host.numel()
+        dst.copy_(self.count, non_blocking=True)
+        return dst, self.total
 
 
 def col_scale(w_scale: torch.Tensor, n: int) -> torch.Tensor:

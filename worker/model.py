@@ -49,9 +49,9 @@ import torch.nn.functional as F
 from worker.cache import KVCache
 from worker.config import ModelShape
 from worker.fp8 import (
+    SaturationProbe,
     StaticScale,
     col_scale,
-    fp8_linear,
     quantize_act,
     quantize_act_rows,
     quantize_act_static,
@@ -96,15 +96,16 @@ class Linear:
     quant: Callable = quantize_act  # the activation quantizer (compiled under the compile switch)
     col_scale: torch.Tensor | None = None  # the scale as a [1, N] row, for per-row activation scales
     site: StaticScale | None = None  # the input's static scale (act_scales "static"; also self.quant)
+    probe: SaturationProbe | None = None  # counts the quantized input's saturation (DiT.set_probe)
 
     def __post_init__(self):
         if self.scale is not None:
             self.col_scale = col_scale(self.scale, self.w.shape[0])
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.scale is not None:
-            return fp8_linear(x, self.w, self.scale, self.quant, self.col_scale)
-        return x @ self.w.t()
+        if self.scale is None:
+            return x @ self.w.t()
+        return _mm(*self.quant(x), self)
 
     @property
     def in_scale(self) -> torch.Tensor | None:
@@ -118,6 +119,8 @@ class Linear:
 
 def _mm(xq: torch.Tensor, xs: torch.Tensor, lin: Linear) -> torch.Tensor:
     """FP8 GEMM on an activation already quantized (x_fp8 [M, K], scale [] or [M, 1]) -> bf16 [M, N]."""
+    if lin.probe is not None:
+        lin.probe.add(xq)
     return scaled_mm(xq, xs, lin.w, lin.scale, lin.col_scale)
 
 
@@ -409,6 +412,17 @@ class DiT:
                              f"{self.act_scales!r}; valid: BlockFusion.eager({self.act_scales!r})")
         for b in self.blocks:
             b.fusion = fusion
+
+    @property
+    def probe_ready(self) -> bool:
+        """Static activation scales in use and calibrated: their saturation can be probed."""
+        return self.act_scales == "static" and self.fp8 and not self.calibrating
+
+    def set_probe(self, probe: SaturationProbe | None) -> None:
+        """Route every static-scale GEMM input of the next forwards through ``probe`` (None: stop).
+        Tensor parallel's fused GEMM + all-reduce quantizes its input dynamically: not counted."""
+        for lin in self._linears():
+            lin.probe = probe if lin.site is not None else None
 
     def set_timer(self, timer) -> None:
         self.timer = timer

@@ -254,7 +254,8 @@ class _NoDecoder:
 
 class TPSession(Session):
     """A session on one TP rank: every rank runs the same steps from the same seed; rank 0 polls the
-    switch source, decodes and ships telemetry; switch changes reach all ranks at the same step."""
+    switch source, decodes and ships telemetry (its saturation probe counts its own shard's GEMM inputs;
+    the other ranks replay their graphs meanwhile); switch changes reach all ranks at the same step."""
 
     @property
     def decoder(self):

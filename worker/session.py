@@ -13,6 +13,11 @@ source (HTTP control plane, file or callable) and applied at the next step bound
 the session (the cache is rebuilt holding the same window), each change reported as a
 ``switch_applied`` event. With ``cuda_graphs`` on CUDA, once the window is full the denoising of a
 step is captured once and replayed (the cache's advance/reset stays eager outside the graph).
+
+With ``static_scales`` (FP8 activations quantized with per-tensor scales calibrated on the session's
+first forward and chunk; off: per-token dynamic scales), one step in ``saturation_every`` (64 on CUDA,
+8 on CPU) runs eagerly with a ``SaturationProbe`` and its record carries ``fp8_saturated``: the share
+of the step's FP8 GEMM-input elements clipped at +-448, the sign that inputs outgrew their calibration.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from kernels.gemm_allreduce import BufferRegistry
 from worker.cache import CACHE_SWITCHES, KVCache, make_cache, rebuild_cache
 from worker.config import ModelShape, ShapeError, SwitchError, Switches, parse_switch_args, tp_rank_of
 from worker.decoder import Decoder
+from worker.fp8 import SaturationProbe
 from worker.model import DiT
 from worker.switches import SwitchSource, make_source
 from worker.telemetry import ListSink, Playout, Telemetry, rss_bytes
@@ -37,6 +43,7 @@ from worker.telemetry import ListSink, Playout, Telemetry, rss_bytes
 log = logging.getLogger("livestep.worker.session")
 
 CHUNK_PERIOD_S = 4 / 24  # 166.7 ms: four frames at 24 fps
+DYNAMIC_SCALES = "row"  # DiT.act_scales with static_scales off: per-token scales, the plain path
 
 
 @dataclass
@@ -95,10 +102,11 @@ class ChunkRunner:
         self.use_graphs = use_graphs and model.device.type == "cuda"
         self._graph = None
 
-    def __call__(self, noise: torch.Tensor, cache: KVCache, cond_kv) -> tuple[torch.Tensor, bool]:
+    def __call__(self, noise: torch.Tensor, cache: KVCache, cond_kv, eager: bool = False) -> tuple[torch.Tensor, bool]:
         # eager until the window is full, and while static activation scales calibrate (a graph would
-        # freeze the calibration's unfused path and its scale updates into every replay)
-        if not (self.use_graphs and cache.book.n_valid == cache.shape.window) or self.model.calibrating:
+        # freeze the calibration's unfused path and its scale updates into every replay); ``eager``:
+        # this step only (a saturation probe's extra ops are in no graph)
+        if eager or not (self.use_graphs and cache.book.n_valid == cache.shape.window) or self.model.calibrating:
             return self.model.denoise_chunk(noise, cache, cond_kv), False
         if self._graph is None or self._graph[3] is not cache:
             static_noise = noise.clone()
@@ -155,7 +163,8 @@ class Session:
                  switch_source=None, session_id: str | None = None, cond_tokens: int | None = None,
                  realtime: bool = True, sink=None, seed: int | None = None, telemetry: bool = True,
                  chunk_period_s: float = CHUNK_PERIOD_S, playout_capacity: int = 4, max_in_flight: int = 3,
-                 client_kwargs: dict | None = None, sync_debug: bool | str = False, detail_every: int | None = None):
+                 client_kwargs: dict | None = None, sync_debug: bool | str = False, detail_every: int | None = None,
+                 saturation_every: int | None = None):
         self.w = worker
         # any host sync in the loop raises (True / "error") or warns ("warn": the bench counts them)
         self.sync_mode = "error" if sync_debug is True else (sync_debug or None)
@@ -192,6 +201,11 @@ class Session:
         self.tel = Telemetry(self.sink, self.labels, worker.device, self.playout, gpus, enabled=telemetry,
                              detail_every=detail_every)
         self.tel.cpu_mem = self._cpu_mem
+        cuda = worker.device.type == "cuda"
+        self.saturation_every = saturation_every or (64 if cuda else 8)
+        if self.saturation_every < 1:
+            raise ValueError(f"saturation_every {saturation_every!r}; valid: a positive number of steps")
+        self.probe = SaturationProbe(worker.device) if telemetry else None
         self.switch_events: list[dict[str, Any]] = []
         self.loop_s = 0.0
         self.cache: KVCache | None = None
@@ -211,7 +225,11 @@ class Session:
             return
         if any(k in CACHE_SWITCHES for k in changed):
             self.cache = rebuild_cache(self.cache, new)
-        if "compile" in changed:
+        if "static_scales" in changed:
+            self._set_act_scales(new)  # recompiles with the new quantizers; static: calibrates afresh
+            self.w.model.set_compile(new.compile)
+            self.w.model.reset_act_scales()
+        elif "compile" in changed:
             self.w.model.set_compile(new.compile)
         if "decoder_own_gpu" in changed:
             self.decoder = Decoder(self.w.shape, self.w.device, own_gpu=new.decoder_own_gpu)
@@ -221,6 +239,17 @@ class Session:
         ev = {"step": step, "changed": changed, "switches": new.encode()}
         self.switch_events.append(ev)
         self.tel.event("switch_applied", **ev)
+
+    def _set_act_scales(self, sw: Switches) -> None:
+        self.w.model.act_scales = "static" if sw.static_scales else DYNAMIC_SCALES
+
+    def _probe_step(self, i: int) -> SaturationProbe | None:
+        """This step's saturation probe: on every ``saturation_every``-th step once static scales are
+        calibrated (None on the others)."""
+        if self.probe is None or i % self.saturation_every or not self.w.model.probe_ready:
+            return None
+        self.probe.start()
+        return self.probe
 
     def _poll_switches(self, step: int) -> None:
         try:
@@ -258,6 +287,7 @@ class Session:
                   switches=self.switches.encode())
         model = w.model
         model.set_timer(tel.timer)
+        self._set_act_scales(self.switches)
         model.set_compile(self.switches.compile)
         model.reset_act_scales()  # static activation scales: this session calibrates its own
         try:
@@ -278,12 +308,18 @@ class Session:
                     did_reset = self.cache.begin_step(T, reset=reset)
                 noise = torch.randn(T, C, generator=gen, device=dev)
                 self.w.register_forward(T, self.switches)
-                latents, graphed = self.runner(noise, self.cache, cond_kv)
+                probe = self._probe_step(i)
+                model.set_probe(probe)
+                latents, graphed = self.runner(noise, self.cache, cond_kv, eager=probe is not None)
+                saturation = None
+                if probe is not None:
+                    model.set_probe(None)
+                    saturation = probe.finish()  # before diffusion_done: read when its event is done
                 self.cache.end_step()
                 done = tel.diffusion_done()
                 job = self.decoder.submit(latents, i, after=done if tel.cuda else None)
                 tel.end_step(i, done, job, did_reset, tel.memory(), len(w.registry), self.switches.encode(),
-                             graphed=graphed)
+                             graphed=graphed, saturation=saturation)
                 if did_reset:
                     tel.event("reset", step=i, resets=self.cache.book.resets)
                 tel.poll()
@@ -298,6 +334,7 @@ class Session:
             if self.sync_debug:
                 torch.cuda.set_sync_debug_mode("default")
             model.set_timer(_null_timer())
+            model.set_probe(None)
             self.source.close()
         return self._finish(t_wall0, common)
 

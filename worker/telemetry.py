@@ -16,8 +16,9 @@ recorded on every 8th step only (``detail_every``; null on the others): at prod 
 ~1,000 event records per step, host time an eager, launch-bound loop pays for. Energy is
 the NVML cumulative-energy counter (``nvmlDeviceGetTotalEnergyConsumption``), sampled at ~10 Hz
 by a thread that also ships ``gpu_sample`` records, interpolated at each step's start and end;
-without NVML (no driver: ``NVMLError_LibraryNotFound``) energy and power are null. A telemetry
-failure never stops a step: the record is dropped and counted (``dropped``).
+without NVML (no driver: ``NVMLError_LibraryNotFound``) energy and power are null. ``fp8_saturated``
+(probed steps only, see worker/session.py) is read from pinned memory once the step's events are done.
+A telemetry failure never stops a step: the record is dropped and counted (``dropped``).
 """
 
 from __future__ import annotations
@@ -309,6 +310,7 @@ class _Pending:
     graphed: bool = False
     detail: bool = True  # upkeep / attention / all-reduce spans were recorded in this step
     held: bool = False  # the player held the step back before it started
+    saturation: Any = None  # (pinned int64 [] saturated elements, elements) of a probed step
 
 
 @dataclass
@@ -417,10 +419,12 @@ class Telemetry:
         return time.perf_counter()
 
     def end_step(self, step: int, diffusion_end, job, reset: bool, mem: tuple[int, int], buffers: int,
-                 switches: str, graphed: bool = False) -> None:
+                 switches: str, graphed: bool = False, saturation=None) -> None:
+        """``saturation``: ``SaturationProbe.finish()`` of a probed step (its copy enqueued before
+        ``diffusion_end``), read when the step's events are done."""
         self._pending.append(_Pending(step, self._step_start, diffusion_end, job, self.timer.take(), reset,
                                       mem[0], mem[1], buffers, switches, graphed, self.timer.enabled,
-                                      self._held))
+                                      self._held, saturation))
 
     def in_flight(self) -> int:
         return len(self._pending)
@@ -495,6 +499,9 @@ class Telemetry:
         upkeep = sums.get("upkeep", 0.0) if timed else None
         attention = sums.get("attention", 0.0) if timed else None
         energy = self.power.energy_between(t_start, t_done) if self.power else None
+        saturated = None
+        if p.saturation is not None and p.saturation[1] > 0:  # pinned host memory, written: no sync
+            saturated = min(1.0, int(p.saturation[0]) / p.saturation[1])
         st = self.stats
         st.steps += 1
         st.diffusion_ms.append(diffusion_ms)
@@ -524,6 +531,7 @@ class Telemetry:
             "mem_reserved_bytes": p.mem_reserved,
             "buffers_registered": p.buffers,
             "switches": p.switches,
+            "fp8_saturated": saturated,
         })
 
     def memory(self) -> tuple[int, int]:

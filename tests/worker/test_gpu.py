@@ -30,8 +30,9 @@ def small_worker():
 @pytest.mark.parametrize("switches", [Switches(), ALL_BUT_GRAPHS], ids=["plain", "all-on"])
 def test_step_loop_has_no_host_sync(small_worker, switches):
     sink = ListSink()
-    s = small_worker.run_session(steps=12, realtime=False, switches=switches, sink=sink, sync_debug=True,
-                                 cond_tokens=300)
+    s = small_worker.run_session(
+        steps=12, realtime=False, switches=switches, sink=sink, sync_debug=True, cond_tokens=300
+    )
     assert s.steps == 12 and len(sink.rows["step"]) == 12
     assert all(r["diffusion_ms"] > 0 for r in sink.rows["step"])
     assert [r["step"] for r in sink.rows["step"] if r["cache_upkeep_ms"] is not None] == [0, 8]  # sampled
@@ -40,7 +41,9 @@ def test_step_loop_has_no_host_sync(small_worker, switches):
 
 def test_cuda_graph_session_runs_and_replays(small_worker):
     sink = ListSink()
-    s = small_worker.run_session(steps=10, realtime=False, switches=Switches.all_on(), sink=sink, cond_tokens=300)
+    s = small_worker.run_session(
+        steps=10, realtime=False, switches=Switches.all_on(), sink=sink, cond_tokens=300
+    )
     assert s.steps == 10 and 0 < s.graphed_steps < 10, "once the window is full the step replays a graph"
     # events cannot sit inside a graph: a replayed step reports no upkeep/attention split
     graphed = [r for r in sink.rows["step"] if r["cache_upkeep_ms"] is not None][-1:]
@@ -51,6 +54,7 @@ def _latents(model: DiT, sw: Switches, compile: bool = False) -> tuple[torch.Ten
     """9 chunks from the same noise (resets every 3): stacked latents and the ring's wraps. ``compile``:
     the model's compiled, fused path (the cache's ops follow ``sw``)."""
     shape = model.shape
+    model.act_scales = "static"  # what the last session's static_scales switch left is not this test's
     model.set_compile(compile)
     model.reset_act_scales()  # static activation scales: every run calibrates on its own inputs
     cache = make_cache(shape, sw, "cuda", model.dtype)
@@ -59,8 +63,11 @@ def _latents(model: DiT, sw: Switches, compile: bool = False) -> tuple[torch.Ten
     lat = []
     for i in range(9):  # 300 + 9 x 757 tokens: the 2400-slot window wraps twice
         cache.begin_step(shape.new_tokens, reset=i > 0 and i % 3 == 0)
-        lat.append(model.denoise_chunk(torch.randn(shape.new_tokens, shape.latent_channels, generator=g,
-                                                   device="cuda"), cache, ckv).float())
+        lat.append(
+            model.denoise_chunk(
+                torch.randn(shape.new_tokens, shape.latent_channels, generator=g, device="cuda"), cache, ckv
+            ).float()
+        )
         cache.end_step()
     return torch.stack(lat), cache.book.wraps
 
@@ -100,3 +107,31 @@ def test_fused_compiled_path_agrees_with_the_unfused_one(small_worker):
     assert torch.isfinite(fused).all()
     rel = (fused - unfused).norm() / unfused.norm()
     assert rel < 0.05, rel
+
+
+def test_saturation_probe_steps_are_sync_free(small_worker):
+    """static_scales on: every 4th step runs a saturation probe (device counts, a pinned copy read when
+    the step is done); the loop still never syncs."""
+    sink = ListSink()
+    s = small_worker.run_session(
+        steps=12,
+        realtime=False,
+        switches=ALL_BUT_GRAPHS,
+        sink=sink,
+        sync_debug=True,
+        saturation_every=4,
+        cond_tokens=300,
+    )
+    by_step = {r["step"]: r["fp8_saturated"] for r in sink.rows["step"]}
+    assert s.steps == 12 and [i for i, v in sorted(by_step.items()) if v is not None] == [4, 8]
+    assert all(0 <= by_step[i] < 1e-3 for i in (4, 8)), by_step  # calibrated with margin 2: ~nothing clips
+
+
+def test_saturation_probe_steps_run_eagerly_between_graph_replays(small_worker):
+    sink = ListSink()
+    s = small_worker.run_session(
+        steps=14, realtime=False, switches=Switches.all_on(), sink=sink, saturation_every=4, cond_tokens=300
+    )
+    probed = [r["step"] for r in sink.rows["step"] if r["fp8_saturated"] is not None]
+    assert probed == [4, 8, 12] and s.graphed_steps > 0
+    assert s.graphed_steps <= 14 - len(probed) - 1  # probed steps and the first (calibrating) are eager

@@ -1,0 +1,137 @@
+"""The static_scales switch and its saturation probe: what the fleet sees when FP8 inputs outgrow
+their calibrated scales (tiny FP8 model on CPU; the no-sync GPU check is in test_gpu.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from collector import records
+from worker.cache import make_cache
+from worker.config import ModelShape, Switches
+from worker.fp8 import FP8, FP8_MAX, SaturationProbe, count_saturated
+from worker.model import BlockFusion, DiT
+from worker.session import Worker
+from worker.telemetry import ListSink
+
+RING_FP8 = {"ring_cache": True, "rope_at_write": True, "fp8_cache": True}
+
+
+def _fp8_worker() -> Worker:
+    shape = ModelShape.from_name("tiny")
+    return Worker(shape, device="cpu", model=DiT(shape, dtype=torch.bfloat16, fp8=True))
+
+
+def test_count_saturated_counts_the_codes_at_448_of_either_sign():
+    x = torch.randn(37, 19) * 300
+    x[3, :5] = torch.tensor([448.0, -448.0, 1e6, -1e6, 447.0])  # 447 rounds to 448 as well
+    q = x.clamp(-FP8_MAX, FP8_MAX).to(FP8)
+    assert int(count_saturated(q)) == int((q.float().abs() == FP8_MAX).sum())
+    assert int(count_saturated(torch.zeros(4, 4).to(FP8))) == 0
+
+
+def _calibrated_model(fusion: BlockFusion | None):
+    model = DiT(ModelShape.from_name("tiny"), dtype=torch.bfloat16, fp8=True)
+    model.set_fusion(fusion)
+    shape = model.shape
+    cache = make_cache(shape, Switches.from_mapping(RING_FP8), "cpu", model.dtype)
+    g = torch.Generator().manual_seed(5)
+    cond_kv = model.first_forward(torch.randn(9, shape.d_model, generator=g), cache)
+
+    def chunk():
+        cache.begin_step(shape.new_tokens)
+        model.denoise_chunk(torch.randn(shape.new_tokens, shape.latent_channels, generator=g), cache, cond_kv)
+        cache.end_step()
+
+    chunk()  # the first chunk finishes the calibration
+    assert model.probe_ready
+    return model, chunk
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["unfused", "fused"])
+def test_probe_counts_every_static_gemm_input_clipped_at_448(fused):
+    """After calibration the inputs sit inside the range (margin 2): nothing saturates. Scales shrunk 8x
+    (inputs 8x past calibration) clip many elements, and the probe counts exactly the elements whose
+    |x / scale| rounds to 448 or beyond (>= 432), counted independently from the inputs."""
+    model, chunk = _calibrated_model(BlockFusion.eager("static") if fused else None)
+    probe = SaturationProbe("cpu")
+    probe.start()
+    model.set_probe(probe)
+    chunk()
+    host, total = probe.finish()
+    per_pass = sum(lin.site is not None and lin is not b.ckv for b in model.blocks for lin in b.linears)
+    assert int(host) == 0 and total > 0
+
+    for lin in model._linears():  # drift: every static scale now covers an 8th of its inputs
+        lin.site.scale /= 8
+    seen = {"ref": 0, "calls": 0}
+    if not fused:  # the unfused path quantizes through the sites: count the reference from their inputs
+        for lin in model._linears():
+            quant = lin.site.quant
+
+            def counting(x, s, quant=quant):
+                seen["ref"] += int(((x / s).abs() >= 432).sum())  # x / s rounded as the quantizer does
+                seen["calls"] += 1
+                return quant(x, s)
+
+            lin.site.quant = counting
+    probe.start()
+    chunk()
+    host, total2 = probe.finish()
+    model.set_probe(None)
+    assert total2 == total and int(host) > 0
+    assert int(host) / total < 1  # clipped, not everything
+    if not fused:
+        assert seen["calls"] == per_pass * model.shape.passes  # the cross K/V is once per session
+        assert int(host) == seen["ref"]
+
+
+def test_session_reports_fp8_saturated_on_sampled_steps_only():
+    sink = ListSink()
+    s = _fp8_worker().run_session(
+        steps=9, realtime=False, sink=sink, saturation_every=3, switches={**RING_FP8, "static_scales": True}
+    )
+    steps = sink.rows["step"]
+    for row in steps:
+        records.StepRecord.model_validate(row)
+    sampled = [r["step"] for r in steps if r["fp8_saturated"] is not None]
+    assert sampled == [3, 6]  # step 0 still calibrates (first forward + first chunk)
+    assert all(r["fp8_saturated"] == 0.0 for r in steps if r["step"] in sampled)  # inside the range
+    assert s.steps == 9
+
+
+def test_static_scales_off_is_the_plain_dynamic_path_and_reports_nothing():
+    w = _fp8_worker()
+    sink = ListSink()
+    w.run_session(steps=4, realtime=False, sink=sink, saturation_every=1, switches=RING_FP8)
+    assert w.model.act_scales == "row" and not w.model.calibrating
+    assert all(lin.site is None and lin.probe is None for lin in w.model._linears())
+    assert all(r["fp8_saturated"] is None for r in sink.rows["step"])
+
+
+def test_static_scales_flipped_mid_session_recalibrates_or_goes_dynamic():
+    """Off at step 4 (the rollback): per-token scales from the next step, probes stop. On again at 8:
+    fresh scales calibrate over the next chunk and a pass, then probes resume."""
+    w = _fp8_worker()
+    sink = ListSink()
+    flips = {4: {"static_scales": False}, 8: {"static_scales": True}}
+    s = w.run_session(
+        steps=16,
+        realtime=False,
+        sink=sink,
+        saturation_every=2,
+        switch_source=flips.get,
+        switches={**RING_FP8, "static_scales": True},
+    )
+    by_step = {r["step"]: r for r in sink.rows["step"]}
+    assert [e["step"] for e in s.switch_events] == [4, 8]
+    assert "static_scales" not in by_step[5]["switches"] and "static_scales" in by_step[9]["switches"]
+    sampled = [i for i, r in sorted(by_step.items()) if r["fp8_saturated"] is not None]
+    assert sampled == [2, 10, 12, 14]  # 8 calibrates; nothing sampled while dynamic (4, 6)
+    assert w.model.act_scales == "static" and not w.model.calibrating
+    assert all(lin.probe is None for lin in w.model._linears())  # the session unhooks its probe
+
+
+def test_switch_name_is_on_the_wire():
+    assert "static_scales" in records.SWITCH_NAMES
+    assert Switches.all_on().static_scales and not Switches().static_scales
