@@ -23,7 +23,7 @@ import pyarrow as pa
 
 from analytics.stats import canonical_scope
 
-KINDS: tuple[str, ...] = ("fps_fraction", "memory_growth", "regression", "changepoint", "canary")
+KINDS: tuple[str, ...] = ("fps_fraction", "memory_growth", "regression", "changepoint", "canary", "fp8_saturation")
 SEVERITIES: tuple[str, ...] = ("info", "warning", "critical")
 COLUMNS: tuple[str, ...] = (
     "kind", "scope", "metric", "window_start", "window_end", "baseline", "value", "effect", "confidence",

@@ -6,7 +6,7 @@
     add_findings_listener(fn)                     # fn(list of finding dicts) after a job wrote some
 
 Schedule (UTC): weekly fps fractions and the weekly report each Monday for the past ISO week;
-memory growth hourly; regressions and change points daily; a cheap release watch every few
+memory growth and FP8 saturation hourly; regressions and change points daily; a cheap release watch every few
 minutes runs the regression detector as soon as a new release shows up; the fleet roll-up
 (``queries.rollup``: closed days into ``fleet_daily`` for the dashboard) every 10 minutes. A failing job is logged,
 recorded in ``job_runs`` (status 'failed', the error), retried with backoff up to
@@ -29,7 +29,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
-from analytics import changepoints, fps, memory, queries, regressions
+from analytics import changepoints, fps, memory, queries, regressions, saturation
 from analytics.findings import write_findings
 
 log = logging.getLogger("livestep.analytics")
@@ -39,6 +39,9 @@ RETRY_BASE_S = 60.0
 MEMORY_WINDOW = timedelta(days=7)
 REGRESSION_WINDOW = timedelta(days=28)
 CHANGEPOINT_WINDOW = timedelta(days=42)
+# recent sessions only: a drift past the calibrated range is acted on within hours, and two days hold
+# enough sampled sessions per release x GPU kind on a small fleet (saturation.MIN_SESSIONS)
+SATURATION_WINDOW = timedelta(days=2)
 RELEASE_POLL = timedelta(minutes=5)
 
 _listeners: list[Callable[[list[dict]], None]] = []
@@ -112,6 +115,10 @@ def _memory(store, start, end, **_):
     return memory.analyze(store, start, end)[1]
 
 
+def _fp8_saturation(store, start, end, **_):
+    return saturation.run(store, start, end)
+
+
 def _regressions(store, start, end, releases=None, **_):
     return regressions.run(store, start, end, releases=releases)
 
@@ -140,6 +147,7 @@ def _weekly_report(store, start, end, week=None, out_dir=None, **_):
 JOBS: dict[str, Callable[..., list[dict] | None]] = {
     "weekly_fps": _weekly_fps,
     "memory": _memory,
+    "fp8_saturation": _fp8_saturation,
     "regressions": _regressions,
     "changepoints": _changepoints,
     "weekly_report": _weekly_report,
@@ -156,7 +164,7 @@ def window(name: str, now: datetime | None = None, week: str | None = None, star
     if name in ("weekly_fps", "weekly_report") and start is None and end is None:
         return queries.iso_week_bounds(week or past_iso_week(now))
     end = end or now
-    span = {"memory": MEMORY_WINDOW, "regressions": REGRESSION_WINDOW, "changepoints": CHANGEPOINT_WINDOW,
+    span = {"memory": MEMORY_WINDOW, "fp8_saturation": SATURATION_WINDOW, "regressions": REGRESSION_WINDOW, "changepoints": CHANGEPOINT_WINDOW,
             "rollup": timedelta(days=1)}
     start = start or end - span.get(name, timedelta(days=7))
     if start >= end:
@@ -188,14 +196,14 @@ def run_job(name: str, store, *, trigger: str = "demand", attempt: int = 1, **wi
 
 def run_all(store, now: datetime | None = None, weeks: int = 4) -> list[dict]:
     """Every job once at ``now`` (the demo): fps fractions for each of the last ``weeks`` ISO weeks
-    (the current one included), memory growth, regressions, change points, and the past week's
+    (the current one included), memory growth, FP8 saturation, regressions, change points, and the past week's
     report when ``analytics.report`` imports. Returns the findings written."""
     now = _utc(now) or datetime.now(UTC)
     out: list[dict] = []
     for k in range(weeks, -1, -1):
         out += run_job("weekly_fps", store, week=queries.iso_week_of(now - timedelta(days=7 * k)))
     run_job("rollup", store, now=now)
-    for name in ("memory", "regressions", "changepoints"):
+    for name in ("memory", "fp8_saturation", "regressions", "changepoints"):
         out += run_job(name, store, now=now)
     if _report_available():
         try:
@@ -296,6 +304,8 @@ def start_scheduler(store, *, timezone=UTC, reports_dir: Path | None = None) -> 
             id="weekly_report", replace_existing=True)
     add(scheduled, IntervalTrigger(hours=1, timezone=timezone), args=[s, "memory", store], id="memory",
         replace_existing=True)
+    add(scheduled, IntervalTrigger(hours=1, timezone=timezone), args=[s, "fp8_saturation", store],
+        id="fp8_saturation", replace_existing=True)
     add(scheduled, CronTrigger(hour=2, minute=0, timezone=timezone), args=[s, "regressions", store],
         id="regressions", replace_existing=True)
     add(scheduled, CronTrigger(hour=2, minute=20, timezone=timezone), args=[s, "changepoints", store],

@@ -19,6 +19,12 @@ Incidents, each a new release (``incidents=["august", ("sync", 10), "benign"]``,
 - ``benign``: a release with no real change.
 - ``fix``: fuse only the steady-state shape (ends the leak) and drop the sync.
 
+FP8 saturation (``fp8_saturated``, sampled on one step in 64 as a GPU worker does; every worker runs
+``static_scales``): healthy sessions stay at zero or isolated outliers (< 1e-6). ``fp8_drift=("august",
+"b200")`` makes the static scales drift on that release's sessions of that GPU kind: the saturated
+fraction grows with the step index (a per-session rate, lognormal around 1e-4 per 100 steps), so most of
+their sampled sessions saturate past ``analytics.saturation.SATURATED_FRACTION``.
+
 Every row is marked ``simulated=True``. Deterministic for a seed (and the same window): re-running
 into the same store lands once (each block carries a dedup token).
 """
@@ -44,7 +50,11 @@ NEW_TOKENS = 757
 GIB = 2**30
 LEAK_BYTES_PER_TOKEN = 1 << 20  # the leaked fused buffer: ~1 MiB per first-forward token
 INCIDENTS: tuple[str, ...] = ("august", "sync", "benign", "fix")
-_BASE_SWITCHES = ("ring_cache", "rope_at_write", "fp8_cache", "delta_rotation", "triton_kernels", "decoder_own_gpu")
+_BASE_SWITCHES = ("ring_cache", "rope_at_write", "fp8_cache", "delta_rotation", "triton_kernels", "decoder_own_gpu",
+                  "static_scales")
+FP8_SAMPLE_EVERY = 64  # steps between fp8_saturated samples (worker: ~1 in 64 on a GPU)
+FP8_SAMPLE_AT = 32  # the sampled steps' offset in each period (never the calibrating first step)
+FP8_DRIFT_PER_100_STEPS = 1e-4  # median growth of the saturated fraction per 100 steps on a drifting cohort
 
 
 class SimulationError(Exception):
@@ -245,12 +255,17 @@ def simulate_fleet(
     end: datetime | None = None,
     block_steps: int = 1_000_000,
     progress: bool | None = None,
+    fp8_drift: tuple[str, str] | None = None,
 ) -> SimResult:
     """Simulate ``weeks`` of fleet telemetry ending at ``end`` (default: this hour) into ``target``.
 
     ``target``: a Store (bulk Arrow blocks), a TelemetryClient (the collector path) or a sink.
-    Incident days count from the simulation start. Returns what was simulated (releases, workers, counts).
+    Incident days count from the simulation start. ``fp8_drift``: (release kind, GPU kind) whose static
+    FP8 scales drift (module docstring). Returns what was simulated (releases, workers, counts).
     """
+    if fp8_drift is not None and (fp8_drift[0] not in ("baseline", *INCIDENTS) or fp8_drift[1] not in GPU_KINDS):
+        raise SimulationError(f"fp8_drift {fp8_drift!r} is not valid: (release kind, GPU kind), release kinds "
+                              f"{', '.join(('baseline', *INCIDENTS))}; GPU kinds {', '.join(GPU_KINDS)}")
     if workers < 1 or sessions_per_day <= 0 or session_median_s <= 0 or weeks <= 0:
         raise SimulationError("workers >= 1, sessions_per_day > 0, session_median_s > 0 and weeks > 0 are required")
     end = (end or datetime.now(UTC).replace(minute=0, second=0, microsecond=0)).astimezone(UTC)
@@ -275,8 +290,8 @@ def simulate_fleet(
     expected = int(workers * days * sessions_per_day * session_median_s * 1.4 / (STEP_BUDGET_MS / 1000))
     bar = _progress(progress, expected)
     run_key = f"{seed}-{start_ms}-" + _options_key(weeks, incidents, workers, sessions_per_day, session_median_s,
-                                                    rollout_days)
-    writer = _BlockWriter(sink, result, fleet, releases, run_key, bar, block_steps)
+                                                    rollout_days, *([fp8_drift] if fp8_drift else []))
+    writer = _BlockWriter(sink, result, fleet, releases, run_key, bar, block_steps, fp8_drift)
     oom_rows: list[dict] = []
     for wi, w in enumerate(fleet):
         wrng = np.random.default_rng([seed, 1, wi])
@@ -368,7 +383,8 @@ def _progress(progress: bool | None, total: int):
 class _BlockWriter:
     """Accumulates planned sessions and writes their steps and session rows in large Arrow blocks."""
 
-    def __init__(self, sink, result, fleet, releases, run_key: str, bar, block_steps: int):
+    def __init__(self, sink, result, fleet, releases, run_key: str, bar, block_steps: int,
+                 fp8_drift: tuple[str, str] | None = None):
         self.sink, self.result, self.fleet, self.releases = sink, result, fleet, releases
         self.run_key, self.seed, self.bar = run_key, result.seed, bar
         self.block = 0
@@ -386,6 +402,9 @@ class _BlockWriter:
         self.power = np.array([GPU_KINDS[w.gpu_kind].power_w * GPU_KINDS[w.gpu_kind].n_gpus for w in fleet])
         self.tp = np.array([GPU_KINDS[w.gpu_kind].tp_size for w in fleet])
         self.fused = np.array(["fused_allreduce" in w.switches for w in fleet])
+        self.static = np.array(["static_scales" in w.switches for w in fleet])
+        self.drift_release = np.array([fp8_drift is not None and r.kind == fp8_drift[0] for r in releases])
+        self.drift_kind = np.array([fp8_drift is not None and w.gpu_kind == fp8_drift[1] for w in fleet])
 
     def add_session(self, sid, wi, ri, t_ms, n_steps, period, reserved, buffers, tokens):
         p = self.plans
@@ -460,6 +479,7 @@ class _BlockWriter:
                 "mem_reserved_bytes": reserved,
                 "buffers_registered": buffers,
                 "switches": pa.DictionaryArray.from_arrays(pa.array(self.switch_of[worker]), self.switch_strs),
+                "fp8_saturated": self._fp8_saturated(step, si, np.asarray(p.worker, dtype=np.int32), rel),
             }
         )
         # sessions: a start row and an end row each
@@ -488,6 +508,20 @@ class _BlockWriter:
             }
         )
         return steps, sessions
+
+    def _fp8_saturated(self, step, si, worker, rel) -> pa.Array:
+        """Sampled steps' saturated fraction (null elsewhere and without static scales); ``si`` per step,
+        ``worker`` and ``rel`` per session. Its own random stream, so every other column is what it was
+        before this one existed."""
+        rng = np.random.default_rng([self.seed, 3, self.block])
+        total = len(step)
+        sampled = (step % FP8_SAMPLE_EVERY == FP8_SAMPLE_AT) & self.static[worker][si]
+        rate = FP8_DRIFT_PER_100_STEPS * np.exp(rng.normal(0, 0.8, len(worker)))  # per session
+        drifting = (self.drift_release[rel] & self.drift_kind[worker])[si]
+        outlier = rng.random(total) < 0.05  # an isolated clipped element now and then: far below tolerance
+        healthy = np.where(outlier, 1e-7 * np.exp(rng.normal(0, 0.5, total)), 0.0)
+        frac = np.where(drifting, np.minimum(rate[si] * step / 100.0, 1.0), healthy)
+        return pa.array(frac, pa.float64(), mask=~sampled)
 
     def _common(self, si, worker, rel, ts_ms, session_ids) -> dict:
         return {
