@@ -1,5 +1,6 @@
 """Dashboard REST (``/v1/...``): fleet fps fractions, per-release distributions and comparison,
-session drill-down (events, memory; raw steps are api/routes/sessions.py's), memory growth against distinct shapes, findings.
+session drill-down (events, memory; raw steps are api/routes/sessions.py's), memory growth against distinct shapes,
+FP8 saturation per release and GPU kind, findings.
 
 Every list takes ``start``/``end`` (ISO 8601, default the last 56 days, at most 400 days) and the
 list endpoints ``limit``/``offset``; bad values are 422 with the reason. Fleet figures never read raw
@@ -252,7 +253,8 @@ def compare_releases(
 @router.get("/findings")
 def findings(
     store: StoreDep, tr: TimeRangeDep, page: PageDep,
-    kind: Annotated[str | None, Query(pattern="^(fps_fraction|memory_growth|regression|changepoint|canary)$")] = None,
+    kind: Annotated[str | None, Query(
+        pattern="^(fps_fraction|memory_growth|regression|changepoint|canary|fp8_saturation)$")] = None,
     severity: Annotated[str | None, Query(pattern="^(info|warning|critical)$")] = None,
     status: Annotated[str | None, Query(pattern="^(open|resolved|acknowledged)$")] = None,
     scope: Annotated[str | None, Query(max_length=400, description="substring of the canonical scope")] = None,
@@ -294,11 +296,47 @@ def memory_growth(
             "findings": finding_rows(fnd), "limit": page.limit, "offset": page.offset}
 
 
+def fp8_saturation_rows(store, start: datetime, end: datetime, release: str | None = None,
+                        gpu_kind: str | None = None) -> list[dict[str, Any]]:
+    """Per release x GPU kind: sessions sampled with static scales, the share saturating and its 95%
+    interval, the p95 and max of the sessions' largest saturated fraction (``analytics.saturation``,
+    over ``session_stats``: no raw steps)."""
+    from analytics import saturation
+
+    groups = saturation.judge(saturation.session_saturation(store, start, end, release=release, gpu_kind=gpu_kind))
+    if groups.is_empty():
+        return []
+    return rows(groups.select("release", "gpu_kind", "sessions", "saturating", "share", "ci_low", "ci_high",
+                              "p_value", "sat_p95", "sat_max", "sampled_steps", "saturating_steps", "flagged"))
+
+
+@router.get("/fp8-saturation")
+def fp8_saturation(store: StoreDep, tr: TimeRangeDep, release: Label = None, gpu_kind: Label = None) -> dict[str, Any]:
+    """Per release x GPU kind, sessions that started in the window and were sampled with static FP8
+    scales: how many, the share whose largest saturated fraction exceeds the tolerance (``share``,
+    95% Clopper-Pearson ``ci_low``/``ci_high``), the p95 (``sat_p95``) and max of that fraction, and the
+    open ``fp8_saturation`` findings. An unknown release is 404 listing the known ones."""
+    from analytics import saturation
+
+    if release is not None:
+        known = releases_seen(store)
+        if release not in known:
+            raise HTTPException(404, detail=f"unknown release {release!r}; known releases: "
+                                            f"{', '.join(known) or 'none'}")
+    fnd = findings_frame(store, kind="fp8_saturation", status="open", scope_contains=f"release={release}"
+                         if release else None, start=tr.start, end=tr.end, limit=100)
+    return {"start": tr.start.isoformat(), "end": tr.end.isoformat(),
+            "session_saturated_above": saturation.SATURATED_FRACTION, "tolerated_share": saturation.TOLERATED_SHARE,
+            "min_sessions": saturation.MIN_SESSIONS,
+            "rows": fp8_saturation_rows(store, tr.start, tr.end, release=release, gpu_kind=gpu_kind),
+            "findings": finding_rows(fnd)}
+
+
 def session_steps(store, session_id: str, limit: int = 100_000, offset: int = 0) -> pl.DataFrame:
     return store.query_df(
         "SELECT step, ts, diffusion_ms, step_period_ms, decode_ms, cache_upkeep_ms, attention_ms, allreduce_ms, "
         "late, playout_depth, reset_step, energy_mj, mem_allocated_bytes, mem_reserved_bytes, buffers_registered, "
-        "switches FROM steps WHERE session_id = {sid:String} ORDER BY step, ts "
+        "switches, fp8_saturated FROM steps WHERE session_id = {sid:String} ORDER BY step, ts "
         "LIMIT {limit:UInt32} OFFSET {offset:UInt32}",
         {"sid": session_id, "limit": limit, "offset": offset},
     )

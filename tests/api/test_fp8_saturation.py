@@ -1,0 +1,97 @@
+"""FP8 saturation served and acted on: ``GET /v1/fp8-saturation`` per release x GPU kind (bad input 4xx
+listing what is valid), ``fp8_saturation`` findings listed, and the loop closed on a real store: steps
+that saturate on one release -> the job's critical finding -> the signed webhook delivery (the
+notifier's own body) -> ``GET /v1/switches`` answers ``static_scales: false`` for that release's workers
+and leaves every other scope alone."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from analytics.jobs import run_job
+from collector import records
+from tests.api.conftest import SECRET
+from tests.collector.helpers import step_rows
+
+END = datetime(2026, 11, 10, 12, tzinfo=UTC)
+RANGE = {"start": (END - timedelta(days=2)).isoformat(), "end": END.isoformat()}
+
+
+def _session(store, sid: str, release: str, gpu_kind: str, sat: float | None, minutes: int):
+    rows = step_rows(24, session_id=sid, release=release, gpu_kind=gpu_kind, ts=END - timedelta(hours=6, minutes=minutes),
+                     switches="fp8_cache,ring_cache,static_scales")
+    for r in rows:
+        r["fp8_saturated"] = sat if r["step"] % 8 == 7 else None
+    store.insert_arrow("steps", records.to_arrow("step", rows), dedup_token=sid)
+
+
+@pytest.fixture
+def fleet(store):
+    for i in range(40):
+        _session(store, f"v7-h200-{i}", "v7", "h200", 2e-3 if i % 4 == 0 else 0.0, i)  # 10 of 40 saturate
+        _session(store, f"v7-h100-{i}", "v7", "h100", 0.0, i)
+        _session(store, f"v6-h200-{i}", "v6", "h200", 2e-7, i)  # isolated outliers: under the tolerance
+    return store
+
+
+def test_per_release_and_gpu_kind_figures(client, fleet):
+    r = client.get("/v1/fp8-saturation", params=RANGE)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    got = {(x["release"], x["gpu_kind"]): x for x in body["rows"]}
+    assert set(got) == {("v7", "h200"), ("v7", "h100"), ("v6", "h200")}
+    bad = got[("v7", "h200")]
+    assert (bad["sessions"], bad["saturating"], bad["share"]) == (40, 10, 0.25)
+    assert bad["ci_low"] < 0.25 < bad["ci_high"] and bad["sat_max"] == pytest.approx(2e-3, rel=1e-6)
+    assert bad["sampled_steps"] == 40 * 3 and bad["saturating_steps"] == 10 * 3
+    assert all(got[k]["saturating"] == 0 for k in (("v7", "h100"), ("v6", "h200")))
+    assert body["session_saturated_above"] > 0 and body["findings"] == []
+    only = client.get("/v1/fp8-saturation", params={**RANGE, "release": "v7", "gpu_kind": "h100"}).json()["rows"]
+    assert [(x["release"], x["gpu_kind"]) for x in only] == [("v7", "h100")]
+    outside = {"start": (END + timedelta(days=1)).isoformat(), "end": (END + timedelta(days=2)).isoformat()}
+    assert client.get("/v1/fp8-saturation", params=outside).json()["rows"] == []
+
+
+@pytest.mark.parametrize("params,status,fragment", [
+    ({"release": "v99"}, 404, "known releases: v6, v7"),
+    ({"release": ""}, 422, "release"),
+    ({"gpu_kind": "x" * 200}, 422, "gpu_kind"),
+    ({"start": "yesterday"}, 422, "start"),
+])
+def test_bad_queries_are_4xx_saying_what_is_valid(client, fleet, params, status, fragment):
+    r = client.get("/v1/fp8-saturation", params={**RANGE, **params})
+    assert r.status_code == status, r.text
+    assert fragment in r.text
+
+
+def test_saturating_release_turns_static_scales_off_through_the_webhook(client, fleet):
+    from api import notify
+
+    def switch(**labels):
+        return client.get("/v1/switches", params=labels).json()["switches"].get("static_scales")
+
+    assert switch(release="v7", gpu_kind="h200", worker_id="w1") is None  # no rule yet: the worker's default
+    rows = run_job("fp8_saturation", fleet, now=END)
+    assert [(r["kind"], r["scope"], r["severity"], r["attribution"]) for r in rows] == \
+        [("fp8_saturation", "gpu_kind=h200,release=v7", "critical", "static_scales")]
+
+    def deliver(body: bytes, headers: dict[str, str]):  # the notifier's signed body, over the real route
+        r = client.post("/v1/alerts", content=body, headers={"Content-Type": "application/json", **headers})
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    sent = notify.deliver_locally(deliver, notify.actionable(rows), SECRET)
+    assert sent["ok"] and sent["flipped"] == 1
+    assert switch(release="v7", gpu_kind="h200", worker_id="w1") is False
+    assert switch(release="v7", gpu_kind="h100", worker_id="w1") is None  # other GPU kind, other release: untouched
+    assert switch(release="v6", gpu_kind="h200", worker_id="w1") is None
+    hist = client.get("/v1/switches/history", params={"source": "alert"}).json()["decisions"]
+    assert [(d["name"], d["scope"], d["changed"], d["new_value"]) for d in hist] == \
+        [("static_scales", "gpu_kind=h200,release=v7", True, False)]
+    listed = client.get("/v1/findings", params={**RANGE, "kind": "fp8_saturation"}).json()["findings"]
+    assert [f["scope"] for f in listed] == ["gpu_kind=h200,release=v7"]
+    assert listed[0]["evidence"]["saturating_sessions"] == 10
+    served = client.get("/v1/fp8-saturation", params={**RANGE, "release": "v7"}).json()
+    assert [f["scope"] for f in served["findings"]] == ["gpu_kind=h200,release=v7"]
