@@ -34,6 +34,11 @@ capture, then ``--telemetry-steps`` steady steps; the figure is the median step 
 between chunk deliveries) over the steady steps only, with host syncs counted per step
 (``set_sync_debug_mode("warn")``, attributed to the open step).
 
+Saturation probe (with static_scales): one more session of the real loop with a probe every
+``--probe-every`` steps; the probed steps run eagerly, so their diffusion ms against the graphed steps'
+is the probe's cost, printed with what it amortizes to at the session default (one step in 64) and the
+largest ``fp8_saturated`` seen.
+
 ``--profile``: torch.profiler (CUDA activity; CUPTI sees the kernels inside CUDA graphs) over
 ``--profile-replays`` replays of the +cuda_graphs and +fused_blocks rows: GPU time per step by group
 (GEMMs, attention, upkeep/rope/quant, norms/elementwise, other) and the top kernels.
@@ -61,7 +66,7 @@ from worker.cache import make_cache
 from worker.config import ModelShape, Switches, tp_rank_of
 from worker.fp8 import FP8, FP8_MAX
 from worker.model import DiT
-from worker.session import ChunkRunner, Session, Worker
+from worker.session import SATURATION_EVERY, ChunkRunner, Session, Worker
 from worker.telemetry import CpuTimer, CudaTimer, ListSink
 
 ROWS = [
@@ -362,6 +367,27 @@ def telemetry_ratio(model: DiT, sw: Switches, steady: int, cond_tokens: int, rou
             "syncs": syncs, "syncs_all": syncs_all, "sites": sites}
 
 
+def probe_cost(model: DiT, sw: Switches, steady: int, cond_tokens: int, every: int = 4) -> dict:
+    """Diffusion ms of the probed steps (eager, counting saturation) and of the graphed ones in one session
+    of the real loop, after the window is full; the largest ``fp8_saturated`` seen."""
+    shape, dev = model.shape, model.device
+    w = Worker(shape, device=dev, model=model)
+    fill = -(-(shape.window - cond_tokens) // shape.new_tokens)
+    sink = ListSink()
+    sess = Session(w, steps=fill + 2 + steady, realtime=False, switches=sw, sink=sink, cond_tokens=cond_tokens,
+                   seed=1, saturation_every=every)
+    sess.run()
+    rows = sink.rows["step"][fill + 2:]
+    graphed = sess.tel.stats.graphed[fill + 2:]
+    probed = [r["diffusion_ms"] for r in rows if r["fp8_saturated"] is not None]
+    plain = [r["diffusion_ms"] for r, g in zip(rows, graphed, strict=True) if g and r["fp8_saturated"] is None]
+    sat = [r["fp8_saturated"] for r in rows if r["fp8_saturated"] is not None]
+    if not probed or not plain:
+        raise RuntimeError(f"no probed ({len(probed)}) or graphed ({len(plain)}) steady steps to compare")
+    return {"probed": statistics.median(probed), "graphed": statistics.median(plain), "n": (len(probed), len(plain)),
+            "max_saturated": max(sat)}
+
+
 def fmt(x, nd=1):
     return "-" if x is None else f"{x:.{nd}f}"
 
@@ -377,6 +403,7 @@ def main(argv=None) -> int:
     ap.add_argument("--no-full", action="store_true", help="skip the full model (all heads)")
     ap.add_argument("--telemetry-steps", type=int, default=40, help="steady steps per telemetry session (0: skip)")
     ap.add_argument("--telemetry-rounds", type=int, default=3, help="alternating on/off session pairs")
+    ap.add_argument("--probe-every", type=int, default=4, help="saturation probe session: a probe every N steps (0: skip)")
     ap.add_argument("--profile", action="store_true", help="torch.profiler breakdown of the graphed rows")
     ap.add_argument("--profile-replays", type=int, default=3)
     ap.add_argument("--trace-dir", default=None, help="also write each profile as a Chrome trace (.json.gz) here")
@@ -477,6 +504,19 @@ def main(argv=None) -> int:
                 print(f"#   steady-step sync x{n}: {site}")
         except Exception as e:  # noqa: BLE001 - reported, the table above stands
             print(f"# telemetry on/off: FAILED {type(e).__name__}: {str(e)[:300]}", flush=True)
+
+    if args.probe_every and best_sw.static_scales and args.telemetry_steps and not late():
+        t_probe = time.perf_counter()
+        try:
+            pc = probe_cost(model, best_sw, args.telemetry_steps, cond, args.probe_every)
+            extra = pc["probed"] - pc["graphed"]
+            print(f"# saturation probe (1 step in {args.probe_every}): probed steps {pc['probed']:.2f} ms diffusion"
+                  f" (n={pc['n'][0]}), graphed steps {pc['graphed']:.2f} ms (n={pc['n'][1]}): {extra:+.2f} ms per"
+                  f" probed step = {extra / SATURATION_EVERY['cuda']:+.3f} ms/step at the default 1 in"
+                  f" {SATURATION_EVERY['cuda']}; max fp8_saturated"
+                  f" {pc['max_saturated']:.2e}  ({time.perf_counter() - t_probe:.0f} s)", flush=True)
+        except Exception as e:  # noqa: BLE001 - reported, the table above stands
+            print(f"# saturation probe: FAILED {type(e).__name__}: {str(e)[:300]}", flush=True)
 
     if not args.no_full and args.tp > 1 and dev.type == "cuda" and not late():
         del model

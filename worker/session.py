@@ -44,6 +44,7 @@ log = logging.getLogger("livestep.worker.session")
 
 CHUNK_PERIOD_S = 4 / 24  # 166.7 ms: four frames at 24 fps
 DYNAMIC_SCALES = "row"  # DiT.act_scales with static_scales off: per-token scales, the plain path
+SATURATION_EVERY = {"cuda": 64, "cpu": 8}  # a saturation probe every N steps (Session's default)
 
 
 @dataclass
@@ -201,8 +202,7 @@ class Session:
         self.tel = Telemetry(self.sink, self.labels, worker.device, self.playout, gpus, enabled=telemetry,
                              detail_every=detail_every)
         self.tel.cpu_mem = self._cpu_mem
-        cuda = worker.device.type == "cuda"
-        self.saturation_every = saturation_every or (64 if cuda else 8)
+        self.saturation_every = saturation_every or SATURATION_EVERY.get(worker.device.type, 8)
         if self.saturation_every < 1:
             raise ValueError(f"saturation_every {saturation_every!r}; valid: a positive number of steps")
         self.probe = SaturationProbe(worker.device) if telemetry else None
