@@ -309,7 +309,8 @@ class Session:
                 noise = torch.randn(T, C, generator=gen, device=dev)
                 self.w.register_forward(T, self.switches)
                 probe = self._probe_step(i)
-                model.set_probe(probe)
+                if probe is not None:  # hooks every linear: on probed steps only (host time)
+                    model.set_probe(probe)
                 latents, graphed = self.runner(noise, self.cache, cond_kv, eager=probe is not None)
                 saturation = None
                 if probe is not None:
