@@ -3,7 +3,7 @@
     html_path, json_path = build_weekly_report(store, "2026-W47", Path("var/reports"))
 
 Sections: fps fractions against the week before, regressions with their evidence, memory findings,
-switch changes and rollbacks (the audit trail and the workers' ``switch_applied``/``rollback``
+FP8 saturation findings (only in a week that has some), switch changes and rollbacks (the audit trail and the workers' ``switch_applied``/``rollback``
 events), canary decisions. plotly.js is copied once next to the reports and linked relatively, so a
 report opens from disk without a network and is served by ``/v1/reports``.
 """
@@ -76,6 +76,8 @@ def weekly_data(store, iso_week: str) -> dict[str, Any]:
         "memory_findings": qr.finding_rows(qr.findings_frame(store, kind="memory_growth", start=start, end=end,
                                                              limit=500)),
         "canary_findings": qr.finding_rows(qr.findings_frame(store, kind="canary", start=start, end=end, limit=500)),
+        "fp8_saturation_findings": qr.finding_rows(qr.findings_frame(store, kind="fp8_saturation", start=start,
+                                                                     end=end, limit=500)),
         "switch_changes": _audit(store, start, end),
         "switch_events": _events(store, start, end),
         "canaries": _canaries(store, start, end),
@@ -98,6 +100,16 @@ def _html(store, data: dict[str, Any]) -> str:
                 "detail": orjson.dumps(e["detail"]).decode()[:200]} for e in data["switch_events"][:200]]
     findings_cols = ["scope", "metric", "baseline", "value", "effect", "confidence", "severity", "attribution"]
     regressions = [{**f, "evidence": orjson.dumps(f["evidence"]).decode()[:300]} for f in data["regressions"]]
+    saturation = []
+    for f in data["fp8_saturation_findings"]:
+        ev = f["evidence"] if isinstance(f["evidence"], dict) else {}
+        saturation.append({"scope": f["scope"], "status": f["status"], "severity": f["severity"],
+                           "attribution": f["attribution"], "sessions": ev.get("sessions"),
+                           "saturating": ev.get("saturating_sessions"), "share": f["value"], "ci95": ev.get("ci95"),
+                           "p95 fraction": ev.get("p95_session_max_fraction"), "max fraction": ev.get("max_fraction")})
+    sat_section = [d.section("FP8 saturation (static activation scales)", d.table(saturation), note=(
+        "sessions whose largest sampled fraction of FP8 activations at +-448 exceeds the tolerance, per release "
+        "and GPU kind; a critical finding turns static_scales off for its scope"))] if saturation else []
     return d.page(f"Weekly report {data['iso_week']}", [
         d.section("fps fractions against the week before", d.table(summary) + d.chart(
             d.fig_fps_weeks(weeks, "frac_le_24fps", "fraction of sessions <= 24 fps"), "r-fps")),
@@ -107,6 +119,7 @@ def _html(store, data: dict[str, Any]) -> str:
                                                          empty="no regression findings this week")),
         d.section("Memory", d.chart(d.fig_memory(mem), "r-mem") + d.table(
             data["memory_findings"], findings_cols, empty="no memory findings this week")),
+        *sat_section,
         d.section("Switch changes and rollbacks", d.table(
             data["switch_changes"], ["ts", "source", "action", "name", "scope", "cohort", "old_value", "new_value",
                                      "actor", "reason"], empty="no switch changes this week")

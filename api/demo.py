@@ -9,9 +9,10 @@ A fresh ``demo`` database (and spool) each run, the app on a uvicorn thread in t
 allows one process per data directory, so the demo reads the server's own store). Steps, each a
 function: 1. ``stream_session`` — a synthetic ~24 fps session through ``TelemetryClient`` over HTTP,
 then ``wait_stored`` / ``session_summary``; 2-6. ``rollback_story`` — simulated fleet history through
-the collector (a sync-bug release, then the August incident), a live tiny worker of the leaking
-release polling the control plane, the analytics jobs, critical findings posted signed to the alert
-webhook which turns ``fused_allreduce`` off, the worker applying it at its next step boundary, and
+the collector (a sync-bug release, then the August incident, whose b200 workers' static FP8 scales
+also drift into saturation), a live tiny worker of the leaking release polling the control plane, the
+analytics jobs, critical findings posted signed to the alert webhook which turns ``fused_allreduce``
+off (and ``static_scales`` for the saturating b200 cohort), the worker applying it at its next step boundary, and
 this week's report; ``print_links`` ends with the dashboard URLs.
 """
 
@@ -416,12 +417,13 @@ def rollback_story(server: DemoServer, token: str | None, weeks: float, live_sec
 
     store = server.store
     _title(f"2. {weeks:g} weeks of fleet history through the collector: a sync-bug release, then the "
-           "August incident (a fused kernel that keeps a buffer per prompt length)")
+           "August incident (a fused kernel that keeps a buffer per prompt length; on its b200 workers the static "
+           "FP8 scales drift into saturation)")
     t0 = time.monotonic()
     client = TelemetryClient(server.url, token=token, batch_rows=5000, flush_interval_s=0.2,
                              max_queue=2_000_000)
     sim = simulate_fleet(client, weeks=weeks, incidents=[("sync", 2), ("august", weeks * 7 - 4)], seed=1,
-                         workers=8, progress=False)
+                         workers=8, progress=False, fp8_drift=("august", "b200"))
     client.close(timeout_s=120)
     wait_until(lambda: server.app.state.spool.depth == 0, 120)  # every acked batch is in ClickHouse
     n_steps = store.query_rows("SELECT count() FROM steps WHERE simulated")[0][0]
@@ -443,7 +445,8 @@ def rollback_story(server: DemoServer, token: str | None, weeks: float, live_sec
     _title("4. the analytics jobs (as the scheduler runs them): findings")
     findings = run_all(store, now=datetime.now(UTC))
     notable = sorted((f for f in findings if f["severity"] in ("warning", "critical")),
-                     key=lambda f: (f["severity"] != "critical", f["kind"] != "memory_growth", f["scope"]))
+                     key=lambda f: (f["severity"] != "critical", f["kind"] not in ("memory_growth", "fp8_saturation"),
+                                    f["scope"]))
     print_findings(notable[:14])
     if len(notable) > 14:
         print(f"  ... and {len(notable) - 14} more warning/critical findings ({len(findings)} in all): "

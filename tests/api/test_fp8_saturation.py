@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import orjson
 import pytest
 
 from analytics.jobs import run_job
@@ -95,3 +96,19 @@ def test_saturating_release_turns_static_scales_off_through_the_webhook(client, 
     assert listed[0]["evidence"]["saturating_sessions"] == 10
     served = client.get("/v1/fp8-saturation", params={**RANGE, "release": "v7"}).json()
     assert [f["scope"] for f in served["findings"]] == ["gpu_kind=h200,release=v7"]
+
+
+def test_weekly_report_has_a_saturation_section_only_with_findings(fleet, tmp_path):
+    from analytics.queries import iso_week_of
+    from analytics.report import build_weekly_report
+
+    week = iso_week_of(END)
+    html, js = build_weekly_report(fleet, week, tmp_path / "before")
+    assert "FP8 saturation" not in html.read_text()
+    run_job("fp8_saturation", fleet, now=END)
+    html, js = build_weekly_report(fleet, week, tmp_path / "after")
+    text = html.read_text()
+    assert "FP8 saturation" in text and "gpu_kind=h200,release=v7" in text
+    [f] = orjson.loads(js.read_bytes())["fp8_saturation_findings"]
+    assert (f["scope"], f["attribution"], f["evidence"]["saturating_sessions"]) == \
+        ("gpu_kind=h200,release=v7", "static_scales", 10)
