@@ -75,6 +75,8 @@ class SessionSummary:
     mean_decode_ms: float | None = None
     power_error: str | None = None
     graphed_steps: int = 0  # steps that replayed a captured CUDA graph
+    probed_steps: int = 0  # steps whose FP8 saturation was counted (static_scales on)
+    max_fp8_saturated: float | None = None  # the largest share of FP8 GEMM inputs clipped at +-448
 
 
 def _as_switches(sw) -> Switches:
@@ -389,7 +391,8 @@ class Session:
             wall_s=time.perf_counter() - t_wall0, loop_s=self.loop_s, mean_diffusion_ms=_mean(st.diffusion_ms),
             mean_upkeep_ms=_mean(st.upkeep_ms), mean_attention_ms=_mean(st.attention_ms),
             mean_decode_ms=_mean(st.decode_ms), power_error=tel.power.error if tel.power else None,
-            graphed_steps=sum(st.graphed),
+            graphed_steps=sum(st.graphed), probed_steps=len(st.saturated),
+            max_fp8_saturated=max(st.saturated) if st.saturated else None,
         )
 
 

@@ -324,6 +324,7 @@ class StepStats:
     attention_ms: list[float] = field(default_factory=list)
     decode_ms: list[float] = field(default_factory=list)
     graphed: list[bool] = field(default_factory=list)  # per emitted step: it replayed a CUDA graph
+    saturated: list[float] = field(default_factory=list)  # fp8_saturated of the probed steps
 
 
 class Telemetry:
@@ -512,6 +513,8 @@ class Telemetry:
             st.attention_ms.append(attention)
         if decode_ms is not None:
             st.decode_ms.append(decode_ms)
+        if saturated is not None:
+            st.saturated.append(saturated)
         if not self.enabled:
             return
         self._put("step", {

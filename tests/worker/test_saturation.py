@@ -97,16 +97,17 @@ def test_session_reports_fp8_saturated_on_sampled_steps_only():
     sampled = [r["step"] for r in steps if r["fp8_saturated"] is not None]
     assert sampled == [3, 6]  # step 0 still calibrates (first forward + first chunk)
     assert all(r["fp8_saturated"] == 0.0 for r in steps if r["step"] in sampled)  # inside the range
-    assert s.steps == 9
+    assert s.steps == 9 and s.probed_steps == 2 and s.max_fp8_saturated == 0.0
 
 
 def test_static_scales_off_is_the_plain_dynamic_path_and_reports_nothing():
     w = _fp8_worker()
     sink = ListSink()
-    w.run_session(steps=4, realtime=False, sink=sink, saturation_every=1, switches=RING_FP8)
+    s = w.run_session(steps=4, realtime=False, sink=sink, saturation_every=1, switches=RING_FP8)
     assert w.model.act_scales == "row" and not w.model.calibrating
     assert all(lin.site is None and lin.probe is None for lin in w.model._linears())
     assert all(r["fp8_saturated"] is None for r in sink.rows["step"])
+    assert s.probed_steps == 0 and s.max_fp8_saturated is None
 
 
 def test_static_scales_flipped_mid_session_recalibrates_or_goes_dynamic():
