@@ -355,6 +355,7 @@ class DiT:
         for blk in self.blocks:
             blk.prepare(self._temb)
         self.timer = NullTimer()
+        self._fusions: dict[str, BlockFusion] = {}  # compiled chains per act_scales (set_compile)
         self.set_compile(False)  # every linear quantizes with ``act_scales`` from the start
 
     @property
@@ -390,7 +391,9 @@ class DiT:
             for lin in self._linears():
                 lin.site, lin.quant = None, quant
         use_fusion = use and self.fp8 and self.fuse_blocks
-        self.set_fusion(BlockFusion.compiled(self.act_scales) if use_fusion else None)
+        if use_fusion and self.act_scales not in self._fusions:  # once per scaling: a switch flipped
+            self._fusions[self.act_scales] = BlockFusion.compiled(self.act_scales)  # back reuses its compiles
+        self.set_fusion(self._fusions[self.act_scales] if use_fusion else None)
 
     def reset_act_scales(self) -> None:
         """Static scales: fresh sites for every linear (same quantizer), calibrated over the next
