@@ -131,3 +131,34 @@ def fig_hist(values: list[float], title: str, x_title: str) -> go.Figure:
     fig = go.Figure(go.Histogram(x=values, nbinsx=60))
     fig.update_layout(title=title, xaxis_title=x_title, yaxis_title="sessions")
     return fig
+
+
+def fig_fp8_saturation(rows: list[dict[str, Any]], tolerated_share: float) -> go.Figure:
+    """Per release (x) and GPU kind (a bar each): the share of sampled sessions saturating, its 95%
+    interval as error bars (``ci_low``/``ci_high``), the tolerated share as a dashed line."""
+    fig = go.Figure()
+    for kind in sorted({str(r["gpu_kind"]) for r in rows}):
+        rs = [r for r in rows if str(r["gpu_kind"]) == kind]
+        fig.add_trace(go.Bar(
+            x=[str(r["release"]) for r in rs], y=[r["share"] for r in rs], name=kind,
+            error_y={"type": "data", "symmetric": False, "array": [r["ci_high"] - r["share"] for r in rs],
+                     "arrayminus": [r["share"] - r["ci_low"] for r in rs]},
+            customdata=[[r["saturating"], r["sessions"], r["ci_low"], r["ci_high"]] for r in rs],
+            hovertemplate="%{x} %{fullData.name}: %{customdata[0]} of %{customdata[1]} sessions (%{y:.1%}, "
+                          "95% interval %{customdata[2]:.1%} to %{customdata[3]:.1%})<extra></extra>"))
+    fig.add_hline(y=tolerated_share, line_dash="dash", line_color="#b42318",
+                  annotation_text=f"tolerated {tolerated_share:.0%}", annotation_position="top left")
+    fig.update_layout(title="share of sampled sessions saturating (95% Clopper-Pearson interval)", barmode="group",
+                      yaxis={"tickformat": ".0%", "rangemode": "tozero"}, xaxis={"type": "category"},
+                      legend_title_text="GPU kind")
+    return fig
+
+
+def fig_fp8_steps(x: list, y: list[float], saturated_above: float) -> go.Figure:
+    """A session's sampled steps' saturated fraction as markers; the per-session tolerance as a dashed line."""
+    fig = go.Figure(go.Scatter(x=x, y=y, mode="markers", name="fp8_saturated", marker={"size": 7}))
+    fig.add_hline(y=saturated_above, line_dash="dash", line_color="#b42318",
+                  annotation_text=f"session saturates above {saturated_above:g}", annotation_position="top left")
+    fig.update_layout(title="fraction of FP8 GEMM inputs clipped at ±448 (sampled steps)", xaxis_title="step",
+                      yaxis={"title": "fraction", "exponentformat": "e", "rangemode": "tozero"}, showlegend=False)
+    return fig

@@ -1,9 +1,10 @@
 """Dashboard pages (HTML, plotly) and the plotly.js they load, served locally (no network).
 
-    /dashboard/                 fleet overview: fps fractions per week and release, switch state
+    /dashboard/                 fleet overview: fps fractions per week and release, FP8 saturation per release
+                                x GPU kind, switch state
     /dashboard/releases         release comparison: per-session distributions per release
     /dashboard/sessions         sessions: the fps histogram and the slowest sessions (links)
-    /dashboard/sessions/{id}    one session: step time, upkeep, memory per step, events
+    /dashboard/sessions/{id}    one session: step time, upkeep, memory, sampled FP8 saturation per step, events
     /dashboard/memory           memory against distinct shapes (the August leak's signature)
     /dashboard/findings         findings of every kind
     /dashboard/switches         switch rules, canaries and the audit trail
@@ -22,7 +23,7 @@ from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse
 from api import dashboard as d
 from api.deps import SettingsDep, StoreDep, require_reader
 from api.routes import queries as qr
-from api.routes._common import Label, TimeRangeDep
+from api.routes._common import Label, TimeRange, TimeRangeDep
 from api.switchboard import DEFAULTS, get_switchboard
 from collector.records import SWITCH_NAMES
 
@@ -56,8 +57,41 @@ def fleet_page(store: StoreDep, tr: TimeRangeDep, gpu_kind: Label = None) -> str
         d.section("Sessions above 23.5 fps", d.chart(d.fig_fps_weeks(weeks, "frac_gt_23_5fps",
                                                                     "fraction of sessions > 23.5 fps"), "fps-high")),
         d.section("Per GPU kind", d.chart(fig_kind, "fps-kind", 300) + d.table(qr.rows(kinds))),
+        fp8_saturation_section(store, tr, gpu_kind),
         d.section(f"Fleet-wide switches (version {version})", d.table(sw_rows)),
     ])
+
+
+def fp8_saturation_section(store, tr: TimeRange, gpu_kind: str | None) -> str:
+    """The fleet page's FP8 panel: ``GET /v1/fp8-saturation``'s rows and open findings (the same query
+    functions), drawn per release x GPU kind against the tolerated share; a sentence when nothing was sampled."""
+    from analytics import saturation
+    from analytics.stats import canonical_scope
+
+    title = "FP8 saturation (static scales)"
+    rows = qr.fp8_saturation_rows(store, tr.start, tr.end, gpu_kind=gpu_kind)
+    if not rows:
+        on = f" on {gpu_kind}" if gpu_kind else ""
+        return d.section(title, '<p class="muted">' + d.esc(
+            f"No session{on} was sampled with static FP8 scales between {tr.start:%Y-%m-%d %H:%M} and "
+            f"{tr.end:%Y-%m-%d %H:%M} UTC: nothing to judge. Workers send fp8_saturated on about one step in 64, "
+            "only with the static_scales switch on.") + "</p>")
+    fnd = qr.finding_rows(qr.findings_frame(store, kind="fp8_saturation", status="open", start=tr.start, end=tr.end,
+                                            limit=100))
+    open_by_scope: dict[str, str] = {}
+    for f in fnd:  # newest window first
+        open_by_scope.setdefault(f["scope"], f["severity"])
+    table = [{**r, "flagged": "yes" if r["flagged"] else "no",
+              "open finding": open_by_scope.get(canonical_scope({"release": r["release"], "gpu_kind": r["gpu_kind"]}),
+                                                "")} for r in rows]
+    return d.section(title, d.chart(d.fig_fp8_saturation(rows, saturation.TOLERATED_SHARE), "fp8-saturation", 340)
+                     + d.table(table, ["release", "gpu_kind", "sessions", "saturating", "share", "ci_low", "ci_high",
+                                       "sat_p95", "sat_max", "flagged", "open finding"]),
+                     note=f"sessions sampled with static_scales that started {tr.start:%Y-%m-%d} to {tr.end:%Y-%m-%d}; "
+                          "a session saturates when its largest sampled fraction of FP8 GEMM inputs at +-448 exceeds "
+                          f"{saturation.SATURATED_FRACTION:g}; flagged: share above the tolerated "
+                          f"{saturation.TOLERATED_SHARE:.0%} (exact binomial test, >= {saturation.MIN_SESSIONS} "
+                          "sessions); a critical finding turns static_scales off for its scope")
 
 
 @router.get("/dashboard/releases", response_class=HTMLResponse)
@@ -123,8 +157,24 @@ def session_page(store: StoreDep, session_id: Annotated[str, Path(min_length=1, 
     return d.page(f"Session {session_id}", [
         d.section("Step time", d.chart(times, "session-times")),
         d.section("Memory", d.chart(mem, "session-memory")),
+        session_fp8_section(steps),
         d.section("Events", d.table(qr.rows(events), empty="no events")),
     ])
+
+
+def session_fp8_section(steps: pl.DataFrame) -> str:
+    """A session's sampled steps' ``fp8_saturated`` (markers), or a sentence when none was sampled."""
+    from analytics.saturation import SATURATED_FRACTION
+
+    title = "FP8 saturation (static scales)"
+    sampled = steps.filter(pl.col("fp8_saturated").is_not_null()) if steps.height else steps
+    if sampled.height == 0:
+        return d.section(title, '<p class="muted">No step of this session was sampled: it ran without the '
+                                "static_scales switch, ended before its first sampled step (about one in 64), or "
+                                "came from a worker that does not send fp8_saturated.</p>")
+    fig = d.fig_fp8_steps(sampled["step"].to_list(), sampled["fp8_saturated"].to_list(), SATURATED_FRACTION)
+    return d.section(title, d.chart(fig, "session-fp8", 300),
+                     note=f"{sampled.height} sampled steps, max {sampled['fp8_saturated'].max():.3g}")
 
 
 @router.get("/dashboard/memory", response_class=HTMLResponse)
