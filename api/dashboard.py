@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import html
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import plotly
 import plotly.graph_objects as go
@@ -60,13 +62,28 @@ def table(rows: list[dict[str, Any]], columns: Iterable[str] | None = None, empt
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
+@dataclass(frozen=True)
+class Link:
+    """A table cell that links somewhere; text and address are escaped when rendered (labels come from
+    workers: a cell never passes their text through as HTML)."""
+
+    href: str
+    text: str
+
+
+def session_links(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows whose ``session_id`` links to the session's page."""
+    return [{**r, "session_id": Link(f"/dashboard/sessions/{quote(str(r['session_id']), safe='')}",
+                                     str(r["session_id"]))} for r in rows]
+
+
 def _cell(v: Any) -> str:
     if isinstance(v, bool):
         return f'<span class="{"on" if v else "off"}">{"on" if v else "off"}</span>'
     if isinstance(v, float):
         return esc(f"{v:.4g}")
-    if isinstance(v, str) and v.startswith("<a "):
-        return v
+    if isinstance(v, Link):
+        return f'<a href="{esc(v.href)}">{esc(v.text)}</a>'
     return esc(v)
 
 

@@ -127,8 +127,7 @@ def sessions_page(store: StoreDep, tr: TimeRangeDep, release: Label = None, gpu_
     df = qr.sessions_in(store, tr.start, tr.end, release=release, gpu_kind=gpu_kind, worker_id=worker_id)
     slow = []
     if df.height:
-        slow = qr.rows(df.sort("fps").head(50).with_columns(
-            pl.format('<a href="/dashboard/sessions/{}">{}</a>', "session_id", "session_id").alias("session_id")))
+        slow = d.session_links(qr.rows(df.sort("fps").head(50)))
     fig = d.fig_hist(df["fps"].to_list() if df.height else [], "session fps (sessions that streamed >= 1 s)", "fps")
     return d.page("Sessions", [
         d.section("fps of every session", d.chart(fig, "sessions-fps", 300),
@@ -183,8 +182,7 @@ def memory_page(store: StoreDep, tr: TimeRangeDep, release: Label = None, gpu_ki
     fnd = qr.finding_rows(qr.findings_frame(store, kind="memory_growth", start=tr.start, end=tr.end, limit=100))
     top = []
     if df.height:
-        top = qr.rows(df.sort("mem_reserved_max", descending=True).head(20).with_columns(
-            pl.format('<a href="/dashboard/sessions/{}">{}</a>', "session_id", "session_id").alias("session_id")))
+        top = d.session_links(qr.rows(df.sort("mem_reserved_max", descending=True).head(20)))
     return d.page("Memory growth", [
         d.section("Memory against distinct shapes", d.chart(d.fig_memory(df), "memory-shapes", 460),
                   note="a leak per first-forward shape shows as memory rising with distinct shapes"),
@@ -216,8 +214,8 @@ def reports_page(settings: SettingsDep) -> str:
     from analytics.report import list_reports
 
     rows = list_reports(settings.reports_dir) if settings.reports_dir.exists() else []
-    table = [{"week": r["iso_week"], "html": f'<a href="/v1/reports/{r["iso_week"]}.html">report</a>',
-              "json": f'<a href="/v1/reports/{r["iso_week"]}.json">json</a>', "generated": r["generated_at"]}
+    table = [{"week": r["iso_week"], "html": d.Link(f"/v1/reports/{r['iso_week']}.html", "report"),
+              "json": d.Link(f"/v1/reports/{r['iso_week']}.json", "json"), "generated": r["generated_at"]}
              for r in rows]
     fig = d.fig_counts([r["iso_week"] for r in rows], [1] * len(rows), "reports written")
     return d.page("Weekly reports", [
