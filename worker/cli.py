@@ -76,7 +76,7 @@ def cmd_run(args) -> int:
                   f"diffusion {s.mean_diffusion_ms or 0:.2f} ms/step, switches [{s.switches}], "
                   f"{len(s.switch_events)} switch changes, records sent {s.telemetry_sent} "
                   f"dropped {s.telemetry_dropped}"
-                  + (f", FP8 clipped at most {s.max_fp8_saturated:.2e} over {s.probed_steps} probed steps"
+                  + (f", FP8 inputs at +-448 at most {s.max_fp8_saturated:.2e} over {s.probed_steps} probed steps"
                      if s.max_fp8_saturated is not None else ""))
         switches = Switches.decode(s.switches)  # the next session starts where the control plane left it
     return 0

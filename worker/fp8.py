@@ -2,7 +2,7 @@
 
     q = quantize(x, scale)                 # x: [heads, T, D], scale: fp32 [heads]; saturating
     x = dequantize(q, scale, torch.bfloat16)
-    y = fp8_linear(x, w_fp8, w_scale)      # x: [M, K] bf16, w_fp8: [N, K] -> [M, N] bf16
+    y = scaled_mm(*quantize_act(x), w_fp8, w_scale)   # x: [M, K] bf16, w_fp8: [N, K] -> [M, N] bf16
 
 Activations are quantized per tensor (``quantize_act``: scale [], a global amax first, so two passes
 over x), per row (``quantize_act_rows``: scale [M, 1], each row's amax and its quantization in one
@@ -149,10 +149,3 @@ def scaled_mm(xq: torch.Tensor, x_scale: torch.Tensor, w: torch.Tensor, w_scale:
     if x_scale.dim() == 2:
         w_scale = w_col_scale if w_col_scale is not None else col_scale(w_scale, w.shape[0])
     return torch._scaled_mm(xq, w.t(), scale_a=x_scale, scale_b=w_scale, out_dtype=torch.bfloat16)
-
-
-def fp8_linear(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, quant=quantize_act,
-               w_col_scale: torch.Tensor | None = None) -> torch.Tensor:
-    """y = x @ w.T with x quantized by ``quant`` (per tensor or per row, scale on device) -> bf16."""
-    xq, x_scale = quant(x)
-    return scaled_mm(xq, x_scale, w, w_scale, w_col_scale)

@@ -20,7 +20,8 @@ index), so a rank's shard equals the slice of the single-process model's weights
 GEMMs are FP8 (``torch._scaled_mm``, per-tensor weight scales) when the shape says ``fp8_weights`` on
 CUDA, bf16 otherwise on CUDA, fp32 on CPU. Activations are quantized on the fly, per tensor or per row
 (``DiT.act_scales``: "row" needs no global amax, so a compiled chain quantizes in the same pass), or
-with static per-tensor scales ("static", the default: each linear's input scale calibrated on a
+with static per-tensor scales ("static", the DiT's default; a session sets it from the ``static_scales``
+switch: each linear's input scale calibrated on a
 session's first forward and chunk, then fixed; no reduction at all, and the GEMM takes the faster
 per-tensor scaling; under tensor parallel the row-parallel inputs still quantize dynamically in
 ``worker/parallel.py``'s fused GEMM + all-reduce).

@@ -17,7 +17,8 @@ step is captured once and replayed (the cache's advance/reset stays eager outsid
 With ``static_scales`` (FP8 activations quantized with per-tensor scales calibrated on the session's
 first forward and chunk; off: per-token dynamic scales), one step in ``saturation_every`` (64 on CUDA,
 8 on CPU) runs eagerly with a ``SaturationProbe`` and its record carries ``fp8_saturated``: the share
-of the step's FP8 GEMM-input elements clipped at +-448, the sign that inputs outgrew their calibration.
+of the step's FP8 GEMM-input elements at +-448 (clipped, or rounded up from |x / scale| >= 432), the sign
+that inputs outgrew their calibration.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import Any
 
 import torch
 
+from collector.switch_names import SWITCH_NAMES
 from kernels.gemm_allreduce import BufferRegistry
 from worker.cache import CACHE_SWITCHES, KVCache, make_cache, rebuild_cache
 from worker.config import ModelShape, ShapeError, SwitchError, Switches, parse_switch_args, tp_rank_of
@@ -76,7 +78,7 @@ class SessionSummary:
     power_error: str | None = None
     graphed_steps: int = 0  # steps that replayed a captured CUDA graph
     probed_steps: int = 0  # steps whose FP8 saturation was counted (static_scales on)
-    max_fp8_saturated: float | None = None  # the largest share of FP8 GEMM inputs clipped at +-448
+    max_fp8_saturated: float | None = None  # the largest share of FP8 GEMM inputs at +-448
 
 
 def _as_switches(sw) -> Switches:
@@ -204,7 +206,8 @@ class Session:
         self.tel = Telemetry(self.sink, self.labels, worker.device, self.playout, gpus, enabled=telemetry,
                              detail_every=detail_every)
         self.tel.cpu_mem = self._cpu_mem
-        self.saturation_every = saturation_every or SATURATION_EVERY.get(worker.device.type, 8)
+        self.saturation_every = (SATURATION_EVERY.get(worker.device.type, 8) if saturation_every is None
+                                 else saturation_every)
         if self.saturation_every < 1:
             raise ValueError(f"saturation_every {saturation_every!r}; valid: a positive number of steps")
         self.probe = SaturationProbe(worker.device) if telemetry else None
@@ -261,6 +264,11 @@ class Session:
             return
         if m is None:
             return
+        unknown = sorted(set(m) - set(SWITCH_NAMES))
+        if unknown:  # a newer control plane's switch: the rest of the update still applies
+            self.tel.event("error", step=step, where="switches",
+                           error=f"unknown switch(es) {unknown} ignored; valid switches: {', '.join(SWITCH_NAMES)}")
+            m = {k: v for k, v in m.items() if k not in unknown}
         try:
             base = self.start_switches if self.source.full_state else self.switches
             new = Switches.from_mapping({**base.as_dict(), **m})

@@ -43,6 +43,17 @@ def test_switch_flipped_mid_session_applies_at_the_next_step_and_is_recorded(tmp
     assert s.steps == 40 and len(s.switch_events) == 2
 
 
+def test_unknown_switch_from_a_newer_control_plane_is_ignored_and_the_rest_applies():
+    sink = ListSink()
+    update = {"ring_cache": True, "rope_at_write": True, "warp_drive": True}
+    run_session("tiny", steps=6, realtime=False, sink=sink, switch_source={3: update}.get)
+    by_step = {r["step"]: r["switches"] for r in sink.rows["step"]}
+    assert by_step[2] == "" and by_step[3] == "ring_cache,rope_at_write"
+    errors = [e["detail"] for e in sink.rows["event"] if e["kind"] == "error"]
+    assert len(errors) == 1 and errors[0]["step"] == 3
+    assert "['warp_drive'] ignored" in errors[0]["error"] and "static_scales" in errors[0]["error"]
+
+
 def test_switch_file_source(tmp_path):
     path = tmp_path / "switches.json"
     path.write_text(json.dumps({"switches": {"rope_at_write": True}}))
