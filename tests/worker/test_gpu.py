@@ -135,3 +135,50 @@ def test_saturation_probe_steps_run_eagerly_between_graph_replays(small_worker):
     probed = [r["step"] for r in sink.rows["step"] if r["fp8_saturated"] is not None]
     assert probed == [4, 8, 12] and s.graphed_steps > 0
     assert s.graphed_steps <= 14 - len(probed) - 1  # probed steps and the first (calibrating) are eager
+
+
+def test_an_eager_probe_step_between_graph_replays_leaves_the_chunks_unchanged(small_worker):
+    """The runner with every switch on, chunks from the same noise: probed steps (4 and 6) run eagerly,
+    every other step after the window fills replays the graph as without probes, and the latents of the
+    whole run equal the run without probes (the eager step and the graph run the same kernels)."""
+    from worker.fp8 import SaturationProbe
+    from worker.session import ChunkRunner
+
+    model, shape, sw = small_worker.model, small_worker.model.shape, Switches.all_on()
+    model.act_scales = "static"
+    model.set_compile(True)
+    T, C = shape.new_tokens, shape.latent_channels
+
+    def run(probe_at):
+        model.reset_act_scales()
+        cache = make_cache(shape, sw, "cuda", model.dtype)
+        runner = ChunkRunner(model, use_graphs=True)
+        g = torch.Generator(device="cuda").manual_seed(3)
+        ckv = model.first_forward(torch.randn(300, shape.d_model, generator=g, device="cuda"), cache)
+        outs, graphed, counts = [], [], []
+        for i in range(9):
+            cache.begin_step(T)
+            noise = torch.randn(T, C, generator=g, device="cuda")
+            probe = SaturationProbe("cuda") if i in probe_at else None
+            if probe is not None:
+                probe.start()
+                model.set_probe(probe)
+            out, was_graphed = runner(noise, cache, ckv, eager=probe is not None)
+            if probe is not None:
+                model.set_probe(None)
+                counts.append(probe.finish())
+            cache.end_step()
+            outs.append(out.float())
+            graphed.append(was_graphed)
+        torch.cuda.synchronize()
+        return torch.stack(outs), graphed, [(int(h), n) for h, n in counts]
+
+    try:
+        plain, g_plain, _ = run(set())
+        probed, g_probed, counts = run({4, 6})
+    finally:
+        model.set_compile(False)
+    assert any(g_plain) and g_probed == [g and i not in (4, 6) for i, g in enumerate(g_plain)]
+    assert len(counts) == 2 and all(n > 0 and 0 <= c <= n for c, n in counts)
+    rel = (probed - plain).norm() / plain.norm()
+    assert rel < 1e-3, rel

@@ -11,7 +11,7 @@ from worker.cache import make_cache
 from worker.config import ModelShape, Switches
 from worker.fp8 import FP8, FP8_MAX, SaturationProbe, count_saturated
 from worker.model import BlockFusion, DiT
-from worker.session import Worker
+from worker.session import Session, Worker
 from worker.telemetry import ListSink
 
 RING_FP8 = {"ring_cache": True, "rope_at_write": True, "fp8_cache": True}
@@ -136,3 +136,9 @@ def test_static_scales_flipped_mid_session_recalibrates_or_goes_dynamic():
 def test_switch_name_is_on_the_wire():
     assert "static_scales" in records.SWITCH_NAMES
     assert Switches.all_on().static_scales and not Switches().static_scales
+
+
+@pytest.mark.parametrize("every", [0, -3])
+def test_saturation_every_must_be_positive(every):
+    with pytest.raises(ValueError, match="valid: a positive number of steps"):
+        Session(_fp8_worker(), steps=1, saturation_every=every)
