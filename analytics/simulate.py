@@ -19,8 +19,8 @@ Incidents, each a new release (``incidents=["august", ("sync", 10), "benign"]``,
 - ``benign``: a release with no real change.
 - ``fix``: fuse only the steady-state shape (ends the leak) and drop the sync.
 
-FP8 saturation (``fp8_saturated``, sampled on one step in 64 as a GPU worker does; every worker runs
-``static_scales``): healthy sessions stay at zero or isolated outliers (< 1e-6). ``fp8_drift=("august",
+FP8 saturation (``fp8_saturated``, sampled on the steps a GPU worker probes: every 64th from step 64;
+every worker runs ``static_scales``): healthy sessions stay at zero or isolated outliers (< 1e-6). ``fp8_drift=("august",
 "b200")`` makes the static scales drift on that release's sessions of that GPU kind: the saturated
 fraction grows with the step index (a per-session rate, lognormal around 1e-4 per 100 steps), so most of
 their sampled sessions saturate past ``analytics.saturation.SATURATED_FRACTION``.
@@ -52,8 +52,9 @@ LEAK_BYTES_PER_TOKEN = 1 << 20  # the leaked fused buffer: ~1 MiB per first-forw
 INCIDENTS: tuple[str, ...] = ("august", "sync", "benign", "fix")
 _BASE_SWITCHES = ("ring_cache", "rope_at_write", "fp8_cache", "delta_rotation", "triton_kernels", "decoder_own_gpu",
                   "static_scales")
-FP8_SAMPLE_EVERY = 64  # steps between fp8_saturated samples (worker: ~1 in 64 on a GPU)
-FP8_SAMPLE_AT = 32  # the sampled steps' offset in each period (never the calibrating first step)
+# fp8_saturated is sampled where a GPU worker probes: step % 64 == 0 and step > 0 (step 0 calibrates
+# the static scales, so its first probe is at step 64; a session shorter than 65 steps is never sampled)
+FP8_SAMPLE_EVERY = 64
 FP8_DRIFT_PER_100_STEPS = 1e-4  # median growth of the saturated fraction per 100 steps on a drifting cohort
 
 
@@ -515,7 +516,7 @@ class _BlockWriter:
         before this one existed."""
         rng = np.random.default_rng([self.seed, 3, self.block])
         total = len(step)
-        sampled = (step % FP8_SAMPLE_EVERY == FP8_SAMPLE_AT) & self.static[worker][si]
+        sampled = (step % FP8_SAMPLE_EVERY == 0) & (step > 0) & self.static[worker][si]
         rate = FP8_DRIFT_PER_100_STEPS * np.exp(rng.normal(0, 0.8, len(worker)))  # per session
         drifting = (self.drift_release[rel] & self.drift_kind[worker])[si]
         outlier = rng.random(total) < 0.05  # an isolated clipped element now and then: far below tolerance
