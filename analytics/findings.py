@@ -8,7 +8,10 @@
 The table (sql/010_findings.sql) is a ReplacingMergeTree keyed by (kind, scope, metric,
 window_start): a re-run writes a newer version of each key. Rows this job wrote earlier for the same
 window (or the same kind/scope/metric) that the re-run no longer finds are written back as
-``status='resolved'``, so a finding that went away does not stay open.
+``status='resolved'``, so a finding that went away does not stay open. ``first_seen`` is kept per
+key; for the kinds in ``CONTINUING_KINDS`` (keyed by the day they were judged) a new key carries the
+``first_seen`` of the open finding of the same kind/scope/metric it replaces, so a problem that lasts
+a week reads a week old instead of starting again every midnight.
 """
 
 from __future__ import annotations
@@ -25,6 +28,9 @@ from analytics.stats import canonical_scope
 
 KINDS: tuple[str, ...] = ("fps_fraction", "memory_growth", "regression", "changepoint", "canary", "fp8_saturation")
 SEVERITIES: tuple[str, ...] = ("info", "warning", "critical")
+# kinds whose window_start is the day a rolling detector judged them: the next day's key continues the
+# open series (kind, scope, metric) instead of starting a new one
+CONTINUING_KINDS: frozenset[str] = frozenset({"fp8_saturation"})
 COLUMNS: tuple[str, ...] = (
     "kind", "scope", "metric", "window_start", "window_end", "baseline", "value", "effect", "confidence",
     "severity", "status", "attribution", "evidence", "job", "first_seen", "updated_at",
@@ -126,7 +132,8 @@ def write_findings(
 ) -> list[dict[str, Any]]:
     """Write ``rows`` (from ``finding``) for ``job`` over [start, end); resolve what it no longer finds.
 
-    Keeps ``first_seen`` of keys seen before. Returns the rows written as open findings.
+    Keeps ``first_seen`` of keys seen before; a new key of a ``CONTINUING_KINDS`` kind takes the
+    earliest ``first_seen`` of its series' open rows. Returns the rows written as open findings.
     """
     now = _utc(now or datetime.now(UTC))
     for r in rows:
@@ -138,17 +145,21 @@ def write_findings(
     new_keys = {_key(r) for r in rows}
     new_series = {k[:3] for k in new_keys}
     first_seen: dict[tuple, datetime] = {}
+    series_first: dict[tuple, datetime] = {}
     stale: list[dict[str, Any]] = []
     s, e = _utc(start), _utc(end)
     for old in existing.iter_rows(named=True):
         k = _key(old)
         first_seen[k] = old["first_seen"]
+        if k[0] in CONTINUING_KINDS and old["first_seen"] is not None:
+            series_first[k[:3]] = min(series_first.get(k[:3], old["first_seen"]), old["first_seen"])
         in_window = s <= _utc(old["window_start"]) < e
         if k not in new_keys and (in_window or k[:3] in new_series):
             stale.append({**old, "status": "resolved", "updated_at": now})
     out = []
     for r in rows:
-        out.append({**r, "first_seen": first_seen.get(_key(r), now), "updated_at": now})
+        k = _key(r)
+        out.append({**r, "first_seen": first_seen.get(k) or series_first.get(k[:3], now), "updated_at": now})
     batch = out + stale
     if batch:
         cols = {c: [r[c] for r in batch] for c in COLUMNS}
