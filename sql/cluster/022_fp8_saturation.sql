@@ -2,11 +2,16 @@
 -- session_stats its five per-session FP8 saturation columns, each on every shard's <name>_local and on
 -- the Distributed <name> over them; each shard's view is altered in place (MODIFY QUERY). Rows stored
 -- before read NULL / empty states (0 sampled steps).
+-- The Distributed steps stores nothing: its column has no CODEC (as in 001 and 021); the codec is the
+-- shards' steps_local's.
+-- fp8_static_steps, as in 022: our worker probes only with static scales (it always equals
+-- fp8_sampled for our workers); it guards against other senders and future probes, whose
+-- dynamic-scale readings (~1/K of a K-wide input at +-448 on every row) must not be blamed on static_scales.
 -- Apply after 021: clickhouse-client --multiquery < sql/cluster/022_fp8_saturation.sql
 
 ALTER TABLE steps_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS fp8_saturated Nullable(Float32) CODEC(ZSTD(1));
 
-ALTER TABLE steps ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS fp8_saturated Nullable(Float32) CODEC(ZSTD(1));
+ALTER TABLE steps ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS fp8_saturated Nullable(Float32);
 
 ALTER TABLE session_stats_local ON CLUSTER '{cluster}' ADD COLUMN IF NOT EXISTS fp8_sat_max SimpleAggregateFunction(max, Nullable(Float32));
 
