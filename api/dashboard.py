@@ -176,6 +176,7 @@ def fig_fp8_steps(x: list, y: list[float], saturated_above: float) -> go.Figure:
     fig = go.Figure(go.Scatter(x=x, y=y, mode="markers", name="fp8_saturated", marker={"size": 7}))
     fig.add_hline(y=saturated_above, line_dash="dash", line_color="#b42318",
                   annotation_text=f"session saturates above {saturated_above:g}", annotation_position="top left")
-    fig.update_layout(title="fraction of FP8 GEMM inputs clipped at ±448 (sampled steps)", xaxis_title="step",
+    fig.update_layout(title="fraction of FP8 GEMM inputs at the FP8 maximum (±448: clipped or rounded up; sampled "
+                            "steps)", xaxis_title="step",
                       yaxis={"title": "fraction", "exponentformat": "e", "rangemode": "tozero"}, showlegend=False)
     return fig

@@ -119,8 +119,8 @@ class StepRecord(_Record):
     switches: SwitchState
     fp8_saturated: OptFraction = Field(
         description="fraction in [0, 1] of the step's FP8 activation elements (inputs of linears quantized "
-        "with static scales) that sit at the FP8 maximum (+-448); measured on sampled steps only, null on "
-        "the others and when static_scales is off"
+        "with static scales) at the FP8 maximum (+-448: clipped, or rounded up from |x/scale| >= 432); "
+        "measured on sampled steps only, null on the others and when static_scales is off"
     )
 
 
