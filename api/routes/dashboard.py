@@ -62,6 +62,9 @@ def fleet_page(store: StoreDep, tr: TimeRangeDep, gpu_kind: Label = None) -> str
     ])
 
 
+FLAGGED_LABEL = "flagged (range shown)"  # not the hourly job's window: the note says which
+
+
 def fp8_saturation_section(store, tr: TimeRange, gpu_kind: str | None) -> str:
     """The fleet page's FP8 panel: ``GET /v1/fp8-saturation``'s rows and open findings (the same query
     functions), drawn per release x GPU kind against the tolerated share; a sentence when nothing was sampled."""
@@ -81,17 +84,19 @@ def fp8_saturation_section(store, tr: TimeRange, gpu_kind: str | None) -> str:
     open_by_scope: dict[str, str] = {}
     for f in fnd:  # newest window first
         open_by_scope.setdefault(f["scope"], f["severity"])
-    table = [{**r, "flagged": "yes" if r["flagged"] else "no",
+    table = [{**r, FLAGGED_LABEL: "yes" if r["flagged"] else "no",
               "open finding": open_by_scope.get(canonical_scope({"release": r["release"], "gpu_kind": r["gpu_kind"]}),
                                                 "")} for r in rows]
     return d.section(title, d.chart(d.fig_fp8_saturation(rows, saturation.TOLERATED_SHARE), "fp8-saturation", 340)
                      + d.table(table, ["release", "gpu_kind", "sessions", "saturating", "share", "ci_low", "ci_high",
-                                       "sat_p95", "sat_max", "flagged", "open finding"]),
+                                       "sat_p95", "sat_max", "saturating_workers", FLAGGED_LABEL, "open finding"]),
                      note=f"sessions sampled with static_scales that started {tr.start:%Y-%m-%d} to {tr.end:%Y-%m-%d}; "
-                          "a session saturates when its largest sampled fraction of FP8 GEMM inputs at +-448 exceeds "
+                          "a session saturates when its largest sampled fraction of FP8 GEMM inputs at the FP8 "
+                          "maximum (+-448: clipped, or rounded up from |x/scale| >= 432) exceeds "
                           f"{saturation.SATURATED_FRACTION:g}; flagged: share above the tolerated "
                           f"{saturation.TOLERATED_SHARE:.0%} (exact binomial test, >= {saturation.MIN_SESSIONS} "
-                          "sessions); a critical finding turns static_scales off for its scope")
+                          f"sessions), {qr.flagged_over(tr.start, tr.end)}; a critical finding (enough "
+                          "saturating sessions on several workers) turns static_scales off for its scope")
 
 
 @router.get("/dashboard/releases", response_class=HTMLResponse)

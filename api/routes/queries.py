@@ -15,7 +15,7 @@ of one session.
 from __future__ import annotations
 
 import math
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import Enum
 from typing import Annotated, Any
 
@@ -195,9 +195,12 @@ def release_quantiles(store, start: datetime, end: datetime, metrics: list[str],
 
 
 def findings_frame(store, *, kind: str | None = None, severity: str | None = None, status: str | None = None,
-                   scope_contains: str | None = None, attribution: str | None = None,
-                   start: datetime | None = None, end: datetime | None = None, limit: int = 100,
-                   offset: int = 0) -> pl.DataFrame:
+                   scope_contains: str | None = None, scope_labels: dict[str, str | None] | None = None,
+                   attribution: str | None = None, start: datetime | None = None, end: datetime | None = None,
+                   limit: int = 100, offset: int = 0) -> pl.DataFrame:
+    """Findings (FINAL) filtered by column values; ``scope_contains`` is a substring of the canonical
+    scope (the /v1/findings filter), ``scope_labels`` exact labels: every given ``key=value`` is one of
+    the scope's comma-separated parts (``release=v1`` matches neither ``release=v1.2`` nor ``v10``)."""
     where, params = ["1"], {"limit": limit, "offset": offset}
     for col, val in (("kind", kind), ("severity", severity), ("status", status), ("attribution", attribution)):
         if val:
@@ -206,6 +209,10 @@ def findings_frame(store, *, kind: str | None = None, severity: str | None = Non
     if scope_contains:
         where.append("position(scope, {scope:String}) > 0")
         params["scope"] = scope_contains
+    for i, (k, v) in enumerate(sorted((scope_labels or {}).items())):
+        if v:
+            where.append(f"has(splitByChar(',', scope), {{label{i}:String}})")
+            params[f"label{i}"] = f"{k}={v}"
     if start:
         where.append("window_end > {start:DateTime64(3, 'UTC')}")
         params["start"] = start
@@ -233,7 +240,7 @@ def compare_releases(
     gpu_kind: Label = None,
 ) -> dict[str, Any]:
     """Per-metric quantiles of two releases side by side, the median's relative change, and the
-    regression findings about the candidate."""
+    regression findings about the candidate (on ``gpu_kind`` when given)."""
     known = set(releases_seen(store))
     missing = [r for r in (baseline, candidate) if r not in known]
     if missing:
@@ -246,7 +253,8 @@ def compare_releases(
         b, c = qs.get(baseline), qs.get(candidate)
         change = (c["p50"] / b["p50"] - 1) if b and c and b["p50"] else None
         metrics[m.value] = {"baseline": b, "candidate": c, "median_change": change}
-    fnd = findings_frame(store, kind="regression", scope_contains=f"release={candidate}", limit=200)
+    fnd = findings_frame(store, kind="regression", scope_labels={"release": candidate, "gpu_kind": gpu_kind},
+                         limit=200)
     return {"baseline": baseline, "candidate": candidate, "metrics": metrics, "findings": finding_rows(fnd)}
 
 
@@ -299,33 +307,51 @@ def memory_growth(
 def fp8_saturation_rows(store, start: datetime, end: datetime, release: str | None = None,
                         gpu_kind: str | None = None) -> list[dict[str, Any]]:
     """Per release x GPU kind: sessions sampled with static scales, the share saturating and its 95%
-    interval, the p95 and max of the sessions' largest saturated fraction (``analytics.saturation``,
-    over ``session_stats``: no raw steps)."""
+    interval, the p95 and max of the sessions' largest saturated fraction, ``flagged`` judged over
+    [start, end) (``analytics.saturation``: counted in ClickHouse over ``session_stats``, one row per
+    group back, judged by the job's own ``judge_groups``)."""
     from analytics import saturation
 
-    groups = saturation.judge(saturation.session_saturation(store, start, end, release=release, gpu_kind=gpu_kind))
+    groups = saturation.judge_groups(saturation.group_saturation(store, start, end, release=release,
+                                                                 gpu_kind=gpu_kind))
     if groups.is_empty():
         return []
     return rows(groups.select("release", "gpu_kind", "sessions", "saturating", "share", "ci_low", "ci_high",
-                              "p_value", "sat_p95", "sat_max", "sampled_steps", "saturating_steps", "flagged"))
+                              "p_value", "sat_p95", "sat_max", "sampled_steps", "saturating_steps",
+                              "saturating_workers", "flagged"))
+
+
+def flagged_over(start: datetime, end: datetime) -> str:
+    """What ``flagged`` was judged over, beside the job's own window (whose findings are the ones acted on)."""
+    from analytics.jobs import SATURATION_WINDOW
+
+    days = SATURATION_WINDOW / timedelta(days=1)
+    return (f"judged over the range shown ({start:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M} UTC); the hourly "
+            f"fp8_saturation job judges the last {days:g} days and its findings are the ones acted on")
 
 
 @router.get("/fp8-saturation")
 def fp8_saturation(store: StoreDep, tr: TimeRangeDep, release: Label = None, gpu_kind: Label = None) -> dict[str, Any]:
     """Per release x GPU kind, sessions that started in the window and were sampled with static FP8
     scales: how many, the share whose largest saturated fraction exceeds the tolerance (``share``,
-    95% Clopper-Pearson ``ci_low``/``ci_high``), the p95 (``sat_p95``) and max of that fraction, and the
-    open ``fp8_saturation`` findings. An unknown release is 404 listing the known ones."""
+    95% Clopper-Pearson ``ci_low``/``ci_high``), the p95 (``sat_p95``) and max of that fraction, the
+    distinct saturating workers, ``flagged`` judged over the range asked for (``flagged_over`` says so:
+    the default range is not the hourly job's window), and the open ``fp8_saturation`` findings of
+    exactly the scope asked for. An unknown release is 404 listing the known ones."""
     from analytics import saturation
+    from analytics.jobs import SATURATION_WINDOW
 
     if release is not None:
         known = releases_seen(store)
         if release not in known:
             raise HTTPException(404, detail=f"unknown release {release!r}; known releases: "
                                             f"{', '.join(known) or 'none'}")
-    fnd = findings_frame(store, kind="fp8_saturation", status="open", scope_contains=f"release={release}"
-                         if release else None, start=tr.start, end=tr.end, limit=100)
+    fnd = findings_frame(store, kind="fp8_saturation", status="open",
+                         scope_labels={"release": release, "gpu_kind": gpu_kind}, start=tr.start, end=tr.end,
+                         limit=100)
     return {"start": tr.start.isoformat(), "end": tr.end.isoformat(),
+            "flagged_over": flagged_over(tr.start, tr.end),
+            "job_window_days": SATURATION_WINDOW / timedelta(days=1),
             "session_saturated_above": saturation.SATURATED_FRACTION, "tolerated_share": saturation.TOLERATED_SHARE,
             "min_sessions": saturation.MIN_SESSIONS,
             "rows": fp8_saturation_rows(store, tr.start, tr.end, release=release, gpu_kind=gpu_kind),

@@ -14,29 +14,22 @@ import pytest
 from analytics import saturation
 from analytics.jobs import run_job
 from api import dashboard as d
-from collector import records
-from tests.collector.helpers import step_rows
+from tests.api.helpers import fp8_session
 
 END = datetime(2026, 11, 10, 12, tzinfo=UTC)
 RANGE = {"start": (END - timedelta(days=2)).isoformat(), "end": END.isoformat()}
 TITLE = "FP8 saturation (static scales)"
 
 
-def _session(store, sid: str, release: str, gpu_kind: str, sat: float | None, minutes: int,
-             switches: str = "fp8_cache,ring_cache,static_scales"):
-    rows = step_rows(24, session_id=sid, release=release, gpu_kind=gpu_kind, switches=switches,
-                     ts=END - timedelta(hours=6, minutes=minutes))
-    for r in rows:
-        r["fp8_saturated"] = sat if r["step"] % 8 == 7 else None  # steps 7, 15, 23 sampled
-    store.insert_arrow("steps", records.to_arrow("step", rows), dedup_token=sid)
-
-
 @pytest.fixture
 def fleet(store):
     for i in range(40):
-        _session(store, f"v7-h200-{i}", "v7", "h200", 2e-3 if i % 4 == 0 else 0.0, i)  # 10 of 40 saturate
-        _session(store, f"v7-h100-{i}", "v7", "h100", 0.0, i)
-    _session(store, "v7-h100-off", "v7", "h100", None, 50, switches="fp8_cache,ring_cache")  # never sampled
+        t = END - timedelta(hours=6, minutes=i)
+        # 10 of 40 saturate, on 5 workers
+        fp8_session(store, f"v7-h200-{i}", "v7", "h200", 2e-3 if i % 4 == 0 else 0.0, t, worker_id=f"w{i % 5}")
+        fp8_session(store, f"v7-h100-{i}", "v7", "h100", 0.0, t)
+    fp8_session(store, "v7-h100-off", "v7", "h100", None, END - timedelta(hours=6, minutes=50),
+                switches="fp8_cache,ring_cache")  # never sampled
     return store
 
 
@@ -73,6 +66,8 @@ def test_fleet_panel_draws_the_rest_figures_per_release_and_gpu_kind(client, fle
     line = [s for s in fig["layout"]["shapes"] if s.get("y0") == s.get("y1")]
     assert [s["y0"] for s in line] == [saturation.TOLERATED_SHARE]
     assert "tolerated 1%" in r.text
+    assert "<th>flagged (range shown)</th>" in panel
+    assert "judged over the range shown" in panel and "judges the last 2 days" in panel
 
 
 def test_fleet_panel_marks_the_open_finding_of_its_scope(client, fleet):

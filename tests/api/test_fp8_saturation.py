@@ -12,28 +12,21 @@ import orjson
 import pytest
 
 from analytics.jobs import run_job
-from collector import records
 from tests.api.conftest import SECRET
-from tests.collector.helpers import step_rows
+from tests.api.helpers import fp8_session
 
 END = datetime(2026, 11, 10, 12, tzinfo=UTC)
 RANGE = {"start": (END - timedelta(days=2)).isoformat(), "end": END.isoformat()}
 
 
-def _session(store, sid: str, release: str, gpu_kind: str, sat: float | None, minutes: int):
-    rows = step_rows(24, session_id=sid, release=release, gpu_kind=gpu_kind, ts=END - timedelta(hours=6, minutes=minutes),
-                     switches="fp8_cache,ring_cache,static_scales")
-    for r in rows:
-        r["fp8_saturated"] = sat if r["step"] % 8 == 7 else None
-    store.insert_arrow("steps", records.to_arrow("step", rows), dedup_token=sid)
-
-
 @pytest.fixture
 def fleet(store):
     for i in range(40):
-        _session(store, f"v7-h200-{i}", "v7", "h200", 2e-3 if i % 4 == 0 else 0.0, i)  # 10 of 40 saturate
-        _session(store, f"v7-h100-{i}", "v7", "h100", 0.0, i)
-        _session(store, f"v6-h200-{i}", "v6", "h200", 2e-7, i)  # isolated outliers: under the tolerance
+        t = END - timedelta(hours=6, minutes=i)
+        # 10 of 40 saturate, on 5 workers
+        fp8_session(store, f"v7-h200-{i}", "v7", "h200", 2e-3 if i % 4 == 0 else 0.0, t, worker_id=f"w{i % 5}")
+        fp8_session(store, f"v7-h100-{i}", "v7", "h100", 0.0, t)
+        fp8_session(store, f"v6-h200-{i}", "v6", "h200", 2e-7, t)  # isolated outliers: under the tolerance
     return store
 
 
@@ -47,6 +40,10 @@ def test_per_release_and_gpu_kind_figures(client, fleet):
     assert (bad["sessions"], bad["saturating"], bad["share"]) == (40, 10, 0.25)
     assert bad["ci_low"] < 0.25 < bad["ci_high"] and bad["sat_max"] == pytest.approx(2e-3, rel=1e-6)
     assert bad["sampled_steps"] == 40 * 3 and bad["saturating_steps"] == 10 * 3
+    assert bad["saturating_workers"] == 5 and bad["flagged"]
+    # flagged is judged over the range asked for, which is not the hourly job's window: the body says so
+    assert "range shown" in body["flagged_over"] and "last 2 days" in body["flagged_over"]
+    assert body["job_window_days"] == 2
     assert all(got[k]["saturating"] == 0 for k in (("v7", "h100"), ("v6", "h200")))
     assert body["session_saturated_above"] > 0 and body["findings"] == []
     only = client.get("/v1/fp8-saturation", params={**RANGE, "release": "v7", "gpu_kind": "h100"}).json()["rows"]

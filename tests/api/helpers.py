@@ -1,0 +1,21 @@
+"""Helpers of the api tests: one session's step rows whose sampled steps carry ``fp8_saturated``."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from collector import records
+from tests.collector.helpers import step_rows
+
+STATIC = "fp8_cache,ring_cache,static_scales"
+
+
+def fp8_session(store, sid: str, release: str, gpu_kind: str, sat: float | None, ts: datetime, *,
+                worker_id: str = "w1", switches: str = STATIC) -> None:
+    """24 steps of session ``sid`` from ``ts`` into ``store``; steps 7, 15 and 23 are sampled with
+    ``sat`` (None: no step sampled), the others carry null."""
+    rows = step_rows(24, session_id=sid, release=release, gpu_kind=gpu_kind, worker_id=worker_id, switches=switches,
+                     ts=ts)
+    for r in rows:
+        r["fp8_saturated"] = sat if r["step"] % 8 == 7 else None
+    store.insert_arrow("steps", records.to_arrow("step", rows), dedup_token=sid)
