@@ -15,8 +15,28 @@ import uuid
 
 import pytest
 
-_CHDB_DIR = tempfile.mkdtemp(prefix=f"livestep-chdb-{os.getpid()}-")
-# a few hundred MB per process once the suite has run: left behind, a thousand runs filled the disk
+_CHDB_ROOT = os.path.join(tempfile.gettempdir(), "livestep-test-chdb")
+
+
+def _sweep_dead(root: str) -> None:
+    """Remove the directories of test processes that are gone. A directory holds a few hundred MB once
+    the suite has run; the exit hook below can lose a race with chDB's background merges (or never run
+    when a worker is killed), and a thousand leftovers once filled the disk and failed CI's install."""
+    for name in os.listdir(root):
+        pid = name.split("-", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+        except PermissionError:  # alive, another user's
+            pass
+
+
+os.makedirs(_CHDB_ROOT, exist_ok=True)
+_sweep_dead(_CHDB_ROOT)
+_CHDB_DIR = tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=_CHDB_ROOT)
 atexit.register(shutil.rmtree, _CHDB_DIR, ignore_errors=True)
 
 
