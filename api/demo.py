@@ -392,7 +392,7 @@ def fresh_demo_store(dsn: str | None, spool_dir: str | None) -> tuple[str, str]:
     shutil.rmtree(spool_dir, ignore_errors=True)
     store = open_store(dsn)  # the server reuses this store object (one chDB directory per process)
     database = parse_dsn(dsn).database
-    store.command(f"DROP DATABASE IF EXISTS {database}")
+    store.command(f"DROP DATABASE IF EXISTS {database} SYNC")  # now: a deferred drop outlives a short process
     store.command(f"CREATE DATABASE {database}")
     return dsn, spool_dir
 
