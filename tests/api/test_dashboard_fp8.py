@@ -14,7 +14,7 @@ import pytest
 from analytics import saturation
 from analytics.jobs import run_job
 from api import dashboard as d
-from tests.api.helpers import fp8_session
+from tests.api.helpers import fp8_fleet, fp8_session
 
 END = datetime(2026, 11, 10, 12, tzinfo=UTC)
 RANGE = {"start": (END - timedelta(days=2)).isoformat(), "end": END.isoformat()}
@@ -23,11 +23,7 @@ TITLE = "FP8 saturation (static scales)"
 
 @pytest.fixture
 def fleet(store):
-    for i in range(40):
-        t = END - timedelta(hours=6, minutes=i)
-        # 10 of 40 saturate, on 5 workers
-        fp8_session(store, f"v7-h200-{i}", "v7", "h200", 2e-3 if i % 4 == 0 else 0.0, t, worker_id=f"w{i % 5}")
-        fp8_session(store, f"v7-h100-{i}", "v7", "h100", 0.0, t)
+    fp8_fleet(store, END)
     fp8_session(store, "v7-h100-off", "v7", "h100", None, END - timedelta(hours=6, minutes=50),
                 switches="fp8_cache,ring_cache")  # never sampled
     return store

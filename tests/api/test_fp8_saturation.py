@@ -13,7 +13,7 @@ import pytest
 
 from analytics.jobs import run_job
 from tests.api.conftest import SECRET
-from tests.api.helpers import fp8_session
+from tests.api.helpers import fp8_fleet, fp8_session
 
 END = datetime(2026, 11, 10, 12, tzinfo=UTC)
 RANGE = {"start": (END - timedelta(days=2)).isoformat(), "end": END.isoformat()}
@@ -21,12 +21,9 @@ RANGE = {"start": (END - timedelta(days=2)).isoformat(), "end": END.isoformat()}
 
 @pytest.fixture
 def fleet(store):
-    for i in range(40):
-        t = END - timedelta(hours=6, minutes=i)
-        # 10 of 40 saturate, on 5 workers
-        fp8_session(store, f"v7-h200-{i}", "v7", "h200", 2e-3 if i % 4 == 0 else 0.0, t, worker_id=f"w{i % 5}")
-        fp8_session(store, f"v7-h100-{i}", "v7", "h100", 0.0, t)
-        fp8_session(store, f"v6-h200-{i}", "v6", "h200", 2e-7, t)  # isolated outliers: under the tolerance
+    fp8_fleet(store, END)
+    for i in range(40):  # isolated outliers: under the tolerance
+        fp8_session(store, f"v6-h200-{i}", "v6", "h200", 2e-7, END - timedelta(hours=6, minutes=i))
     return store
 
 
