@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -79,3 +81,20 @@ def wait_for(pred, timeout_s: float = 60.0, what: str = "condition"):
 def drained(app) -> bool:
     """Every spooled batch is committed to the store."""
     return app.state.spool.stats()["batches"] == 0
+
+
+@contextmanager
+def store_before(store, migration: str) -> Iterator:
+    """A second database beside ``store``'s, migrated with every file but ``migration`` (a store as an
+    older release left it); its ``migrate()`` then applies ``migration``. Dropped afterwards."""
+    from collector.store import Store
+
+    old = Store(store.dsn.redacted().replace(store.database, store.database + "_old"))
+    files = old.migration_files
+    old.migration_files = lambda: [f for f in files() if f.name != migration]
+    try:
+        old.migrate()
+        del old.migration_files  # the class's again: every file
+        yield old
+    finally:
+        old.command(f"DROP DATABASE IF EXISTS {old.database}")

@@ -14,8 +14,8 @@ from pydantic import ValidationError
 
 from collector import records
 from collector.routes import BadBatchError, check_table
-from collector.store import SQL_DIR, Store, split_statements
-from tests.collector.helpers import ARROW, arrow_body, drained, json_rows, step_rows, wait_for
+from collector.store import SQL_DIR, split_statements
+from tests.collector.helpers import ARROW, arrow_body, drained, json_rows, step_rows, store_before, wait_for
 
 T0 = datetime(2026, 11, 2, 8, tzinfo=UTC)
 MIGRATION = "022_fp8_saturation.sql"
@@ -125,14 +125,9 @@ def _insert(store, token, session_id, **over):
     store.insert_arrow("steps", table, dedup_token=token)
 
 
-def test_rows_stored_before_the_migration_read_null(store, monkeypatch):
-    old = Store(store.dsn.redacted().replace(store.database, store.database + "_old"))
-    try:
-        applied = old.migration_files()
-        monkeypatch.setattr(old, "migration_files", lambda: [f for f in applied if f.name != MIGRATION])
-        old.migrate()
+def test_rows_stored_before_the_migration_read_null(store):
+    with store_before(store, MIGRATION) as old:
         _insert(old, "a", "before")
-        monkeypatch.undo()
         assert old.migrate() == [MIGRATION]
         for stmt in split_statements((SQL_DIR / MIGRATION).read_text()):  # idempotent (a crash mid-file)
             old.command(stmt)
@@ -143,8 +138,6 @@ def test_rows_stored_before_the_migration_read_null(store, monkeypatch):
         for _ in range(2):  # partial rows, then merged
             assert _stats(old) == [("after", 0.5, 0.5, 4, 4, 4, 4), ("before", 0.0, 0.0, 4, 0, 4, 8)]
             old.command("OPTIMIZE TABLE session_stats FINAL")
-    finally:
-        old.command(f"DROP DATABASE IF EXISTS {old.database}")
 
 
 def test_rows_without_samples_keep_the_aggregate_empty(store):

@@ -8,8 +8,8 @@ from datetime import UTC, datetime, timedelta
 
 from analytics import queries
 from collector import records
-from collector.store import SQL_DIR, Store, split_statements
-from tests.collector.helpers import step_rows
+from collector.store import SQL_DIR, split_statements
+from tests.collector.helpers import step_rows, store_before
 
 T0 = datetime(2026, 11, 2, 8, tzinfo=UTC)
 MIGRATION = "021_session_switch_state.sql"
@@ -38,18 +38,13 @@ def test_a_block_replayed_late_does_not_roll_the_switch_state_back(store):
     assert _state(store) == [("s1", "")]
 
 
-def test_rows_stored_before_the_migration_keep_their_switch_state(store, monkeypatch):
-    old = Store(store.dsn.redacted().replace(store.database, store.database + "_old"))
-    try:
-        applied = old.migration_files()
-        monkeypatch.setattr(old, "migration_files", lambda: [f for f in applied if f.name != MIGRATION])
-        old.migrate()
+def test_rows_stored_before_the_migration_keep_their_switch_state(store):
+    with store_before(store, MIGRATION) as old:
         assert "switch_last" not in {r[0] for r in old.query_rows("SELECT name FROM system.columns WHERE "
                                                                   "database = currentDatabase() AND table = 'session_stats'")}
         _insert(old, "a", 10, "fp8_cache,ring_cache")
         _insert(old, "b", 0, "ring_cache")
         _insert(old, "c", 0, "ring_cache", session_id="s2")
-        monkeypatch.undo()
         assert old.migrate() == [MIGRATION]
         assert old.migrate() == []  # applied once
         for stmt in split_statements((SQL_DIR / MIGRATION).read_text()):  # idempotent (a crash mid-file)
@@ -61,8 +56,6 @@ def test_rows_stored_before_the_migration_keep_their_switch_state(store, monkeyp
         assert _state(old) == [("s1", "fp8_cache,ring_cache"), ("s2", "ring_cache")]
         assert old.query_rows("SELECT session_id, countMerge(steps) FROM session_stats GROUP BY session_id "
                               "ORDER BY session_id") == [("s1", 15), ("s2", 10)]
-    finally:
-        old.command(f"DROP DATABASE IF EXISTS {old.database}")
 
 
 def test_the_switches_filter_selects_sessions_by_their_final_state(store):
