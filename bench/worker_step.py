@@ -159,6 +159,11 @@ def upkeep_gpu_ms(model: DiT, cache, reps: int = 5) -> float | None:
     return statistics.median(times)
 
 
+def fill_steps(shape: ModelShape, cond_tokens: int) -> int:
+    """Steps after the first forward until the window is full (ceil of the slots left / new tokens)."""
+    return -(-(shape.window - cond_tokens) // shape.new_tokens)
+
+
 def measure_row(model: DiT, sw: Switches, steps: int, cond_tokens: int, settings=PLAIN_MODEL,
                 profile_replays: int = 0):
     """(diffusion, upkeep, attention) ms per steady step, the reset step's diffusion ms, the torch
@@ -178,7 +183,7 @@ def measure_row(model: DiT, sw: Switches, steps: int, cond_tokens: int, settings
     g = torch.Generator(device=dev).manual_seed(0)
     cond_kv = model.first_forward(torch.randn(cond_tokens, shape.d_model, generator=g, device=dev), cache)
     T, C = shape.new_tokens, shape.latent_channels
-    fill = -(-(shape.window - cond_tokens) // T) + 1  # steps until the ring has wrapped
+    fill = fill_steps(shape, cond_tokens) + 1  # steps until the ring has wrapped
     marks = []
     for i in range(fill + 2 + steps):
         reset = i in (fill - 1, fill + 1)  # a warm-up reset (first calls compile), then one timed apart
@@ -323,7 +328,7 @@ def telemetry_ratio(model: DiT, sw: Switches, steady: int, cond_tokens: int, rou
     session counted in warn mode and attributed to the open step."""
     shape, dev = model.shape, model.device
     w = Worker(shape, device=dev, model=model)
-    fill = -(-(shape.window - cond_tokens) // shape.new_tokens)  # eager steps until the window is full
+    fill = fill_steps(shape, cond_tokens)  # eager steps until the window is full
     n_steps = fill + 2 + steady
     per: dict[bool, list[float]] = {True: [], False: []}
     diff: dict[bool, list[float]] = {True: [], False: []}
@@ -372,7 +377,7 @@ def probe_cost(model: DiT, sw: Switches, steady: int, cond_tokens: int, every: i
     of the real loop, after the window is full; the largest ``fp8_saturated`` seen."""
     shape, dev = model.shape, model.device
     w = Worker(shape, device=dev, model=model)
-    fill = -(-(shape.window - cond_tokens) // shape.new_tokens)
+    fill = fill_steps(shape, cond_tokens)
     sink = ListSink()
     sess = Session(w, steps=fill + 2 + steady, realtime=False, switches=sw, sink=sink, cond_tokens=cond_tokens,
                    seed=1, saturation_every=every)

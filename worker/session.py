@@ -230,11 +230,9 @@ class Session:
             return
         if any(k in CACHE_SWITCHES for k in changed):
             self.cache = rebuild_cache(self.cache, new)
-        if "static_scales" in changed:
-            self._set_act_scales(new)  # recompiles with the new quantizers; static: calibrates afresh
-            self.w.model.set_compile(new.compile)
-            self.w.model.reset_act_scales()
-        elif "compile" in changed:
+        if "static_scales" in changed:  # the new quantizers (static: fresh sites, calibrating afresh)
+            self._set_act_scales(new)
+        if "static_scales" in changed or "compile" in changed:
             self.w.model.set_compile(new.compile)
         if "decoder_own_gpu" in changed:
             self.decoder = Decoder(self.w.shape, self.w.device, own_gpu=new.decoder_own_gpu)
