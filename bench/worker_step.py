@@ -28,6 +28,10 @@ the full model run the fastest row's settings.
 replayed: free of the host launch stalls that the eager rows' event spans include, and defined
 under CUDA graphs too, where events cannot sit inside the step's graph.
 
+``--floor-rounds N``: the floor and the fastest row measured again, alternately, N times in the same
+process; the median ratio and its range say how much of a difference is the machine's drift (the floor
+alone moved 107-117 ms between two H200 leases on 2026-11-29, the step 129-133).
+
 Telemetry on/off: whole sessions of the real loop (``Session``, all switches of the best row),
 alternating on/off for ``--telemetry-rounds`` rounds; each session runs its window fill and graph
 capture, then ``--telemetry-steps`` steady steps; the figure is the median step period (wall time
@@ -35,8 +39,9 @@ between chunk deliveries) over the steady steps only, with host syncs counted pe
 (``set_sync_debug_mode("warn")``, attributed to the open step).
 
 Saturation probe (with static_scales): one more session of the real loop with a probe every
-``--probe-every`` steps; the probed steps run eagerly, so their diffusion ms against the graphed steps'
-is the probe's cost, printed with what it amortizes to at the session default (one step in 64) and the
+``--probe-every`` steps; the probed steps replay the probed graph (the first one captures it), so their
+diffusion ms against the plain graphed steps' is the probe's cost, printed with what it amortizes to at
+the session default (one step in 64), the first probed step (its capture, once per session) and the
 largest ``fp8_saturated`` seen.
 
 ``--profile``: torch.profiler (CUDA activity; CUPTI sees the kernels inside CUDA graphs) over
@@ -373,8 +378,9 @@ def telemetry_ratio(model: DiT, sw: Switches, steady: int, cond_tokens: int, rou
 
 
 def probe_cost(model: DiT, sw: Switches, steady: int, cond_tokens: int, every: int = 4) -> dict:
-    """Diffusion ms of the probed steps (eager, counting saturation) and of the graphed ones in one session
-    of the real loop, after the window is full; the largest ``fp8_saturated`` seen."""
+    """Diffusion ms of the probed steps (the probed graph, counting saturation; the first also captures it)
+    and of the plain graphed ones in one session of the real loop, after the window is full; the largest
+    ``fp8_saturated`` seen."""
     shape, dev = model.shape, model.device
     w = Worker(shape, device=dev, model=model)
     fill = fill_steps(shape, cond_tokens)
@@ -382,15 +388,15 @@ def probe_cost(model: DiT, sw: Switches, steady: int, cond_tokens: int, every: i
     sess = Session(w, steps=fill + 2 + steady, realtime=False, switches=sw, sink=sink, cond_tokens=cond_tokens,
                    seed=1, saturation_every=every)
     sess.run()
-    rows = sink.rows["step"][fill + 2:]
-    graphed = sess.tel.stats.graphed[fill + 2:]
+    rows = sink.rows["step"][fill:]  # from the first step with the window full: the first probe captures
+    graphed = sess.tel.stats.graphed[fill:]
     probed = [r["diffusion_ms"] for r in rows if r["fp8_saturated"] is not None]
-    plain = [r["diffusion_ms"] for r, g in zip(rows, graphed, strict=True) if g and r["fp8_saturated"] is None]
+    plain = [r["diffusion_ms"] for r, g in list(zip(rows, graphed, strict=True))[2:] if g and r["fp8_saturated"] is None]
     sat = [r["fp8_saturated"] for r in rows if r["fp8_saturated"] is not None]
-    if not probed or not plain:
-        raise RuntimeError(f"no probed ({len(probed)}) or graphed ({len(plain)}) steady steps to compare")
-    return {"probed": statistics.median(probed), "graphed": statistics.median(plain), "n": (len(probed), len(plain)),
-            "max_saturated": max(sat)}
+    if len(probed) < 2 or not plain:
+        raise RuntimeError(f"too few probed ({len(probed)}) or graphed ({len(plain)}) steady steps to compare")
+    return {"first": probed[0], "probed": statistics.median(probed[1:]), "graphed": statistics.median(plain),
+            "n": (len(probed) - 1, len(plain)), "max_saturated": max(sat)}
 
 
 def fmt(x, nd=1):
@@ -409,6 +415,8 @@ def main(argv=None) -> int:
     ap.add_argument("--telemetry-steps", type=int, default=40, help="steady steps per telemetry session (0: skip)")
     ap.add_argument("--telemetry-rounds", type=int, default=3, help="alternating on/off session pairs")
     ap.add_argument("--probe-every", type=int, default=4, help="saturation probe session: a probe every N steps (0: skip)")
+    ap.add_argument("--floor-rounds", type=int, default=0,
+                    help="then N rounds of (floor, fastest row) alternating: the ratio's spread (0: skip)")
     ap.add_argument("--profile", action="store_true", help="torch.profiler breakdown of the graphed rows")
     ap.add_argument("--profile-replays", type=int, default=3)
     ap.add_argument("--trace-dir", default=None, help="also write each profile as a Chrome trace (.json.gz) here")
@@ -443,6 +451,7 @@ def main(argv=None) -> int:
     cuda = dev.type == "cuda"
     profiled = PROFILED_ROWS if cuda else ("+delta_rotation",)  # CPU: the smoke test of the profile path
     profiles = []
+    row_sw = {}  # row -> its switches
     for row, add in ROWS:
         sw = {**sw, **add}
         if args.rows and row not in args.rows.split(","):
@@ -471,6 +480,7 @@ def main(argv=None) -> int:
             continue
         plain_ms = plain_ms or diff
         results.append((row, diff, upkeep, attn, reset_ms, upkeep_gpu))
+        row_sw[row] = dict(sw)
         print(f"{row:<28}{fmt(diff):>13}{fmt(upkeep):>11}{fmt(upkeep_gpu, 2):>15}{fmt(attn):>14}{fmt(reset_ms):>15}"
               f"{diff / floor:>9.2f}{plain_ms / diff:>9.2f}x   ({time.perf_counter() - t_row:.0f} s)", flush=True)
         if prof is not None:
@@ -491,6 +501,18 @@ def main(argv=None) -> int:
     best_sw = Switches.from_mapping({**sw, "static_scales": best_model[1] == "static"})
     model.fuse_blocks, model.act_scales = best_model
     fused_ok = best_model[0]
+    rounds = []
+    if args.floor_rounds and fastest and not late():
+        t_rounds = time.perf_counter()
+        for _ in range(args.floor_rounds):
+            fl = measure_floor(model, cond)
+            ms = measure_row(model, Switches.from_mapping(row_sw[fastest]), args.steps, cond, best_model)[0]
+            rounds.append((fl, ms, ms / fl))
+        ratios = sorted(r[2] for r in rounds)
+        print(f"# floor rounds ({fastest}, floor then row, x {len(rounds)}): floor ms "
+              f"{', '.join(f'{r[0]:.1f}' for r in rounds)}; step ms {', '.join(f'{r[1]:.1f}' for r in rounds)};"
+              f" ratios {', '.join(f'{r[2]:.3f}' for r in rounds)}; median {statistics.median(ratios):.3f}"
+              f" (range {ratios[0]:.3f}-{ratios[-1]:.3f})  ({time.perf_counter() - t_rounds:.0f} s)", flush=True)
     if args.telemetry_steps and not late():
         t_tel = time.perf_counter()
         try:
@@ -518,7 +540,8 @@ def main(argv=None) -> int:
             print(f"# saturation probe (1 step in {args.probe_every}): probed steps {pc['probed']:.2f} ms diffusion"
                   f" (n={pc['n'][0]}), graphed steps {pc['graphed']:.2f} ms (n={pc['n'][1]}): {extra:+.2f} ms per"
                   f" probed step = {extra / SATURATION_EVERY['cuda']:+.3f} ms/step at the default 1 in"
-                  f" {SATURATION_EVERY['cuda']}; max fp8_saturated"
+                  f" {SATURATION_EVERY['cuda']}; the first (captures the probed graph) {pc['first']:.0f} ms;"
+                  f" max fp8_saturated"
                   f" {pc['max_saturated']:.2e}  ({time.perf_counter() - t_probe:.0f} s)", flush=True)
         except Exception as e:  # noqa: BLE001 - reported, the table above stands
             print(f"# saturation probe: FAILED {type(e).__name__}: {str(e)[:300]}", flush=True)
@@ -548,7 +571,8 @@ def main(argv=None) -> int:
         if gpu_upkeep:
             print("# upkeep GPU ms/step (graph of one step's upkeep): "
                   + ", ".join(f"{name} {ms:.2f}" for name, ms in gpu_upkeep))
-        print(f"best row {best[0]}: {best[1]:.1f} ms/step = {best[1] / floor:.2f}x floor {floor:.1f}; "
+        rounds_note = (f" (floor rounds: median {statistics.median(r[2] for r in rounds):.3f}x)" if rounds else "")
+        print(f"best row {best[0]}: {best[1]:.1f} ms/step = {best[1] / floor:.2f}x floor {floor:.1f}{rounds_note}; "
               f"vs plain {results[0][1]:.1f} ms/step = {results[0][1] / best[1]:.2f}x")
     return 0
 

@@ -13,8 +13,9 @@ scale -- vLLM's / TensorRT's "static activation scales"; values beyond the calib
 
 Quantized = clamp(x / scale, -448, 448).to(float8_e4m3fn): never NaN/inf (contract 6). Scales are
 device tensors: nothing here reads a value back to the host. Saturation under static scales is counted
-on sampled steps by a ``SaturationProbe`` (elements at +-448 of the GEMM inputs, summed on the device,
-copied to pinned memory and read once the step's events are done).
+on sampled steps by a ``SaturationProbe`` (elements at +-448 of the GEMM inputs, summed on the device
+-- one compiled reduction per input on CUDA, inside the runner's probed CUDA graph -- copied to pinned
+memory and read once the step's events are done).
 """
 
 from __future__ import annotations
@@ -114,21 +115,26 @@ class SaturationProbe:
                                            # once the step's events say it is done: host / total
 
     The copy goes to one of ``slots`` pinned buffers in turn: more than the steps a session keeps in
-    flight, so a value is read before its buffer comes round again."""
+    flight, so a value is read before its buffer comes round again. ``compiled`` (CUDA inputs; the session
+    follows its compile switch): each input counted by one compiled reduction instead of three eager
+    kernels and two temporaries. ``start`` and
+    ``add`` may be captured in a CUDA graph (``ChunkRunner``): the replay zeroes and counts; ``total``,
+    a host number, is then the captured forward's and the runner sets it after each replay."""
 
-    def __init__(self, device, slots: int = 8):
+    def __init__(self, device, slots: int = 8, compiled: bool = False):
         device = torch.device(device)
         self.count = torch.zeros((), dtype=torch.int64, device=device)
         self.host = torch.zeros(slots, dtype=torch.int64, pin_memory=device.type == "cuda")
         self.total = 0
         self._slot = 0
+        self.compiled = compiled
 
     def start(self) -> None:
         self.count.zero_()
         self.total = 0
 
     def add(self, q: torch.Tensor) -> None:
-        self.count += count_saturated(q)
+        self.count += (_compiled_count() if self.compiled and q.is_cuda else count_saturated)(q)
         self.total += q.numel()
 
     def finish(self) -> tuple[torch.Tensor, int]:
@@ -136,6 +142,17 @@ class SaturationProbe:
         self._slot = (self._slot + 1) % self.host.numel()
         dst.copy_(self.count, non_blocking=True)
         return dst, self.total
+
+
+_COMPILED_COUNT = None
+
+
+def _compiled_count():
+    """``count_saturated`` compiled once per process (a static kernel per input shape: a step has three)."""
+    global _COMPILED_COUNT
+    if _COMPILED_COUNT is None:
+        _COMPILED_COUNT = torch.compile(count_saturated, dynamic=False)
+    return _COMPILED_COUNT
 
 
 def col_scale(w_scale: torch.Tensor, n: int) -> torch.Tensor:

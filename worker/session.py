@@ -16,7 +16,8 @@ step is captured once and replayed (the cache's advance/reset stays eager outsid
 
 With ``static_scales`` (FP8 activations quantized with per-tensor scales calibrated on the session's
 first forward and chunk; off: per-token dynamic scales), one step in ``saturation_every`` (64 on CUDA,
-8 on CPU) runs eagerly with a ``SaturationProbe`` and its record carries ``fp8_saturated``: the share
+8 on CPU) runs with a ``SaturationProbe`` (under ``cuda_graphs`` a second graph, the step's plus the
+counting) and its record carries ``fp8_saturated``: the share
 of the step's FP8 GEMM-input elements at +-448 (clipped, or rounded up from |x / scale| >= 432), the sign
 that inputs outgrew their calibration.
 """
@@ -99,22 +100,40 @@ class ChunkRunner:
     """Denoises one chunk; with ``cuda_graphs`` on CUDA, captures it once the window is full, then replays.
 
     The graph holds the 4 passes x blocks; the cache's per-step advance / reset (``begin_step``)
-    stays eager, outside the graph, and writes the slot/position buffers the graph reads.
+    stays eager, outside the graph, and writes the slot/position buffers the graph reads. A step with
+    a ``SaturationProbe`` replays a second graph, captured at the first probed step, that also counts
+    the saturation of every static-scale GEMM input (eager steps route the inputs to the probe directly).
     """
 
     def __init__(self, model: DiT, use_graphs: bool):
         self.model = model
         self.use_graphs = use_graphs and model.device.type == "cuda"
-        self._graph = None
+        self._graphs: dict[bool, tuple] = {}  # probed? -> (graph, static noise, out, cache, probe, total)
 
-    def __call__(self, noise: torch.Tensor, cache: KVCache, cond_kv, eager: bool = False) -> tuple[torch.Tensor, bool]:
+    def __call__(self, noise: torch.Tensor, cache: KVCache, cond_kv,
+                 probe: SaturationProbe | None = None) -> tuple[torch.Tensor, bool]:
         # eager until the window is full, and while static activation scales calibrate (a graph would
-        # freeze the calibration's unfused path and its scale updates into every replay); ``eager``:
-        # this step only (a saturation probe's extra ops are in no graph)
-        if eager or not (self.use_graphs and cache.book.n_valid == cache.shape.window) or self.model.calibrating:
-            return self.model.denoise_chunk(noise, cache, cond_kv), False
-        if self._graph is None or self._graph[3] is not cache:
-            static_noise = noise.clone()
+        # freeze the calibration's unfused path and its scale updates into every replay)
+        if not (self.use_graphs and cache.book.n_valid == cache.shape.window) or self.model.calibrating:
+            self.model.set_probe(probe)
+            try:
+                return self.model.denoise_chunk(noise, cache, cond_kv), False
+            finally:
+                self.model.set_probe(None)
+        entry = self._graphs.get(probe is not None)
+        if entry is None or entry[3] is not cache or entry[4] is not probe:
+            entry = self._graphs[probe is not None] = self._capture(noise, cache, cond_kv, probe)
+        g, static_noise, out, _, _, total = entry
+        static_noise.copy_(noise)
+        g.replay()
+        if probe is not None:
+            probe.total = total  # the count itself was zeroed and summed by the replay
+        return out.clone(), True
+
+    def _capture(self, noise: torch.Tensor, cache: KVCache, cond_kv, probe: SaturationProbe | None) -> tuple:
+        static_noise = noise.clone()
+        self.model.set_probe(probe)
+        try:
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):  # warm on a side stream (compiles, autotunes, allocates)
@@ -122,12 +141,12 @@ class ChunkRunner:
             torch.cuda.current_stream().wait_stream(side)
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g):
+                if probe is not None:
+                    probe.start()  # the count's zeroing is part of the graph
                 out = self.model.denoise_chunk(static_noise, cache, cond_kv)
-            self._graph = (g, static_noise, out, cache)
-        g, static_noise, out, _ = self._graph
-        static_noise.copy_(noise)
-        g.replay()
-        return out.clone(), True
+        finally:
+            self.model.set_probe(None)
+        return g, static_noise, out, cache, probe, probe.total if probe is not None else 0
 
 
 class Worker:
@@ -252,6 +271,7 @@ class Session:
         if self.probe is None or i % self.saturation_every or not self.w.model.probe_ready:
             return None
         self.probe.start()
+        self.probe.compiled = self.switches.compile
         return self.probe
 
     def _poll_switches(self, step: int) -> None:
@@ -317,12 +337,9 @@ class Session:
                 noise = torch.randn(T, C, generator=gen, device=dev)
                 self.w.register_forward(T, self.switches)
                 probe = self._probe_step(i)
-                if probe is not None:  # hooks every linear: on probed steps only (host time)
-                    model.set_probe(probe)
-                latents, graphed = self.runner(noise, self.cache, cond_kv, eager=probe is not None)
+                latents, graphed = self.runner(noise, self.cache, cond_kv, probe=probe)
                 saturation = None
                 if probe is not None:
-                    model.set_probe(None)
                     saturation = probe.finish()  # before diffusion_done: read when its event is done
                 self.cache.end_step()
                 done = tel.diffusion_done()

@@ -127,20 +127,25 @@ def test_saturation_probe_steps_are_sync_free(small_worker):
     assert all(0 <= by_step[i] < 1e-3 for i in (4, 8)), by_step  # calibrated with margin 2: ~nothing clips
 
 
-def test_saturation_probe_steps_run_eagerly_between_graph_replays(small_worker):
-    sink = ListSink()
-    s = small_worker.run_session(
-        steps=14, realtime=False, switches=Switches.all_on(), sink=sink, saturation_every=4, cond_tokens=300
-    )
-    probed = [r["step"] for r in sink.rows["step"] if r["fp8_saturated"] is not None]
-    assert probed == [4, 8, 12] and s.graphed_steps > 0
-    assert s.graphed_steps <= 14 - len(probed) - 1  # probed steps and the first (calibrating) are eager
+def test_saturation_probe_steps_replay_a_graph_of_their_own(small_worker):
+    """Every switch on: the probed steps replay the probed graph, so a session graphs as many steps as
+    one that never probes, and still reports fp8_saturated on exactly the probed steps."""
+    runs = {}
+    for every in (4, 1000):
+        sink = ListSink()
+        s = small_worker.run_session(
+            steps=14, realtime=False, switches=Switches.all_on(), sink=sink, saturation_every=every, cond_tokens=300
+        )
+        runs[every] = (s, [r["step"] for r in sink.rows["step"] if r["fp8_saturated"] is not None])
+    (s4, probed4), (s_none, probed_none) = runs[4], runs[1000]
+    assert probed4 == [4, 8, 12] and probed_none == []
+    assert s4.graphed_steps > len(probed4) and s4.graphed_steps == s_none.graphed_steps
 
 
-def test_an_eager_probe_step_between_graph_replays_leaves_the_chunks_unchanged(small_worker):
-    """The runner with every switch on, chunks from the same noise: probed steps (4 and 6) run eagerly,
-    every other step after the window fills replays the graph as without probes, and the latents of the
-    whole run equal the run without probes (the eager step and the graph run the same kernels)."""
+def test_a_probed_graph_counts_as_the_eager_probe_and_leaves_the_chunks_unchanged(small_worker):
+    """The runner with every switch on, chunks from the same noise: probes at steps 4, 6 and 8 replay the
+    probed graph between replays of the plain one. The latents of the whole run equal the run without
+    probes, and each step's count and total equal those of the same steps run eagerly (no graphs)."""
     from worker.fp8 import SaturationProbe
     from worker.session import ChunkRunner
 
@@ -149,36 +154,47 @@ def test_an_eager_probe_step_between_graph_replays_leaves_the_chunks_unchanged(s
     model.set_compile(True)
     T, C = shape.new_tokens, shape.latent_channels
 
-    def run(probe_at):
+    def run(probe_at, graphs=True, shrink=1.0):
         model.reset_act_scales()
         cache = make_cache(shape, sw, "cuda", model.dtype)
-        runner = ChunkRunner(model, use_graphs=True)
+        runner = ChunkRunner(model, use_graphs=graphs)
+        probe = SaturationProbe("cuda", compiled=True)
         g = torch.Generator(device="cuda").manual_seed(3)
         ckv = model.first_forward(torch.randn(300, shape.d_model, generator=g, device="cuda"), cache)
         outs, graphed, counts = [], [], []
         for i in range(9):
+            if i == 2 and shrink != 1.0:  # calibrated: scales shrunk so that some inputs clip
+                for lin in model._linears():
+                    lin.site.scale.mul_(shrink)
             cache.begin_step(T)
             noise = torch.randn(T, C, generator=g, device="cuda")
-            probe = SaturationProbe("cuda") if i in probe_at else None
-            if probe is not None:
-                probe.start()
-                model.set_probe(probe)
-            out, was_graphed = runner(noise, cache, ckv, eager=probe is not None)
-            if probe is not None:
-                model.set_probe(None)
-                counts.append(probe.finish())
+            p = None
+            if i in probe_at:
+                p = probe
+                p.start()
+            out, was_graphed = runner(noise, cache, ckv, probe=p)
+            if p is not None:
+                host, n = p.finish()
+                torch.cuda.synchronize()
+                counts.append((int(host), n))
             cache.end_step()
             outs.append(out.float())
             graphed.append(was_graphed)
         torch.cuda.synchronize()
-        return torch.stack(outs), graphed, [(int(h), n) for h, n in counts]
+        return torch.stack(outs), graphed, counts
 
     try:
         plain, g_plain, _ = run(set())
-        probed, g_probed, counts = run({4, 6})
+        probed, g_probed, counts = run({4, 6, 8})
+        _, g_eager, eager_counts = run({4, 6, 8}, graphs=False, shrink=0.1)
+        _, _, graph_counts = run({4, 6, 8}, shrink=0.1)
     finally:
         model.set_compile(False)
-    assert any(g_plain) and g_probed == [g and i not in (4, 6) for i, g in enumerate(g_plain)]
-    assert len(counts) == 2 and all(n > 0 and 0 <= c <= n for c, n in counts)
+    assert any(g_plain) and g_probed == g_plain and g_probed[4] and not any(g_eager)
+    assert len(counts) == 3 and all(n > 0 and c == 0 for c, n in counts)  # margin 2: nothing clips
+    assert [n for _, n in graph_counts] == [n for _, n in eager_counts]
+    assert all(c > 0 for c, _ in eager_counts), eager_counts
+    assert all(abs(cg - ce) <= 0.02 * ce for (cg, _), (ce, _) in zip(graph_counts, eager_counts)), (
+        graph_counts, eager_counts)
     rel = (probed - plain).norm() / plain.norm()
     assert rel < 1e-3, rel
