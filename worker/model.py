@@ -125,17 +125,6 @@ def _mm(xq: torch.Tensor, xs: torch.Tensor, lin: Linear) -> torch.Tensor:
     return scaled_mm(xq, xs, lin.w, lin.scale, lin.col_scale)
 
 
-_GELU_2C = 2 * math.sqrt(2 / math.pi)
-
-
-def gelu_tanh(u: torch.Tensor) -> torch.Tensor:
-    """``F.gelu(u, approximate="tanh")`` as u * sigmoid(2z) (= u * (1 + tanh z) / 2), in fp32: the same
-    values (no FP8 code differed at the prod shape; fp64 stays fp64), and compiled with coordinate-descent tuning a faster
-    kernel than inductor's tanh lowering (13.1 -> 9.9 us per call on the H200, bench/chains.py)."""
-    uf = u.to(torch.promote_types(u.dtype, torch.float32))
-    return (uf * torch.sigmoid(_GELU_2C * (uf + 0.044715 * uf * uf * uf))).to(u.dtype)
-
-
 def _chains(act_scales: str) -> tuple[Callable, Callable, Callable]:
     """The block's elementwise chains ending in the activation quantizer of ``act_scales``; each takes the
     consuming linear's static scale ``s`` last (``Linear.in_scale``: None unless act_scales is "static")."""
@@ -159,7 +148,7 @@ def _chains(act_scales: str) -> tuple[Callable, Callable, Callable]:
         return x, hq, hs
 
     def gelu_quant(u: torch.Tensor, s: torch.Tensor | None):
-        return quant(gelu_tanh(u), s)
+        return quant(F.gelu(u, approximate="tanh"), s)
 
     return ln_quant, res_ln_quant, gelu_quant
 
@@ -185,11 +174,8 @@ class BlockFusion:
 
     @classmethod
     def compiled(cls, act_scales: str) -> BlockFusion:
-        """The chains compiled with inductor's coordinate-descent tuning of their launch configs (slower
-        first compile, once per process; bench/chains.py measures the kernels with and without)."""
         ln, res, gelu = _chains(act_scales)
-        opts = {"coordinate_descent_tuning": True}
-        return cls(*(torch.compile(f, options=opts) for f in (ln, res, apply_rope_tables, gelu)), act_scales)
+        return cls(*(torch.compile(f) for f in (ln, res, apply_rope_tables, gelu)), act_scales)
 
 
 class WeightMaker:
