@@ -101,13 +101,16 @@ class ChunkRunner:
 
     The graph holds the 4 passes x blocks; the cache's per-step advance / reset (``begin_step``)
     stays eager, outside the graph, and writes the slot/position buffers the graph reads. A step with
-    a ``SaturationProbe`` replays a second graph, captured at the first probed step, that also counts
-    the saturation of every static-scale GEMM input (eager steps route the inputs to the probe directly).
+    a ``SaturationProbe`` replays a second graph that also counts the saturation of every static-scale
+    GEMM input (eager steps route the inputs to the probe directly). With the session's ``probe`` given
+    and static scales calibrated, both graphs are captured at the first graphed step after one warm-up:
+    one longer step there instead of a second hitch of ~1 s at the first probed step.
     """
 
-    def __init__(self, model: DiT, use_graphs: bool):
+    def __init__(self, model: DiT, use_graphs: bool, probe: SaturationProbe | None = None):
         self.model = model
         self.use_graphs = use_graphs and model.device.type == "cuda"
+        self.probe = probe
         self._graphs: dict[bool, tuple] = {}  # probed? -> (graph, static noise, out, cache, probe, total)
 
     def __call__(self, noise: torch.Tensor, cache: KVCache, cond_kv,
@@ -122,7 +125,8 @@ class ChunkRunner:
                 self.model.set_probe(None)
         entry = self._graphs.get(probe is not None)
         if entry is None or entry[3] is not cache or entry[4] is not probe:
-            entry = self._graphs[probe is not None] = self._capture(noise, cache, cond_kv, probe)
+            self._capture(noise, cache, cond_kv, probe)
+            entry = self._graphs[probe is not None]
         g, static_noise, out, _, _, total = entry
         static_noise.copy_(noise)
         g.replay()
@@ -130,23 +134,31 @@ class ChunkRunner:
             probe.total = total  # the count itself was zeroed and summed by the replay
         return out.clone(), True
 
-    def _capture(self, noise: torch.Tensor, cache: KVCache, cond_kv, probe: SaturationProbe | None) -> tuple:
+    def _capture(self, noise: torch.Tensor, cache: KVCache, cond_kv, probe: SaturationProbe | None) -> None:
+        """This step's graph (probed or plain) after a warm-up on a side stream (compiles, autotunes,
+        allocates; with a probe installed, so its counting compiles too); with the session's probe ready
+        and no probe asked for, the probed graph as well."""
+        probes = [probe]
+        if probe is None and self.probe is not None and self.model.probe_ready:
+            probes.append(self.probe)
         static_noise = noise.clone()
-        self.model.set_probe(probe)
         try:
+            self.model.set_probe(probes[-1])
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):  # warm on a side stream (compiles, autotunes, allocates)
+            with torch.cuda.stream(side):
                 self.model.denoise_chunk(static_noise, cache, cond_kv)
             torch.cuda.current_stream().wait_stream(side)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                if probe is not None:
-                    probe.start()  # the count's zeroing is part of the graph
-                out = self.model.denoise_chunk(static_noise, cache, cond_kv)
+            for p in probes:
+                self.model.set_probe(p)
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g):
+                    if p is not None:
+                        p.start()  # the count's zeroing is part of the graph
+                    out = self.model.denoise_chunk(static_noise, cache, cond_kv)
+                self._graphs[p is not None] = (g, static_noise, out, cache, p, p.total if p is not None else 0)
         finally:
             self.model.set_probe(None)
-        return g, static_noise, out, cache, probe, probe.total if probe is not None else 0
 
 
 class Worker:
@@ -256,8 +268,8 @@ class Session:
         if "decoder_own_gpu" in changed:
             self.decoder = Decoder(self.w.shape, self.w.device, own_gpu=new.decoder_own_gpu)
             self.tel.sync_clock(self.decoder.device)
-        self.runner = ChunkRunner(self.w.model, new.cuda_graphs)
         self.switches = new
+        self.runner = self._runner()
         ev = {"step": step, "changed": changed, "switches": new.encode()}
         self.switch_events.append(ev)
         self.tel.event("switch_applied", **ev)
@@ -271,8 +283,13 @@ class Session:
         if self.probe is None or i % self.saturation_every or not self.w.model.probe_ready:
             return None
         self.probe.start()
-        self.probe.compiled = self.switches.compile
         return self.probe
+
+    def _runner(self) -> ChunkRunner:
+        """A runner for the current switches; the probe counts with compiled kernels under compile."""
+        if self.probe is not None:
+            self.probe.compiled = self.switches.compile
+        return ChunkRunner(self.w.model, self.switches.cuda_graphs, probe=self.probe)
 
     def _poll_switches(self, step: int) -> None:
         try:
@@ -304,7 +321,7 @@ class Session:
         t_wall0 = time.perf_counter()
         self.cache = make_cache(shape, self.switches, dev, w.model.dtype)
         self.decoder = Decoder(shape, dev, own_gpu=self.switches.decoder_own_gpu)
-        self.runner = ChunkRunner(w.model, self.switches.cuda_graphs)
+        self.runner = self._runner()
         tel.sync_clock(dev)
         tel.sync_clock(self.decoder.device)
         gen = torch.Generator(device=dev).manual_seed(self.seed)

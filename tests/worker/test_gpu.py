@@ -145,7 +145,8 @@ def test_saturation_probe_steps_replay_a_graph_of_their_own(small_worker):
 def test_a_probed_graph_counts_as_the_eager_probe_and_leaves_the_chunks_unchanged(small_worker):
     """The runner with every switch on, chunks from the same noise: probes at steps 4, 6 and 8 replay the
     probed graph between replays of the plain one. The latents of the whole run equal the run without
-    probes, and each step's count and total equal those of the same steps run eagerly (no graphs)."""
+    probes, and each step's count and total equal those of the same steps run eagerly (no graphs), and
+    those of a runner given the probe up front (both graphs captured at the first graphed step)."""
     from worker.fp8 import SaturationProbe
     from worker.session import ChunkRunner
 
@@ -154,11 +155,11 @@ def test_a_probed_graph_counts_as_the_eager_probe_and_leaves_the_chunks_unchange
     model.set_compile(True)
     T, C = shape.new_tokens, shape.latent_channels
 
-    def run(probe_at, graphs=True, shrink=1.0):
+    def run(probe_at, graphs=True, shrink=1.0, upfront=False):
         model.reset_act_scales()
         cache = make_cache(shape, sw, "cuda", model.dtype)
-        runner = ChunkRunner(model, use_graphs=graphs)
         probe = SaturationProbe("cuda", compiled=True)
+        runner = ChunkRunner(model, use_graphs=graphs, probe=probe if upfront else None)
         g = torch.Generator(device="cuda").manual_seed(3)
         ckv = model.first_forward(torch.randn(300, shape.d_model, generator=g, device="cuda"), cache)
         outs, graphed, counts = [], [], []
@@ -188,13 +189,15 @@ def test_a_probed_graph_counts_as_the_eager_probe_and_leaves_the_chunks_unchange
         probed, g_probed, counts = run({4, 6, 8})
         _, g_eager, eager_counts = run({4, 6, 8}, graphs=False, shrink=0.1)
         _, _, graph_counts = run({4, 6, 8}, shrink=0.1)
+        _, g_upfront, upfront_counts = run({4, 6, 8}, shrink=0.1, upfront=True)  # both graphs at once
     finally:
         model.set_compile(False)
     assert any(g_plain) and g_probed == g_plain and g_probed[4] and not any(g_eager)
     assert len(counts) == 3 and all(n > 0 and c == 0 for c, n in counts)  # margin 2: nothing clips
+    assert g_upfront == g_plain and [n for _, n in upfront_counts] == [n for _, n in graph_counts]
     assert [n for _, n in graph_counts] == [n for _, n in eager_counts]
     assert all(c > 0 for c, _ in eager_counts), eager_counts
-    assert all(abs(cg - ce) <= 0.02 * ce for (cg, _), (ce, _) in zip(graph_counts, eager_counts)), (
-        graph_counts, eager_counts)
+    for counts in (graph_counts, upfront_counts):
+        assert all(abs(cg - ce) <= 0.02 * ce for (cg, _), (ce, _) in zip(counts, eager_counts)), (counts, eager_counts)
     rel = (probed - plain).norm() / plain.norm()
     assert rel < 1e-3, rel
