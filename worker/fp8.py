@@ -117,9 +117,9 @@ class SaturationProbe:
     The copy goes to one of ``slots`` pinned buffers in turn: more than the steps a session keeps in
     flight, so a value is read before its buffer comes round again. ``compiled`` (CUDA inputs; the session
     follows its compile switch): each input counted by one compiled reduction instead of three eager
-    kernels and two temporaries. ``start`` and
-    ``add`` may be captured in a CUDA graph (``ChunkRunner``): the replay zeroes and counts; ``total``,
-    a host number, is then the captured forward's and the runner sets it after each replay."""
+    kernels and two temporaries. ``start`` and ``add`` may be captured in a CUDA graph (``ChunkRunner``):
+    the replay zeroes and counts; ``total``, a host number, is then the captured forward's, and the
+    runner sets it after each replay."""
 
     def __init__(self, device, slots: int = 8, compiled: bool = False):
         device = torch.device(device)

@@ -96,6 +96,18 @@ def _mean(xs: list[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
 
+@dataclass
+class _Graph:
+    """One captured chunk: replay after copying the step's noise into ``noise``; ``out`` is overwritten."""
+
+    graph: torch.cuda.CUDAGraph
+    noise: torch.Tensor
+    out: torch.Tensor
+    cache: KVCache  # the session's cache whose buffers the graph reads and writes
+    probe: SaturationProbe | None  # the probe whose count it zeroes and sums (None: plain)
+    total: int  # the probe's element total for one replay
+
+
 class ChunkRunner:
     """Denoises one chunk; with ``cuda_graphs`` on CUDA, captures it once the window is full, then replays.
 
@@ -111,7 +123,7 @@ class ChunkRunner:
         self.model = model
         self.use_graphs = use_graphs and model.device.type == "cuda"
         self.probe = probe
-        self._graphs: dict[bool, tuple] = {}  # probed? -> (graph, static noise, out, cache, probe, total)
+        self._graphs: dict[bool, _Graph] = {}  # probed? -> its graph
 
     def __call__(self, noise: torch.Tensor, cache: KVCache, cond_kv,
                  probe: SaturationProbe | None = None) -> tuple[torch.Tensor, bool]:
@@ -123,23 +135,24 @@ class ChunkRunner:
                 return self.model.denoise_chunk(noise, cache, cond_kv), False
             finally:
                 self.model.set_probe(None)
-        entry = self._graphs.get(probe is not None)
-        if entry is None or entry[3] is not cache or entry[4] is not probe:
+        g = self._graphs.get(probe is not None)
+        if g is None or g.cache is not cache or g.probe is not probe:
             self._capture(noise, cache, cond_kv, probe)
-            entry = self._graphs[probe is not None]
-        g, static_noise, out, _, _, total = entry
-        static_noise.copy_(noise)
-        g.replay()
+            g = self._graphs[probe is not None]
+        g.noise.copy_(noise)
+        g.graph.replay()
         if probe is not None:
-            probe.total = total  # the count itself was zeroed and summed by the replay
-        return out.clone(), True
+            probe.total = g.total  # the count itself was zeroed and summed by the replay
+        return g.out.clone(), True
 
     def _capture(self, noise: torch.Tensor, cache: KVCache, cond_kv, probe: SaturationProbe | None) -> None:
         """This step's graph (probed or plain) after a warm-up on a side stream (compiles, autotunes,
         allocates; with a probe installed, so its counting compiles too); with the session's probe ready
         and no probe asked for, the probed graph as well."""
         probes = [probe]
-        if probe is None and self.probe is not None and self.model.probe_ready:
+        have = self._graphs.get(True)
+        if (probe is None and self.probe is not None and self.model.probe_ready
+                and (have is None or have.cache is not cache or have.probe is not self.probe)):
             probes.append(self.probe)
         static_noise = noise.clone()
         try:
@@ -156,7 +169,7 @@ class ChunkRunner:
                     if p is not None:
                         p.start()  # the count's zeroing is part of the graph
                     out = self.model.denoise_chunk(static_noise, cache, cond_kv)
-                self._graphs[p is not None] = (g, static_noise, out, cache, p, p.total if p is not None else 0)
+                self._graphs[p is not None] = _Graph(g, static_noise, out, cache, p, p.total if p is not None else 0)
         finally:
             self.model.set_probe(None)
 
