@@ -142,3 +142,74 @@ def test_switch_name_is_on_the_wire():
 def test_saturation_every_must_be_positive(every):
     with pytest.raises(ValueError, match="valid: a positive number of steps"):
         Session(_fp8_worker(), steps=1, saturation_every=every)
+
+
+class _RecordingGraph:
+    """torch.cuda.CUDAGraph stand-in for CPU: capture runs the body eagerly (so the forward's host-side
+    effects, such as the probe's total, happen as in a capture); replay does nothing."""
+
+    made = 0
+
+    def __init__(self):
+        type(self).made += 1
+
+    def replay(self):
+        pass
+
+
+@pytest.fixture
+def cpu_graphs(monkeypatch):
+    """ChunkRunner's graph bookkeeping on CPU: torch.cuda's graph and stream API replaced by no-ops."""
+    import contextlib
+
+    class Stream:
+        def wait_stream(self, other):
+            pass
+
+    _RecordingGraph.made = 0
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", _RecordingGraph)
+    monkeypatch.setattr(torch.cuda, "graph", lambda g: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: Stream())
+    return _RecordingGraph
+
+
+@pytest.mark.parametrize("upfront", [True, False])
+@pytest.mark.parametrize("first_probe", [3, 4])
+def test_runner_captures_each_graph_once_and_sets_the_probed_total(cpu_graphs, upfront, first_probe):
+    """The runner given the session's probe captures the probed graph with the plain one (or the plain
+    one later, when the first graphed step is a probed one); without it, at the first probed step. Two
+    captures either way, every step after the window fills is graphed, and a probed replay reports the
+    element total of one forward (the eager probed step's)."""
+    from worker.session import ChunkRunner
+
+    model = _fp8_worker().model
+    shape = model.shape
+    model.act_scales = "static"
+    model.set_compile(False)
+    cache = make_cache(shape, Switches.from_mapping(RING_FP8), "cpu", model.dtype)
+    probe = SaturationProbe("cpu")
+    runner = ChunkRunner(model, use_graphs=True, probe=probe if upfront else None)
+    runner.use_graphs = True  # CPU: the bookkeeping only (the GPU tests replay real graphs)
+    g = torch.Generator().manual_seed(0)
+    ckv = model.first_forward(torch.randn(20, shape.d_model, generator=g), cache)
+    graphed, totals, captures = [], {}, []
+    for i in range(12):
+        cache.begin_step(shape.new_tokens)
+        p = probe if i >= first_probe and (i - first_probe) % 4 == 0 or i == 1 else None
+        if p is not None:
+            p.start()
+        _, was_graphed = runner(torch.randn(shape.new_tokens, shape.latent_channels, generator=g), cache, ckv, probe=p)
+        if p is not None:
+            totals[i] = p.total
+        graphed.append(was_graphed)
+        captures.append(cpu_graphs.made)
+        cache.end_step()
+    full = next(i for i, gr in enumerate(graphed) if gr)
+    assert full == 3 and all(graphed[full:]) and not any(graphed[:full])
+    assert cpu_graphs.made == 2
+    eager_total = totals[1]  # step 1: eager (window not full), the probe counted directly
+    assert eager_total > 0 and all(t == eager_total for t in totals.values()), totals
+    # both at step 3 only when it is a plain step and the runner knows the probe; else one there, one at 4
+    assert captures[3:5] == ([2, 2] if upfront and first_probe == 4 else [1, 2]), captures
