@@ -88,15 +88,15 @@ def _simulate(args) -> int:
 
 
 def print_findings(rows: list[dict]) -> None:
+    from analytics.describe import describe
+
     if not rows:
         print("no findings")
         return
     for r in sorted(rows, key=lambda r: (r["kind"], r["scope"], r["metric"], r["window_start"])):
-        base = "" if r["baseline"] is None else f" (baseline {r['baseline']:.4g})"
-        eff = "" if r["effect"] is None else f" effect {r['effect']:+.3g}"
         blame = f" -> {r['attribution']}" if r["attribution"] else ""
-        print(f"{r['severity']:<8} {r['kind']:<14} {r['scope']:<32} {r['metric']:<28} "
-              f"{r['window_start']:%Y-%m-%d %H:%M} value {r['value']:.4g}{base}{eff}{blame}")
+        print(f"{r['severity']:<8} {r['kind']:<14} {r['scope']:<32} {r['window_start']:%Y-%m-%d %H:%M}  "
+              f"{describe(r)}{blame}")
 
 
 def _analyze(args) -> int:

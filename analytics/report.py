@@ -98,7 +98,7 @@ def _html(store, data: dict[str, Any]) -> str:
         ev_counts[e["kind"]] = ev_counts.get(e["kind"], 0) + 1
     applied = [{"ts": e["ts"], "kind": e["kind"], "worker_id": e["worker_id"], "release": e["release"],
                 "detail": orjson.dumps(e["detail"]).decode()[:200]} for e in data["switch_events"][:200]]
-    findings_cols = ["scope", "metric", "baseline", "value", "effect", "confidence", "severity", "attribution"]
+    findings_cols = ["scope", "summary", "metric", "baseline", "value", "effect", "confidence", "severity", "attribution"]
     regressions = [{**f, "evidence": orjson.dumps(f["evidence"]).decode()[:300]} for f in data["regressions"]]
     saturation = []
     for f in data["fp8_saturation_findings"]:

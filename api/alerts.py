@@ -138,6 +138,14 @@ class _Livestep(BaseModel):
     findings: list[_Finding] = Field(max_length=1000)
 
 
+def _finding_summary(f: _Finding) -> str:
+    """The audit reason of a switch change the finding causes: its kind and scope, then the sentence the
+    analytics wrote (``summary``, analytics/describe.py) when the body carries one."""
+    head = f"{f.kind} {f.metric} {f.scope}".strip()
+    said = (f.model_extra or {}).get("summary")
+    return f"{head}: {said}"[:500] if isinstance(said, str) and said.strip() else head
+
+
 def _label_scope(labels: dict[str, str]) -> dict[str, str] | str:
     if labels.get("scope"):
         return labels["scope"]
@@ -175,7 +183,7 @@ def parse_payload(body: bytes) -> tuple[str, list[Alert]]:
             return "livestep", [
                 Alert("livestep", f"livestep:{f.kind}|{f.scope}|{f.metric}|{f.window_start}",
                       f.status == "open", f.attribution or None, f.scope,
-                      f"{f.kind} {f.metric} {f.scope}".strip(), f.severity, f.model_dump())
+                      _finding_summary(f), f.severity, f.model_dump())
                 for f in fs
             ]
         if doc.get("version") == "4":

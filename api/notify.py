@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 import orjson
 
+from analytics.describe import describe
 from api.alerts import sign
 
 log = logging.getLogger("livestep.notify")
@@ -35,9 +36,11 @@ def actionable(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _jsonable(row: dict[str, Any]) -> dict[str, Any]:
+    """The finding as JSON values, with its one-sentence ``summary`` (the audit reason the webhook writes)."""
     out = {}
     for k, v in row.items():
         out[k] = v.isoformat() if hasattr(v, "isoformat") else v
+    out.setdefault("summary", describe(row))
     return out
 
 

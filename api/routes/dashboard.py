@@ -122,7 +122,8 @@ def releases_page(store: StoreDep, tr: TimeRangeDep, gpu_kind: Label = None, bas
                                   + d.table(qrows, ["release", "sessions", "p5", "p50", "p95", "p99", "mean"])))
     reg = qr.finding_rows(qr.findings_frame(store, kind="regression", start=tr.start, end=tr.end, limit=100))
     sections.append(d.section("Regression findings", d.table(
-        reg, ["scope", "metric", "baseline", "value", "effect", "confidence", "severity", "attribution"])))
+        reg, ["scope", "summary", "metric", "baseline", "value", "effect", "confidence", "severity",
+              "attribution"])))
     return d.page("Release comparison", sections)
 
 
@@ -192,7 +193,8 @@ def memory_page(store: StoreDep, tr: TimeRangeDep, release: Label = None, gpu_ki
         d.section("Memory against distinct shapes", d.chart(d.fig_memory(df), "memory-shapes", 460),
                   note="a leak per first-forward shape shows as memory rising with distinct shapes"),
         d.section("Memory-growth findings", d.table(
-            fnd, ["scope", "metric", "baseline", "value", "effect", "confidence", "severity", "attribution"])),
+            fnd, ["scope", "summary", "metric", "baseline", "value", "effect", "confidence", "severity",
+                  "attribution"])),
         d.section("Sessions with the most reserved memory", d.table(
             top, ["session_id", "worker_id", "release", "distinct_shapes", "first_forward_tokens",
                   "mem_reserved_max", "buffers_max"])),
@@ -208,9 +210,9 @@ def findings_page(store: StoreDep, tr: TimeRangeDep,
     fig = d.fig_counts(labels, counts["len"].to_list() if counts.height else [], "findings by kind and severity")
     return d.page("Findings", [
         d.section("Counts", d.chart(fig, "findings-counts", 300)),
-        d.section("Findings", d.table(qr.finding_rows(df), ["kind", "scope", "metric", "window_start", "baseline",
-                                                            "value", "effect", "confidence", "severity", "status",
-                                                            "attribution"])),
+        d.section("Findings", d.table(qr.finding_rows(df), ["kind", "scope", "summary", "window_start", "metric",
+                                                            "baseline", "value", "effect", "confidence", "severity",
+                                                            "status", "attribution"])),
     ])
 
 

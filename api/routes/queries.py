@@ -23,6 +23,7 @@ import orjson
 import polars as pl
 from fastapi import APIRouter, Depends, HTTPException, Path, Query
 
+from analytics.describe import describe
 from api.deps import StoreDep, require_reader
 from api.routes._common import Label, PageDep, TimeRangeDep
 
@@ -229,7 +230,11 @@ def findings_frame(store, *, kind: str | None = None, severity: str | None = Non
 
 
 def finding_rows(df: pl.DataFrame) -> list[dict[str, Any]]:
-    return rows(df, json_cols=("evidence",))
+    """Findings as dicts, evidence parsed, each with its one-sentence ``summary`` (analytics/describe.py)."""
+    out = rows(df, json_cols=("evidence",))
+    for r in out:
+        r["summary"] = describe(r)
+    return out
 
 
 @router.get("/releases/compare")

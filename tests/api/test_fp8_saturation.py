@@ -88,6 +88,9 @@ def test_saturating_release_turns_static_scales_off_through_the_webhook(client, 
     listed = client.get("/v1/findings", params={**RANGE, "kind": "fp8_saturation"}).json()["findings"]
     assert [f["scope"] for f in listed] == ["gpu_kind=h200,release=v7"]
     assert listed[0]["evidence"]["saturating_sessions"] == 10
+    assert listed[0]["summary"].split(" (95% CI")[0] == (
+        f"{100 * listed[0]['value']:.3g}% of {listed[0]['evidence']['sessions']} sampled sessions clip FP8 activations")
+    assert hist[0]["reason"].endswith(listed[0]["summary"])  # the audit says why in the same words
     served = client.get("/v1/fp8-saturation", params={**RANGE, "release": "v7"}).json()
     assert [f["scope"] for f in served["findings"]] == ["gpu_kind=h200,release=v7"]
 

@@ -1,0 +1,120 @@
+"""One sentence per finding: what its value, baseline and effect mean for its kind and metric.
+
+    describe(row) -> "1.02 GB reserved per new prompt shape (+1 fused-kernel buffer per shape) over 14 shapes; ..."
+
+The findings table keeps generic numeric columns (value, baseline, effect) so every detector writes the
+same row; what they mean differs by kind (a share of sessions, bytes per shape, a median against a
+baseline release's). The API's findings (``summary``), the dashboards, the weekly report, the CLI and
+the alert webhook's audit reason all read this one sentence.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from typing import Any
+
+_FPS_LIMIT = {"frac_le_24fps": "24", "frac_le_23_5fps": "23.5"}
+
+
+def _evidence(row: Mapping[str, Any]) -> dict[str, Any]:
+    ev = row.get("evidence")
+    if isinstance(ev, str):
+        try:
+            ev = json.loads(ev or "{}")
+        except ValueError:
+            return {}
+    return ev if isinstance(ev, dict) else {}
+
+
+def _pct(x: float | None) -> str:
+    return "?" if x is None else f"{100 * x:.3g}%"
+
+
+def _num(x: float | None, unit: str = "") -> str:
+    return "?" if x is None else f"{x:.4g}{unit}"
+
+
+def _unit(metric: str) -> str:
+    return " ms" if metric.endswith(("_ms", "_ms_p50")) else " mJ" if "_mj" in metric else ""
+
+
+def _is_share(metric: str) -> bool:
+    return metric.endswith("_rate") or metric.startswith("frac_")
+
+
+def _measure(metric: str, x: float | None) -> str:
+    return _pct(x) if _is_share(metric) else _num(x, _unit(metric))
+
+
+def _hours(h: float) -> str:
+    return f"{h * 60:.0f} min" if h < 1 else f"{h:.3g} h" if h < 48 else f"{h / 24:.3g} days"
+
+
+def _fps(row, ev) -> str:
+    limit = _FPS_LIMIT.get(row["metric"], "?")
+    ci = f" (95% CI {_pct(ev.get('ci_low'))}-{_pct(ev.get('ci_high'))})" if "ci_low" in ev else ""
+    week = f" in {ev['iso_week']}" if ev.get("iso_week") else ""
+    return f"{_pct(row['value'])} of {ev.get('sessions', '?')} sessions at or below {limit} fps{week}{ci}"
+
+
+def _memory(row, ev) -> str:
+    if row["metric"] == "processes_growing_per_shape":
+        return (f"{_num(row['value'])} of {_num(row['baseline'])} processes of this release reserve more memory "
+                f"with every new prompt shape")
+    per_shape = f"{row['value'] / 1e9:.3g} GB" if row["value"] is not None else "?"
+    eff = row.get("effect")
+    buffers = "" if eff is None else f" ({eff:+.2g} fused-kernel buffer{'' if eff == 1 else 's'} per shape)"
+    shapes = f" over {ev['distinct_shapes']} shapes" if ev.get("distinct_shapes") is not None else ""
+    start = f"; {row['baseline'] / 1e9:.3g} GB reserved at the start" if row.get("baseline") is not None else ""
+    tto = ev.get("hours_to_oom")
+    oom = f"; out of memory in ~{_hours(tto)} at this rate" if isinstance(tto, int | float) else ""
+    return f"{per_shape} reserved per new prompt shape{buffers}{shapes}{start}{oom}"
+
+
+def _regression(row, ev) -> str:
+    m = row["metric"]
+    base = f" on {ev['baseline_release']}" if ev.get("baseline_release") else ""
+    eff = row.get("effect")
+    worse = "" if eff is None else (f", {eff * 100:+.3g} points worse" if _is_share(m) else f", {eff:+.1%} worse")
+    return f"{m} {_measure(m, row['value'])} against {_measure(m, row['baseline'])}{base}{worse}"
+
+
+def _changepoint(row, ev) -> str:
+    m = row["metric"]
+    eff = f" ({row['effect']:+.1%})" if row.get("effect") is not None else ""
+    gaining = f"; release gaining share: {ev['release_gaining']}" if ev.get("release_gaining") else ""
+    return f"{m} moved from {_measure(m, row['baseline'])} to {_measure(m, row['value'])} per day{eff}{gaining}"
+
+
+def _canary(row, ev) -> str:
+    status = row["metric"].removeprefix("canary_").replace("_", " ")
+    eff = f" (worst metric {row['effect']:+.1%} worse)" if row.get("effect") is not None else ""
+    return f"canary of {row.get('attribution') or '?'} {status}{eff}"
+
+
+def _saturation(row, ev) -> str:
+    ci = ev.get("ci95") or [None, None]
+    return (f"{_pct(row['value'])} of {ev.get('sessions', '?')} sampled sessions clip FP8 activations "
+            f"(95% CI {_pct(ci[0])}-{_pct(ci[1])}; tolerated {_pct(row['baseline'])})")
+
+
+_BY_KIND: dict[str, Callable[[Mapping[str, Any], dict[str, Any]], str]] = {
+    "fps_fraction": _fps,
+    "memory_growth": _memory,
+    "regression": _regression,
+    "changepoint": _changepoint,
+    "canary": _canary,
+    "fp8_saturation": _saturation,
+}
+
+
+def describe(row: Mapping[str, Any]) -> str:
+    """The finding in one sentence (evidence as a dict or its JSON text); never raises."""
+    fn = _BY_KIND.get(str(row.get("kind")))
+    try:
+        if fn is not None:
+            return fn(row, _evidence(row))
+    except (KeyError, TypeError, ValueError, IndexError):
+        pass
+    return f"{row.get('metric', '')} {_num(row.get('value'))} (baseline {_num(row.get('baseline'))})"
