@@ -116,7 +116,9 @@ class ChunkRunner:
     a ``SaturationProbe`` replays a second graph that also counts the saturation of every static-scale
     GEMM input (eager steps route the inputs to the probe directly). With the session's ``probe`` given
     and static scales calibrated, both graphs are captured at the first graphed step after one warm-up:
-    one longer step there instead of a second hitch of ~1 s at the first probed step.
+    one longer step there instead of a second hitch of ~1 s at the first probed step. Under tensor
+    parallel the probe must be given up front (``Session`` does): a runner that first meets it later
+    warms up once more, a forward with its all-reduces on rank 0 alone.
     """
 
     def __init__(self, model: DiT, use_graphs: bool, probe: SaturationProbe | None = None):
@@ -135,34 +137,40 @@ class ChunkRunner:
                 return self.model.denoise_chunk(noise, cache, cond_kv), False
             finally:
                 self.model.set_probe(None)
-        g = self._graphs.get(probe is not None)
-        if g is None or g.cache is not cache or g.probe is not probe:
+        if self._stale(probe, cache):
             self._capture(noise, cache, cond_kv, probe)
-            g = self._graphs[probe is not None]
+        g = self._graphs[probe is not None]
         g.noise.copy_(noise)
         g.graph.replay()
         if probe is not None:
             probe.total = g.total  # the count itself was zeroed and summed by the replay
         return g.out.clone(), True
 
+    def _stale(self, probe: SaturationProbe | None, cache: KVCache) -> bool:
+        g = self._graphs.get(probe is not None)
+        return g is None or g.cache is not cache or g.probe is not probe
+
     def _capture(self, noise: torch.Tensor, cache: KVCache, cond_kv, probe: SaturationProbe | None) -> None:
-        """This step's graph (probed or plain) after a warm-up on a side stream (compiles, autotunes,
-        allocates; with a probe installed, so its counting compiles too); with the session's probe ready
-        and no probe asked for, the probed graph as well."""
-        probes = [probe]
-        have = self._graphs.get(True)
-        if (probe is None and self.probe is not None and self.model.probe_ready
-                and (have is None or have.cache is not cache or have.probe is not self.probe)):
-            probes.append(self.probe)
+        """After one warm-up on a side stream (compiles, autotunes, allocates; with a probe installed, so
+        its counting compiles too), every graph this step may need that is missing or stale: this step's,
+        and with a probe known (this step's or the session's) and static scales calibrated, both the plain
+        and the probed one. One warm-up per capture point keeps the forwards -- and under tensor parallel
+        their all-reduces -- the same on every rank: ranks > 0 have no probe and capture the plain graph
+        at the same step."""
+        known = probe if probe is not None else self.probe
+        want = [probe]
+        if known is not None and self.model.probe_ready:
+            want = [None, known]
+        want = [p for p in want if self._stale(p, cache)]
         static_noise = noise.clone()
         try:
-            self.model.set_probe(probes[-1])
+            self.model.set_probe(want[-1])
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
                 self.model.denoise_chunk(static_noise, cache, cond_kv)
             torch.cuda.current_stream().wait_stream(side)
-            for p in probes:
+            for p in want:
                 self.model.set_probe(p)
                 g = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(g):
