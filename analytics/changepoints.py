@@ -35,6 +35,7 @@ DAILY_METRICS: dict[str, tuple[str, str, float]] = {
     "energy_per_chunk_mj_p50": ("energy_per_chunk_mj", "median", 0.03),
     "late_chunk_rate": ("late_rate", "mean", 0.5),
 }
+RATE_SHIFT = 0.01  # added to "mean" (rate) series before judging: a change near zero counts relative to 1%
 MIN_SEGMENT_DAYS = 3
 MIN_SESSIONS_PER_DAY = 20
 
@@ -122,8 +123,8 @@ def run(store, start: datetime, end: datetime) -> list[dict]:
         days = g["day"].to_list()
         for metric, (_, how, floor) in DAILY_METRICS.items():
             values = g[metric].fill_null(0.0).to_numpy()
-            if how == "mean":  # rates near zero: judge absolute change against the floor as relative to 1%
-                values = values + 0.01
+            shift = RATE_SHIFT if how == "mean" else 0.0  # rates near zero: judged as relative to 1%
+            values = values + shift
             for cp in change_points(values, min_magnitude=floor):
                 if cp.rel_change <= 0:  # an improvement is not a regression finding
                     continue
@@ -142,8 +143,8 @@ def run(store, start: datetime, end: datetime) -> list[dict]:
                         metric,
                         days[cp.index],
                         days[cp.index] + timedelta(days=1),
-                        value=cp.mean_after,
-                        baseline=cp.mean_before,
+                        value=cp.mean_after - shift,  # the series' own means (the shift only judged)
+                        baseline=cp.mean_before - shift,
                         effect=cp.rel_change,
                         confidence=1.0 - cp.p_value,
                         severity="critical" if cp.rel_change > 3 * cp.threshold else "warning",
@@ -152,7 +153,7 @@ def run(store, start: datetime, end: datetime) -> list[dict]:
                             "threshold": cp.threshold,
                             "min_segment_days": MIN_SEGMENT_DAYS,
                             "series_days": [d.date().isoformat() for d in days],
-                            "series": values.tolist(),
+                            "series": (values - shift).tolist(),
                             "release_share_change": mix,
                             "release_gaining": max(mix, key=mix.get) if mix else "",
                         },

@@ -68,7 +68,8 @@ def _memory(row, ev) -> str:
     shapes = f" over {ev['distinct_shapes']} shapes" if ev.get("distinct_shapes") is not None else ""
     start = f"; {row['baseline'] / 1e9:.3g} GB reserved at the start" if row.get("baseline") is not None else ""
     tto = ev.get("hours_to_oom")
-    oom = f"; out of memory in ~{_hours(tto)} at this rate" if isinstance(tto, int | float) else ""
+    oom = (f"; out of memory in ~{_hours(tto)} at this rate"
+           if isinstance(tto, int | float) and not isinstance(tto, bool) else "")
     return f"{per_shape} reserved per new prompt shape{buffers}{shapes}{start}{oom}"
 
 
@@ -81,15 +82,24 @@ def _regression(row, ev) -> str:
 
 
 def _changepoint(row, ev) -> str:
-    m = row["metric"]
-    eff = f" ({row['effect']:+.1%})" if row.get("effect") is not None else ""
+    m, v, b = row["metric"], row["value"], row["baseline"]
+    if _is_share(m):  # a rate's effect is judged against a shifted series: state the change in points
+        eff = f" ({(v - b) * 100:+.3g} points)" if v is not None and b is not None else ""
+    else:
+        eff = f" ({row['effect']:+.1%})" if row.get("effect") is not None else ""
     gaining = f"; release gaining share: {ev['release_gaining']}" if ev.get("release_gaining") else ""
-    return f"{m} moved from {_measure(m, row['baseline'])} to {_measure(m, row['value'])} per day{eff}{gaining}"
+    return f"daily {m} moved from {_measure(m, b)} to {_measure(m, v)}{eff}{gaining}"
 
 
 def _canary(row, ev) -> str:
     status = row["metric"].removeprefix("canary_").replace("_", " ")
-    eff = f" (worst metric {row['effect']:+.1%} worse)" if row.get("effect") is not None else ""
+    verdicts = [v for v in ev.get("verdicts", []) if isinstance(v, dict) and v.get("regressed")]
+    worst = max(verdicts, key=lambda v: v.get("effect") or 0, default=None)
+    eff = ""
+    if worst is not None and worst.get("effect") is not None:
+        m = str(worst.get("metric", "?"))
+        size = f"{worst['effect'] * 100:+.3g} points" if _is_share(m) else f"{worst['effect']:+.1%}"
+        eff = f" (worst: {m} {size} worse)"
     return f"canary of {row.get('attribution') or '?'} {status}{eff}"
 
 
@@ -115,6 +125,6 @@ def describe(row: Mapping[str, Any]) -> str:
     try:
         if fn is not None:
             return fn(row, _evidence(row))
-    except (KeyError, TypeError, ValueError, IndexError):
-        pass
-    return f"{row.get('metric', '')} {_num(row.get('value'))} (baseline {_num(row.get('baseline'))})"
+        return f"{row.get('metric', '')} {_num(row.get('value'))} (baseline {_num(row.get('baseline'))})"
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError):
+        return f"{row.get('metric', '')} {row.get('value')!s:.40} (baseline {row.get('baseline')!s:.40})"

@@ -44,10 +44,17 @@ def test_fps_fraction_changepoint_canary_and_saturation():
     assert describe(fps) == "12.5% of 400 sessions at or below 24 fps in 2026-W48 (95% CI 9.5%-16%)"
     cp = finding("changepoint", {"gpu_kind": "h100"}, "cache_upkeep_ms_p50", T0, T1, value=9.1, baseline=6.2,
                  effect=0.4677, evidence={"release_gaining": "v1.1"})
-    assert describe(cp) == "cache_upkeep_ms_p50 moved from 6.2 ms to 9.1 ms per day (+46.8%); release gaining share: v1.1"
-    canary = finding("canary", {"release": "v2"}, "canary_rolled_back", T0, T1, value=1.0, effect=0.12,
-                     attribution="fused_allreduce")
-    assert describe(canary) == "canary of fused_allreduce rolled back (worst metric +12.0% worse)"
+    assert describe(cp) == ("daily cache_upkeep_ms_p50 moved from 6.2 ms to 9.1 ms (+46.8%); release gaining share: "
+                            "v1.1")
+    rate = finding("changepoint", {"gpu_kind": "h100"}, "late_chunk_rate", T0, T1, value=0.005, baseline=0.0,
+                   effect=0.5)  # the effect was judged on the series shifted by 1%: not what the sentence says
+    assert describe(rate) == "daily late_chunk_rate moved from 0% to 0.5% (+0.5 points)"
+    verdicts = [{"metric": "step_period_ms", "effect": 0.12, "regressed": True},
+                {"metric": "late_chunk_rate", "effect": 0.2, "regressed": True},
+                {"metric": "diffusion_ms", "effect": 0.5, "regressed": False}]
+    canary = finding("canary", {"release": "v2"}, "canary_rolled_back", T0, T1, value=1.0, effect=0.2,
+                     attribution="fused_allreduce", evidence={"verdicts": verdicts})
+    assert describe(canary) == "canary of fused_allreduce rolled back (worst: late_chunk_rate +20 points worse)"
     sat = finding("fp8_saturation", {"release": "v1.2", "gpu_kind": "b200"}, "fp8_saturated", T0, T1,
                   value=0.9877, baseline=0.01, effect=0.9777, evidence={"sessions": 81, "ci95": [0.93, 0.999]})
     assert describe(sat) == "98.8% of 81 sampled sessions clip FP8 activations (95% CI 93%-99.9%; tolerated 1%)"
@@ -61,3 +68,4 @@ def test_every_kind_is_described_even_with_empty_evidence(kind):
     text = describe(row)
     assert text and "None" not in text
     assert describe({**row, "evidence": "not json"}) == text  # unreadable evidence: the same sentence
+    assert describe({**row, "value": "n/a", "kind": "no such kind"})  # never raises

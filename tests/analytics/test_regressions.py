@@ -4,6 +4,7 @@
 import uuid
 from datetime import timedelta
 
+import orjson
 import pytest
 
 from analytics import changepoints, regressions
@@ -27,6 +28,11 @@ def test_sync_regression_flagged_against_its_release(store, small):
     assert len(step_cps) == 3
     for c in step_cps:  # the change lands on a day of the two-day rollout
         assert sync.start - timedelta(days=1) <= c["window_start"] <= sync.start + timedelta(days=2)
+    late = [c for c in cps if c["metric"] == "late_chunk_rate"]
+    assert late
+    for c in late:  # the rate's own daily means (the detector judges it shifted by 1%, and reports it unshifted)
+        series = orjson.loads(c["evidence"])["series"]
+        assert min(series) <= c["baseline"] < c["value"] <= max(series), (c["baseline"], c["value"], series)
 
 
 def benign_flags(store, seed: int, small: dict, weeks: float = 1.5) -> list[dict]:
