@@ -139,11 +139,13 @@ class _Livestep(BaseModel):
 
 
 def _finding_summary(f: _Finding) -> str:
-    """The audit reason of a switch change the finding causes: its kind and scope, then the sentence the
-    analytics wrote (``summary``, analytics/describe.py) when the body carries one."""
-    head = f"{f.kind} {f.metric} {f.scope}".strip()
+    """The audit reason of a switch change the finding causes: its kind and metric, then the sentence the
+    analytics wrote (``summary``, analytics/describe.py) when the body carries one; without one, the
+    scope too (the change's own scope is beside the reason in the audit)."""
     said = (f.model_extra or {}).get("summary")
-    return f"{head}: {said}"[:500] if isinstance(said, str) and said.strip() else head
+    if isinstance(said, str) and said.strip():
+        return f"{f.kind} {f.metric}: {said.strip()}"[:500]
+    return f"{f.kind} {f.metric} {f.scope}".strip()
 
 
 def _label_scope(labels: dict[str, str]) -> dict[str, str] | str:

@@ -457,7 +457,7 @@ def rollback_story(server: DemoServer, token: str | None, weeks: float, live_sec
     decided = wait_until(lambda: store.query_rows(
         "SELECT ts, name, scope, source, actor, reason FROM switch_audit WHERE changed ORDER BY ts"), 15) or []
     for ts, name, scope, source_, actor, why in decided:
-        print(f"  {ts:%H:%M:%S} {name} off for {scope} (by {actor} via {source_}): {why[:90]}")
+        print(f"  {ts:%H:%M:%S} {name} off for {scope} (by {actor} via {source_}): {why[:160]}")
     live.join(live_seconds + 60)
     summary = box.get("summary")
     applied = [e for e in (summary.switch_events if summary else []) if e.get("changed")]

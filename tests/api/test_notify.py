@@ -39,7 +39,7 @@ def test_notifier_posts_signed_findings_that_flip_the_switch(app, client):
     assert [d["action"] for d in hist][-1] == "set" and sum(d["changed"] for d in hist) == 1
     # the audit says why in words: the finding's one-sentence summary
     changed = next(d for d in hist if d["changed"])
-    assert changed["reason"].startswith("memory_growth reserved_bytes_per_shape release=v7: ")
+    assert changed["reason"].startswith("memory_growth reserved_bytes_per_shape: ")
     assert "reserved per new prompt shape" in changed["reason"], changed["reason"]
 
 
