@@ -29,7 +29,9 @@ per-tensor scaling; under tensor parallel the row-parallel inputs still quantize
 With FP8 GEMMs and the compile switch on CUDA, ``DiT.set_compile`` also installs a ``BlockFusion``:
 the elementwise chains around the GEMMs compiled into few kernels: residual + LayerNorm/modulation +
 the FP8 activation quantization (a block's last residual added in the next block's first such kernel);
-GELU + quantization of the FFN-down input (when the block's ``row_parallel`` is not overridden). The
+GELU + quantization of the FFN-down input (when the block's ``row_parallel`` is not overridden); with
+static scales and the triton_kernels switch these chains are Triton kernels (``BlockFusion.triton``,
+``kernels/norm_fp8.py`` and ``kernels/gelu_fp8.py``: one pass each, no compile needed). The
 query's RoPE runs inside the FP8 attention kernel when it runs (``CacheOps.attention``), which with
 static scales also stores its output (self- and cross-attention) as the FP8 input of the output
 projection. Same math as the unfused path (``BlockFusion.eager(act_scales)`` is that path with the
@@ -176,6 +178,25 @@ class BlockFusion:
     def compiled(cls, act_scales: str) -> BlockFusion:
         ln, res, gelu = _chains(act_scales)
         return cls(*(torch.compile(f) for f in (ln, res, apply_rope_tables, gelu)), act_scales)
+
+    @classmethod
+    def triton(cls) -> BlockFusion:
+        """The static-scale chains as Triton kernels, one pass each (``kernels/norm_fp8.py``,
+        ``kernels/gelu_fp8.py``): CUDA, or Triton's interpreter in the kernel tests."""
+        from kernels.gelu_fp8 import gelu_fp8
+        from kernels.norm_fp8 import res_ln_fp8
+
+        def ln_quant(x, w, b, s):
+            return res_ln_fp8(x, s, w=w, b=b)[1], s
+
+        def res_ln_quant(x, g, y, w, b, s):
+            x, hq = res_ln_fp8(x, s, y=y, g=g, w=w, b=b)
+            return x, hq, s
+
+        def gelu_quant(u, s):
+            return gelu_fp8(u, s), s
+
+        return cls(ln_quant, res_ln_quant, apply_rope_tables, gelu_quant, "static")
 
 
 class WeightMaker:
@@ -340,6 +361,9 @@ class DiT:
         fp8 = (shape.fp8_weights and cuda) if fp8 is None else fp8  # fp8=True on CPU: tests of the FP8 path
         self.fp8 = fp8
         self.fuse_blocks = True  # BlockFusion under the compile switch (CUDA, FP8 weights)
+        # with static scales and the triton_kernels switch, the fused chains are Triton kernels
+        # (BlockFusion.triton; bench/worker_step.py +triton_chains); False: the compiled chains
+        self.triton_chains = True
         # FP8 activation scales: "static" (per-tensor scales calibrated on the session's first forward +
         # chunk, then fixed: no reduction, saturating beyond 2x the calibrated amax; the fastest on the
         # H200, bench/worker_step.py +static_scales, latents 2.7% from "row" on the tiny model, as close
@@ -356,7 +380,7 @@ class DiT:
         for blk in self.blocks:
             blk.prepare(self._temb)
         self.timer = NullTimer()
-        self._fusions: dict[str, BlockFusion] = {}  # compiled chains per act_scales (set_compile)
+        self._fusions: dict[str, BlockFusion] = {}  # chains per act_scales, and "triton" (set_compile)
         self.set_compile(False)  # every linear quantizes with ``act_scales`` from the start
 
     @property
@@ -370,15 +394,18 @@ class DiT:
     def _linears(self) -> list[Linear]:
         return [lin for b in self.blocks for lin in b.linears]
 
-    def set_compile(self, on: bool) -> None:
-        """The compile switch's share in the model (CUDA only): the FP8 activation quantizer compiled,
-        and with FP8 weights and ``fuse_blocks`` the blocks' elementwise chains (``BlockFusion``).
-        Both use ``act_scales``; set it before calling this. "static" keeps the linears' ``StaticScale``
-        sites (their calibration) and swaps only their quantizer; the first call makes them
+    def set_compile(self, on: bool, triton: bool = False) -> None:
+        """The compile and triton_kernels switches' share in the model (CUDA only): the FP8 activation
+        quantizer compiled, and with FP8 weights and ``fuse_blocks`` the blocks' elementwise chains
+        (``BlockFusion``): Triton kernels when ``triton`` is on, the scales are static and
+        ``triton_chains`` is set (compile switch or not), else compiled under ``on``. Both use
+        ``act_scales``; set it before calling this. "static" keeps the linears' ``StaticScale`` sites
+        (their calibration) and swaps only their quantizer; the first call makes them
         (``reset_act_scales``)."""
         if self.act_scales not in ACT_SCALES:
             raise ValueError(f"act_scales {self.act_scales!r}; valid: {list(ACT_SCALES)}")
-        use = on and self.device.type == "cuda"
+        cuda = self.device.type == "cuda"
+        use = on and cuda
         if self.act_scales == "static" and self.fp8:
             quant = torch.compile(quantize_act_static) if use else quantize_act_static
             if any(lin.site is None for lin in self._linears()):
@@ -391,10 +418,17 @@ class DiT:
             quant = torch.compile(quant) if use else quant
             for lin in self._linears():
                 lin.site, lin.quant = None, quant
-        use_fusion = use and self.fp8 and self.fuse_blocks
-        if use_fusion and self.act_scales not in self._fusions:  # once per scaling: a switch flipped
-            self._fusions[self.act_scales] = BlockFusion.compiled(self.act_scales)  # back reuses its compiles
-        self.set_fusion(self._fusions[self.act_scales] if use_fusion else None)
+        fusable = cuda and self.fp8 and self.fuse_blocks
+        if fusable and triton and self.triton_chains and self.act_scales == "static":
+            key = "triton"
+        elif fusable and on:
+            key = self.act_scales
+        else:
+            self.set_fusion(None)
+            return
+        if key not in self._fusions:  # once per kind: a switch flipped back reuses its compiles
+            self._fusions[key] = BlockFusion.triton() if key == "triton" else BlockFusion.compiled(key)
+        self.set_fusion(self._fusions[key])
 
     def reset_act_scales(self) -> None:
         """Static scales: fresh sites for every linear (same quantizer), calibrated over the next

@@ -284,8 +284,8 @@ class Session:
             self.cache = rebuild_cache(self.cache, new)
         if "static_scales" in changed:  # the new quantizers (static: fresh sites, calibrating afresh)
             self._set_act_scales(new)
-        if "static_scales" in changed or "compile" in changed:
-            self.w.model.set_compile(new.compile)
+        if changed.keys() & {"static_scales", "compile", "triton_kernels"}:
+            self.w.model.set_compile(new.compile, triton=new.triton_kernels)
         if "decoder_own_gpu" in changed:
             self.decoder = Decoder(self.w.shape, self.w.device, own_gpu=new.decoder_own_gpu)
             self.tel.sync_clock(self.decoder.device)
@@ -354,7 +354,7 @@ class Session:
         model = w.model
         model.set_timer(tel.timer)
         self._set_act_scales(self.switches)
-        model.set_compile(self.switches.compile)
+        model.set_compile(self.switches.compile, triton=self.switches.triton_kernels)
         model.reset_act_scales()  # static activation scales: this session calibrates its own
         try:
             cond = torch.randn(self.cond_tokens, shape.d_model, generator=gen, device=dev)

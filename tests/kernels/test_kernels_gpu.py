@@ -15,8 +15,12 @@ import torch
 import kernels.fp8_attention as fa
 from kernels.delta_rotate import delta_rotate
 from kernels.fp8_attention import fp8_attention, rope_q_ref, to_keys_contiguous
+from kernels.gelu_fp8 import gelu_fp8
+from kernels.norm_fp8 import res_ln_fp8
 from kernels.rope_fp8_write import rope_fp8_write, rope_fp8_write_kv
 from tests.kernels.helpers import poisoned_cache, random_fp8_window, random_scale
+from tests.kernels.test_chains_fp8 import test_gelu_fp8_matches_the_torch_chain as _gelu_case
+from tests.kernels.test_chains_fp8 import test_res_ln_fp8_matches_the_torch_chain as _res_ln_case
 from tests.kernels.test_delta_rotate import test_matches_reference as _delta_case
 from tests.kernels.test_fp8_attention import MODES, _inputs, _rope_tables, check_attention, check_fp8_output
 from tests.kernels.test_rope_fp8_write import _run_case as _rope_case
@@ -25,6 +29,7 @@ from tests.kernels.test_rope_fp8_write import poisoned_keys_cache
 pytestmark = pytest.mark.gpu
 
 H, D, T, S = 20, 128, 757, 5788  # prod57b at TP=3: one rank's heads
+D_MODEL, FFN = 7680, 10240  # the rank's residual width and FFN slice
 
 
 @pytest.mark.parametrize("apply_rope", [True, False])
@@ -227,3 +232,36 @@ def test_poisoned_slots_never_leak_into_attention(v_keys, rng, device):
     rope_fp8_write(x, slots, slots, vs, vc, apply_rope=False)
     out = fp8_attention(x, kc, vc, ks, vs, T)
     assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("form", ["ln_affine", "res_gate_affine", "res_gate", "res"])
+def test_res_ln_fp8_prod_shape(form, rng, device):
+    _res_ln_case(T, D_MODEL, torch.bfloat16, form, rng, device)
+
+
+def test_gelu_fp8_prod_shape(rng, device):
+    _gelu_case((T, FFN), torch.bfloat16, rng, device)
+
+
+def test_chains_graphed_equal_eager(rng, device):
+    """residual + LayerNorm + FP8 then GELU + FP8, captured in one CUDA graph and replayed on new inputs
+    copied into the captured ones: the same bytes as the eager calls on those inputs."""
+    g, seed = rng
+    x, y = (torch.randn(T, D_MODEL, generator=g, device=device, dtype=torch.bfloat16) for _ in range(2))
+    gate, w, b = (torch.rand(D_MODEL, generator=g, device=device, dtype=torch.bfloat16) + 0.5 for _ in range(3))
+    u = torch.randn(T, FFN, generator=g, device=device, dtype=torch.bfloat16)
+    s = torch.tensor(0.02, device=device)
+
+    def chain():
+        x_new, h = res_ln_fp8(x, s, y=y, g=gate, w=w, b=b)
+        return x_new, h, gelu_fp8(u, s)
+
+    chain()  # compile the kernels outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = chain()
+    for t in (x, y, u):
+        t.copy_(torch.randn(t.shape, generator=g, device=device, dtype=t.dtype))
+    graph.replay()
+    for got, want in zip(outs, chain(), strict=True):
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), f"seed={seed}"

@@ -50,12 +50,13 @@ def test_cuda_graph_session_runs_and_replays(small_worker):
     assert not graphed or graphed[0]["step"] < 10 - s.graphed_steps
 
 
-def _latents(model: DiT, sw: Switches, compile: bool = False) -> tuple[torch.Tensor, int]:
+def _latents(model: DiT, sw: Switches, compile: bool = False, triton_chains: bool = False) -> tuple[torch.Tensor, int]:
     """9 chunks from the same noise (resets every 3): stacked latents and the ring's wraps. ``compile``:
-    the model's compiled, fused path (the cache's ops follow ``sw``)."""
+    the model's compiled, fused path (the cache's ops follow ``sw``); ``triton_chains``: its chains as the
+    Triton kernels (``BlockFusion.triton``), compile or not."""
     shape = model.shape
     model.act_scales = "static"  # what the last session's static_scales switch left is not this test's
-    model.set_compile(compile)
+    model.set_compile(compile, triton=triton_chains)
     model.reset_act_scales()  # static activation scales: every run calibrates on its own inputs
     cache = make_cache(shape, sw, "cuda", model.dtype)
     g = torch.Generator(device="cuda").manual_seed(3)
@@ -107,6 +108,27 @@ def test_fused_compiled_path_agrees_with_the_unfused_one(small_worker):
     assert torch.isfinite(fused).all()
     rel = (fused - unfused).norm() / unfused.norm()
     assert rel < 0.05, rel
+
+
+def test_triton_chains_agree_with_the_compiled_chains(small_worker):
+    """The fused path's chains as Triton kernels (residual + LayerNorm + FP8, GELU + FP8) and compiled by
+    inductor: the same latents up to FP8 rounding; with the triton switch alone (compile off) too."""
+    model = small_worker.model
+    sw = dataclasses.replace(RING_FP8, triton_kernels=True)
+    try:
+        compiled, _ = _latents(model, sw, compile=True)
+        assert model.blocks[0].fusion is model._fusions["static"]
+        kernels, _ = _latents(model, sw, compile=True, triton_chains=True)
+        assert model.blocks[0].fusion is model._fusions["triton"] and not model.calibrating
+        no_compile, _ = _latents(model, sw, triton_chains=True)
+        assert model.blocks[0].fusion is model._fusions["triton"]
+    finally:
+        model.set_compile(False)
+    assert model.blocks[0].fusion is None
+    assert torch.isfinite(kernels).all() and torch.isfinite(no_compile).all()
+    for other in (kernels, no_compile):
+        rel = (other - compiled).norm() / compiled.norm()
+        assert rel < 0.05, rel
 
 
 def test_saturation_probe_steps_are_sync_free(small_worker):
