@@ -5,8 +5,8 @@
 #   run (carry [".gpu"]):  bash bench/h200.sh                               # outputs under $OUT
 #
 # The GPU tests (worker + kernels), the worker step waterfall (floor, every switch, profile, telemetry
-# on/off, the saturation probe's cost, the full model) and the kernel bench, each with a time limit so
-# the whole fits one 600 s call; each step's output goes to $OUT/<step>.txt, a failing step is reported
+# on/off, the saturation probe's cost, the full model), the kernel bench and the chains' bench, each with
+# a time limit so the whole fits one 600 s call; each step's output goes to $OUT/<step>.txt, a failing step is reported
 # and the next one runs. Record what it prints in docs/PERFORMANCE.md with the code's commit.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -27,3 +27,4 @@ echo "code $(git rev-parse --short HEAD 2>/dev/null || echo '?'); $(nvidia-smi -
 step gputests 190 python3 -m pytest -q -m gpu tests/worker/test_gpu.py tests/kernels/
 step waterfall 330 python3 bench/worker_step.py --steps 5 --telemetry-steps 20 --telemetry-rounds 2 --floor-rounds 3 --profile --deadline-s 200
 step kernels 100 python3 bench/kernels.py
+step chains 80 python3 bench/chains.py

@@ -19,9 +19,11 @@ The row +fused_blocks is +cuda_graphs with the blocks' elementwise chains compil
 (``model.BlockFusion``: residual + LayerNorm + FP8 quantization, the query's RoPE, GELU + quantization);
 the rows before it run with ``fuse_blocks`` off, so both are measured in the same run. The next row,
 +row_scales, quantizes activations per token (``DiT.act_scales = "row"``: no global amax, one pass);
-the last, +static_scales, quantizes with static per-tensor scales (``DiT.act_scales = "static"``: calibrated on the
-first forward and chunk, then fixed: no reduction in the chains, per-tensor GEMM scaling). Telemetry and
-the full model run the fastest row's settings.
++static_scales quantizes with static per-tensor scales (``DiT.act_scales = "static"``: calibrated on the
+first forward and chunk, then fixed: no reduction in the chains, per-tensor GEMM scaling); the last,
++triton_chains, runs those chains as the Triton kernels of kernels/norm_fp8.py and kernels/gelu_fp8.py
+(``DiT.triton_chains``; the rows before it: the compiled chains). Telemetry and the full model run the
+fastest row's settings.
 
 "upkeep GPU ms": the GPU time of one step's cache upkeep with the row's ops (begin_step + the 240
 ``cache.update`` calls on the row's full window, new K/V fixed) captured as one CUDA graph and
@@ -85,13 +87,16 @@ ROWS = [
     ("+fused_blocks", {}),  # model.fuse_blocks: BlockFusion under compile (not a switch)
     ("+row_scales", {}),  # model.act_scales = "row": per-token FP8 activation scales, one pass
     ("+static_scales", {"static_scales": True}),  # model.act_scales = "static": calibrated per-tensor scales
+    ("+triton_chains", {}),  # model.triton_chains: the static chains as Triton kernels, not compiled
 ]
 FUSED_ROW = "+fused_blocks"
 ROW_SCALES_ROW = "+row_scales"
 STATIC_ROW = "+static_scales"
-# the model settings (not switches) of the rows after +cuda_graphs: fuse_blocks, act_scales
-MODEL_ROWS = {FUSED_ROW: (True, "tensor"), ROW_SCALES_ROW: (True, "row"), STATIC_ROW: (True, "static")}
-PLAIN_MODEL = (False, "tensor")
+CHAINS_ROW = "+triton_chains"
+# the model settings (not switches) of the rows after +cuda_graphs: fuse_blocks, act_scales, triton_chains
+MODEL_ROWS = {FUSED_ROW: (True, "tensor", False), ROW_SCALES_ROW: (True, "row", False),
+              STATIC_ROW: (True, "static", False), CHAINS_ROW: (True, "static", True)}
+PLAIN_MODEL = (False, "tensor", False)
 FUSED_ROWS = tuple(MODEL_ROWS)
 PROFILED_ROWS = ("+cuda_graphs", *FUSED_ROWS)
 
@@ -99,7 +104,7 @@ PROFILED_ROWS = ("+cuda_graphs", *FUSED_ROWS)
 GROUPS = [
     ("attention", re.compile(r"attn|attention|flash|fmha|sdpa|softmax")),
     ("gemm", re.compile(r"gemm|cutlass|nvjet|xmma|cublas|matmul|scaled_mm|splitk|\bmm\b|addmm")),
-    ("norms/elementwise", re.compile(r"layer_norm|layernorm")),
+    ("norms/elementwise", re.compile(r"layer_norm|layernorm|res_ln|gelu_fp8")),
     ("upkeep/rope/quant", re.compile(r"rope|fp8|float8|e4m3|quant|vector_norm|absmax|maxops|normtwo|norminf|"
                                      r"index_copy|index_put|scatter|delta|rotate|remainder|arange|cos|sin")),
     ("norms/elementwise", re.compile(r"elementwise|gelu|add|mul|div|copy|cat|neg|roll|triton_|fill|reduce")),
@@ -173,16 +178,16 @@ def measure_row(model: DiT, sw: Switches, steps: int, cond_tokens: int, settings
                 profile_replays: int = 0):
     """(diffusion, upkeep, attention) ms per steady step, the reset step's diffusion ms, the torch
     profiler over ``profile_replays`` more steady steps (None without), and the upkeep GPU ms.
-    ``settings``: the model's (fuse_blocks, act_scales) for the row."""
+    ``settings``: the model's (fuse_blocks, act_scales, triton_chains) for the row."""
     shape, dev = model.shape, model.device
     cuda = dev.type == "cuda"
     timer = CudaTimer() if cuda else CpuTimer()
     model.set_timer(timer)
-    model.fuse_blocks, model.act_scales = settings
+    model.fuse_blocks, model.act_scales, model.triton_chains = settings
     # every row compiles afresh: the chains of earlier rows (other act_scales) would otherwise count
     # against dynamo's recompile limit (8 per function) and push a later row's chain back to eager
     torch._dynamo.reset()
-    model.set_compile(sw.compile)
+    model.set_compile(sw.compile, triton=sw.triton_kernels)
     cache = make_cache(shape, sw, dev, model.dtype)
     runner = ChunkRunner(model, sw.cuda_graphs)
     g = torch.Generator(device=dev).manual_seed(0)
@@ -279,9 +284,11 @@ def print_profile(row: str, prof, cuda: bool, replays: int, step_ms: float | Non
         print(f"#   {us / 1e3 / replays:>8.2f} {n / replays:>6.0f}  {kernel_group(name):<18} {name[:110]}")
 
 
-def measure_floor(model: DiT, cond_tokens: int, reps: int = 3) -> float:
+def measure_floor(model: DiT, cond_tokens: int, reps: int = 3, graph: bool = False) -> float:
     """The rank's GEMM + attention floor per step: FP8 (or dtype) block GEMMs on pre-quantized
-    inputs + SDPA over the full window and over the conditioning, for all blocks x passes."""
+    inputs + SDPA over the full window and over the conditioning, for all blocks x passes, launched
+    one by one (the floor of issue 6), or with ``graph`` (CUDA) captured as one CUDA graph and replayed
+    like the graphed step: no launch gaps, so a floor the host cannot slow down."""
     s, dev = model.shape, model.device
     T, d, H, hd = s.new_tokens, s.d_model, s.heads, s.head_dim
     blk = model.blocks[0]
@@ -308,6 +315,22 @@ def measure_floor(model: DiT, cond_tokens: int, reps: int = 3) -> float:
 
     calls = s.n_blocks * s.passes
     one_block()
+    if graph and dev.type == "cuda":
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(calls):
+                one_block()
+        g.replay()
+        best = float("inf")
+        for _ in range(reps):
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+            g.replay()
+            e1.record()
+            sync(dev)
+            best = min(best, e0.elapsed_time(e1))
+        del g
+        return best
     best = float("inf")
     for _ in range(reps):
         sync(dev)
@@ -440,7 +463,9 @@ def main(argv=None) -> int:
           f" torch {torch.__version__}; weights {'fp8' if model.blocks[0].qkv.scale is not None else model.dtype}"
           f" built in {build_s:.1f} s; conditioning {cond} tokens", flush=True)
     floor = measure_floor(model, cond)
-    print(f"# floor (block GEMMs + SDPA, {shape.n_blocks * shape.passes} calls): {floor:.1f} ms/step", flush=True)
+    floor_graph = measure_floor(model, cond, graph=True) if dev.type == "cuda" else None
+    print(f"# floor (block GEMMs + SDPA, {shape.n_blocks * shape.passes} calls): {floor:.1f} ms/step"
+          + (f"; as one CUDA graph: {floor_graph:.1f} ms/step" if floor_graph else ""), flush=True)
 
     have_kernels = kernels_available() and dev.type == "cuda"
     sw = {}
@@ -499,20 +524,25 @@ def main(argv=None) -> int:
     # every switch that worked: the production configuration (static_scales only if its row was fastest:
     # the sessions below set the model's activation scaling from the switch)
     best_sw = Switches.from_mapping({**sw, "static_scales": best_model[1] == "static"})
-    model.fuse_blocks, model.act_scales = best_model
+    model.fuse_blocks, model.act_scales, model.triton_chains = best_model
     fused_ok = best_model[0]
     rounds = []
     if args.floor_rounds and fastest and not late():
         t_rounds = time.perf_counter()
         for _ in range(args.floor_rounds):
             fl = measure_floor(model, cond)
+            fg = measure_floor(model, cond, graph=True) if cuda else fl  # CPU: no graphs, the same floor
             ms = measure_row(model, Switches.from_mapping(row_sw[fastest]), args.steps, cond, best_model)[0]
-            rounds.append((fl, ms, ms / fl))
+            rounds.append((fl, ms, ms / fl, fg))
         ratios = sorted(r[2] for r in rounds)
+        graph_ratios = sorted(r[1] / r[3] for r in rounds)
         print(f"# floor rounds ({fastest}, floor then row, x {len(rounds)}): floor ms "
               f"{', '.join(f'{r[0]:.1f}' for r in rounds)}; step ms {', '.join(f'{r[1]:.1f}' for r in rounds)};"
               f" ratios {', '.join(f'{r[2]:.3f}' for r in rounds)}; median {statistics.median(ratios):.3f}"
-              f" (range {ratios[0]:.3f}-{ratios[-1]:.3f})  ({time.perf_counter() - t_rounds:.0f} s)", flush=True)
+              f" (range {ratios[0]:.3f}-{ratios[-1]:.3f})"
+              + (f"; floor as one graph ms {', '.join(f'{r[3]:.1f}' for r in rounds)}, ratios"
+                 f" {', '.join(f'{r[1] / r[3]:.3f}' for r in rounds)}, median {statistics.median(graph_ratios):.3f}"
+                 if cuda else "") + f"  ({time.perf_counter() - t_rounds:.0f} s)", flush=True)
     if args.telemetry_steps and not late():
         t_tel = time.perf_counter()
         try:
@@ -573,7 +603,9 @@ def main(argv=None) -> int:
             print("# upkeep GPU ms/step (graph of one step's upkeep): "
                   + ", ".join(f"{name} {ms:.2f}" for name, ms in gpu_upkeep))
         rounds_note = (f" (floor rounds: median {statistics.median(r[2] for r in rounds):.3f}x)" if rounds else "")
-        print(f"best row {best[0]}: {best[1]:.1f} ms/step = {best[1] / floor:.2f}x floor {floor:.1f}{rounds_note}; "
+        graph_note = f", {best[1] / floor_graph:.2f}x its graph {floor_graph:.1f}" if floor_graph else ""
+        print(f"best row {best[0]}: {best[1]:.1f} ms/step = {best[1] / floor:.2f}x floor {floor:.1f}{rounds_note}"
+              f"{graph_note}; "
               f"vs plain {results[0][1]:.1f} ms/step = {results[0][1] / best[1]:.2f}x")
     return 0
 
