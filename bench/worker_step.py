@@ -11,8 +11,9 @@ times ``--steps`` steady steps: diffusion ms/step (events around the 4 passes x 
 ms/step and attention ms/step (sums of the events the model records around each cache update and
 attention call; null under CUDA graphs, where events cannot sit inside the graph). In the same
 run: the rank's floor (its FP8 block GEMMs with pre-quantized inputs + bf16 SDPA over the window
-and the conditioning, 240 calls each), the telemetry on/off step-time ratio of the real session
-loop, and the full model (all heads) ms/step and peak memory if it fits. Prints a table and, last,
+and the conditioning, 240 calls each; launched one by one, the issue's floor, and as one CUDA graph, the
+way the graphed step runs; bench/graph_floor.py times each op both ways), the telemetry on/off step-time
+ratio of the real session loop, and the full model (all heads) ms/step and peak memory if it fits. Prints a table and, last,
 the ratio of the best row against the plain path.
 
 The row +fused_blocks is +cuda_graphs with the blocks' elementwise chains compiled
