@@ -159,6 +159,17 @@ ACT_QUANT = {"tensor": quantize_act, "row": quantize_act_rows}  # DiT.act_scales
 ACT_SCALES = (*ACT_QUANT, "static")  # "static": one StaticScale per linear's input (DiT.set_compile)
 
 
+def fusion_kind(fusable: bool, compile: bool, triton: bool, act_scales: str) -> str | None:
+    """Which chains ``DiT.set_compile`` installs: "triton" (``BlockFusion.triton``: static scales only),
+    the act_scales name (``BlockFusion.compiled``), or None (the unfused blocks). ``fusable``: CUDA, FP8
+    weights and ``fuse_blocks``; ``triton``: the triton_kernels switch and ``DiT.triton_chains``."""
+    if not fusable:
+        return None
+    if triton and act_scales == "static":
+        return "triton"
+    return act_scales if compile else None
+
+
 @dataclass
 class BlockFusion:
     """The block's elementwise chains as functions (compiled under the compile switch on CUDA)."""
@@ -418,12 +429,8 @@ class DiT:
             quant = torch.compile(quant) if use else quant
             for lin in self._linears():
                 lin.site, lin.quant = None, quant
-        fusable = cuda and self.fp8 and self.fuse_blocks
-        if fusable and triton and self.triton_chains and self.act_scales == "static":
-            key = "triton"
-        elif fusable and on:
-            key = self.act_scales
-        else:
+        key = fusion_kind(cuda and self.fp8 and self.fuse_blocks, on, triton and self.triton_chains, self.act_scales)
+        if key is None:
             self.set_fusion(None)
             return
         if key not in self._fusions:  # once per kind: a switch flipped back reuses its compiles

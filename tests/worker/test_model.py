@@ -203,3 +203,21 @@ def test_fusion_must_match_the_activation_scaling():
     with pytest.raises(ValueError, match=r"valid: BlockFusion.eager\('static'\)"):
         model.set_fusion(BlockFusion.eager("row"))
     model.set_fusion(BlockFusion.eager("static"))
+
+
+@pytest.mark.parametrize(
+    "fusable,compile,triton,act_scales,kind",
+    [
+        (False, True, True, "static", None),  # CPU, bf16 weights or fuse_blocks off: unfused
+        (True, False, False, "static", None),  # neither switch: unfused
+        (True, True, False, "static", "static"),  # compile alone: inductor's chains
+        (True, False, True, "static", "triton"),  # the Triton chains need no compile
+        (True, True, True, "static", "triton"),  # both: the Triton chains (faster on the H200)
+        (True, True, True, "row", "row"),  # dynamic scales have no Triton chain: compiled
+        (True, False, True, "tensor", None),
+    ],
+)
+def test_the_switches_pick_the_fused_chains(fusable, compile, triton, act_scales, kind):
+    from worker.model import fusion_kind
+
+    assert fusion_kind(fusable, compile, triton, act_scales) == kind
