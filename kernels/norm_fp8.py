@@ -58,6 +58,7 @@ def _res_ln_fp8_kernel(
 
 def _check(x, scale, y, g, w, b) -> None:
     assert x.dim() == 2 and x.stride(-1) == 1, f"x {tuple(x.shape)} must be [M, N], last dim contiguous"
+    assert x.dtype in (torch.bfloat16, torch.float32), f"x dtype {x.dtype}; valid: bfloat16, float32"
     assert scale.numel() == 1 and scale.dtype == torch.float32, "scale must be one fp32 value (static, per tensor)"
     if y is not None:
         assert y.shape == x.shape and y.stride(-1) == 1, f"y {tuple(y.shape)} must match x {tuple(x.shape)}"

@@ -26,12 +26,14 @@ session's first forward and chunk, then fixed; no reduction at all, and the GEMM
 per-tensor scaling; under tensor parallel the row-parallel inputs still quantize dynamically in
 ``worker/parallel.py``'s fused GEMM + all-reduce).
 
-With FP8 GEMMs and the compile switch on CUDA, ``DiT.set_compile`` also installs a ``BlockFusion``:
-the elementwise chains around the GEMMs compiled into few kernels: residual + LayerNorm/modulation +
-the FP8 activation quantization (a block's last residual added in the next block's first such kernel);
-GELU + quantization of the FFN-down input (when the block's ``row_parallel`` is not overridden); with
-static scales and the triton_kernels switch these chains are Triton kernels (``BlockFusion.triton``,
-``kernels/norm_fp8.py`` and ``kernels/gelu_fp8.py``: one pass each, no compile needed). The
+With FP8 GEMMs on CUDA and the compile switch, or the triton_kernels switch with static scales,
+``DiT.set_compile`` also installs a ``BlockFusion`` (``fusion_kind`` says which): the elementwise chains
+around the GEMMs as few kernels: residual + LayerNorm/modulation + the FP8 activation quantization (a
+block's last residual added in the next block's first such kernel); GELU + quantization of the FFN-down
+input (when the block's ``row_parallel`` is not overridden). With static scales and triton_kernels the
+chains are Triton kernels (``BlockFusion.triton``: ``kernels/norm_fp8.py``, ``kernels/gelu_fp8.py``, one
+pass each, compile switch or not); otherwise inductor compiles them (``BlockFusion.compiled``, at their
+first call: a switch flipped mid-session compiles what this process never ran, on the next step). The
 query's RoPE runs inside the FP8 attention kernel when it runs (``CacheOps.attention``), which with
 static scales also stores its output (self- and cross-attention) as the FP8 input of the output
 projection. Same math as the unfused path (``BlockFusion.eager(act_scales)`` is that path with the
@@ -429,12 +431,18 @@ class DiT:
             quant = torch.compile(quant) if use else quant
             for lin in self._linears():
                 lin.site, lin.quant = None, quant
-        key = fusion_kind(cuda and self.fp8 and self.fuse_blocks, on, triton and self.triton_chains, self.act_scales)
+        fusable = cuda and self.fp8 and self.fuse_blocks
+        key = fusion_kind(fusable, on, triton and self.triton_chains, self.act_scales)
+        if key == "triton" and key not in self._fusions:
+            try:
+                self._fusions[key] = BlockFusion.triton()
+            except ImportError:  # no Triton here: the compiled chains or none, as the cache ops fall back
+                key = fusion_kind(fusable, on, False, self.act_scales)
         if key is None:
             self.set_fusion(None)
             return
-        if key not in self._fusions:  # once per kind: a switch flipped back reuses its compiles
-            self._fusions[key] = BlockFusion.triton() if key == "triton" else BlockFusion.compiled(key)
+        if key not in self._fusions:  # once per kind: a switch flipped back reuses its compiles (inductor
+            self._fusions[key] = BlockFusion.compiled(key)  # compiles a chain at its first call)
         self.set_fusion(self._fusions[key])
 
     def reset_act_scales(self) -> None:
