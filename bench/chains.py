@@ -37,7 +37,7 @@ def main() -> int:
     x, y = torch.randn(T, d, device=dev, dtype=bf), torch.randn(T, d, device=dev, dtype=bf)
     g, w, b = (torch.rand(d, device=dev, dtype=bf) + 0.5 for _ in range(3))
     s = torch.tensor(4.0 / FP8_MAX, device=dev)
-    res_bytes = 4 * T * d * 2 + T * d  # x, y in; x out (bf16); h out (fp8)
+    res_bytes = 3 * T * d * 2 + T * d + 3 * d * 2  # x, y in and x out (bf16); h out (fp8); g, w, b
     forms = {  # name: (compiled args, triton kwargs, bytes moved)
         "res+gate+affine": ((x, g, y, w, b, s), {"y": y, "g": g, "w": w, "b": b}, res_bytes),
         "res+gate": ((x, g, y, None, None, s), {"y": y, "g": g}, res_bytes),

@@ -5,9 +5,9 @@
 bench/worker_step.py's floor (the six block GEMMs on pre-quantized FP8 inputs + SDPA over the window and
 over the conditioning, 240 calls each) ran 110-114 ms launched one by one and 121-122 ms captured as one
 CUDA graph (2026-11-29). The step itself replays a graph, so whatever the graph costs the floor it costs the
-step too. Here each op runs 240 times eagerly and as one graph, with and without the others between it,
-and the torch profiler counts the kernels (and memsets) each graph holds. A table, then the ratio of the
-whole floor as a graph against it eager.
+step too. Here each op alone runs 240 times eagerly and as one graph, then the whole block (all eight ops)
+240 times both ways; the torch profiler counts the kernels (and memsets) one call launches. A table, then
+the ratio of the whole floor as a graph against it eager.
 """
 
 from __future__ import annotations

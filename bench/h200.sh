@@ -24,7 +24,7 @@ step() {
 }
 
 echo "code $(git rev-parse --short HEAD 2>/dev/null || echo '?'); $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null)"
-step gputests 190 python3 -m pytest -q -m gpu tests/worker/test_gpu.py tests/kernels/
-step waterfall 330 python3 bench/worker_step.py --steps 5 --telemetry-steps 20 --telemetry-rounds 2 --floor-rounds 3 --profile --deadline-s 200
-step kernels 100 python3 bench/kernels.py
-step chains 80 python3 bench/chains.py
+step gputests 170 python3 -m pytest -q -m gpu tests/worker/test_gpu.py tests/kernels/
+step waterfall 300 python3 bench/worker_step.py --steps 5 --telemetry-steps 20 --telemetry-rounds 2 --floor-rounds 3 --profile --deadline-s 200
+step kernels 80 python3 bench/kernels.py
+step chains 50 python3 bench/chains.py

@@ -189,6 +189,8 @@ def measure_row(model: DiT, sw: Switches, steps: int, cond_tokens: int, settings
     # against dynamo's recompile limit (8 per function) and push a later row's chain back to eager
     torch._dynamo.reset()
     model.set_compile(sw.compile, triton=sw.triton_kernels)
+    if model.triton_chains and model.blocks and model.blocks[0].fusion is not model._fusions.get("triton"):
+        raise RuntimeError("the Triton chains are not installed (triton_kernels off, or Triton missing)")
     cache = make_cache(shape, sw, dev, model.dtype)
     runner = ChunkRunner(model, sw.cuda_graphs)
     g = torch.Generator(device=dev).manual_seed(0)
