@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from kernels.gelu_fp8 import gelu_fp8, gelu_fp8_ref
 from kernels.norm_fp8 import res_ln_fp8, res_ln_fp8_ref
-from kernels.rope import FP8_DTYPE, FP8_MAX
+from kernels.rope import FP8_DTYPE, FP8_MAX, interpreting
 from tests.kernels.helpers import max_err
 
 ATOL = 2.0**-9  # one e4m3 step at the bottom of the range
@@ -144,6 +144,8 @@ def _fp32_chains():
     return BlockFusion(ln_quant, res_ln_quant, apply_rope_tables, gelu_quant, "static")
 
 
+@pytest.mark.skipif(not interpreting(), reason="a CPU model: the kernels run in Triton's interpreter (on a GPU:"
+                    " tests/worker/test_gpu.py compares the Triton chains with the compiled ones)")
 def test_the_model_with_triton_chains_equals_the_fp32_torch_chains():
     """A tiny FP8 DiT, static scales, fused blocks: the chains as these kernels (``BlockFusion.triton``)
     and as torch ops in fp32, each calibrating on the same inputs: the same latents (up to a rare FP8 code
