@@ -174,7 +174,7 @@ def fusion_kind(fusable: bool, compile: bool, triton: bool, act_scales: str) -> 
 
 @dataclass
 class BlockFusion:
-    """The block's elementwise chains as functions (compiled under the compile switch on CUDA)."""
+    """The block's elementwise chains as functions: torch ops (``eager``), compiled, or Triton kernels."""
 
     ln_quant: Callable
     res_ln_quant: Callable
@@ -373,7 +373,7 @@ class DiT:
         self.dtype = dtype or (torch.bfloat16 if cuda else torch.float32)
         fp8 = (shape.fp8_weights and cuda) if fp8 is None else fp8  # fp8=True on CPU: tests of the FP8 path
         self.fp8 = fp8
-        self.fuse_blocks = True  # BlockFusion under the compile switch (CUDA, FP8 weights)
+        self.fuse_blocks = True  # BlockFusion under the compile or triton_kernels switch (CUDA, FP8 weights)
         # with static scales and the triton_kernels switch, the fused chains are Triton kernels
         # (BlockFusion.triton; bench/worker_step.py +triton_chains); False: the compiled chains
         self.triton_chains = True
@@ -438,12 +438,9 @@ class DiT:
                 self._fusions[key] = BlockFusion.triton()
             except ImportError:  # no Triton here: the compiled chains or none, as the cache ops fall back
                 key = fusion_kind(fusable, on, False, self.act_scales)
-        if key is None:
-            self.set_fusion(None)
-            return
-        if key not in self._fusions:  # once per kind: a switch flipped back reuses its compiles (inductor
-            self._fusions[key] = BlockFusion.compiled(key)  # compiles a chain at its first call)
-        self.set_fusion(self._fusions[key])
+        if key is not None and key not in self._fusions:  # once per kind: a switch flipped back reuses
+            self._fusions[key] = BlockFusion.compiled(key)  # its compiles (inductor's, at a chain's first call)
+        self.set_fusion(self._fusions.get(key))
 
     def reset_act_scales(self) -> None:
         """Static scales: fresh sites for every linear (same quantizer), calibrated over the next
