@@ -17,41 +17,15 @@ import sys
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.worker_step import floor_ops, time_calls
 from worker.config import ModelShape, tp_rank_of
-from worker.fp8 import FP8, FP8_MAX
 from worker.model import DiT
 
 CALLS = 240
-
-
-def timed(fn, graph: bool, reps: int = 3) -> float:
-    """Best of ``reps`` of CALLS x fn, ms: launched one by one, or captured once and replayed."""
-    fn()
-    torch.cuda.synchronize()
-    if graph:
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for _ in range(CALLS):
-                fn()
-        run = g.replay
-        run()
-    else:
-        def run():
-            for _ in range(CALLS):
-                fn()
-    best = float("inf")
-    for _ in range(reps):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        run()
-        e1.record()
-        torch.cuda.synchronize()
-        best = min(best, e0.elapsed_time(e1))
-    return best
+COND_TOKENS = 1024  # bench/worker_step.py's default conditioning
 
 
 def kernels_in(fn) -> tuple[int, int]:
@@ -71,28 +45,14 @@ def kernels_in(fn) -> tuple[int, int]:
 def main() -> int:
     shape = tp_rank_of(ModelShape.from_name("prod57b"), 3)
     model = DiT(dataclasses.replace(shape, n_blocks=1), device="cuda")  # block 0's weights, as the floor uses
-    s, blk, dev = model.shape, model.blocks[0], "cuda"
-    T, d, H, hd = s.new_tokens, s.d_model, s.heads, s.head_dim
-    ops = {}
-    for name, lin, k in (("qkv", blk.qkv, d), ("o", blk.o, H * hd), ("cq", blk.cq, d), ("co", blk.co, H * hd),
-                         ("up", blk.up, d), ("down", blk.down, s.ffn_local)):
-        x = (torch.randn(T, k, device=dev) / 2).clamp(-FP8_MAX, FP8_MAX).to(FP8)
-        one = torch.tensor(2.0, device=dev)
-        ops[f"gemm {name} {T}x{k}x{lin.w.shape[0]}"] = (
-            lambda x=x, lin=lin, one=one: torch._scaled_mm(x, lin.w.t(), scale_a=one, scale_b=lin.scale,
-                                                           out_dtype=torch.bfloat16))
-    q = torch.randn(1, H, T, hd, device=dev, dtype=torch.bfloat16)
-    kv = torch.randn(2, 1, H, s.window, hd, device=dev, dtype=torch.bfloat16)
-    ckv = torch.randn(2, 1, H, 1024, hd, device=dev, dtype=torch.bfloat16)
-    ops[f"sdpa window {s.window}"] = lambda: F.scaled_dot_product_attention(q, kv[0], kv[1])
-    ops["sdpa conditioning 1024"] = lambda: F.scaled_dot_product_attention(q, ckv[0], ckv[1])
+    ops = floor_ops(model, COND_TOKENS)
     fns = list(ops.values())
     ops["whole block (the floor)"] = lambda: [f() for f in fns]
 
     print(f"{'op (x240)':<34}{'eager ms':>10}{'graph ms':>10}{'graph/eager':>13}{'kernels':>9}{'memsets':>9}")
     rows = []
     for name, fn in ops.items():
-        eager, graph = timed(fn, False), timed(fn, True)
+        eager, graph = time_calls(fn, CALLS, model.device), time_calls(fn, CALLS, model.device, graph=True)
         k, m = kernels_in(fn)
         rows.append((name, eager, graph))
         print(f"{name:<34}{eager:>10.2f}{graph:>10.2f}{graph / eager:>13.3f}{k:>9}{m:>9}", flush=True)

@@ -287,70 +287,77 @@ def print_profile(row: str, prof, cuda: bool, replays: int, step_ms: float | Non
         print(f"#   {us / 1e3 / replays:>8.2f} {n / replays:>6.0f}  {kernel_group(name):<18} {name[:110]}")
 
 
-def measure_floor(model: DiT, cond_tokens: int, reps: int = 3, graph: bool = False) -> float:
-    """The rank's GEMM + attention floor per step: FP8 (or dtype) block GEMMs on pre-quantized
-    inputs + SDPA over the full window and over the conditioning, for all blocks x passes, launched
-    one by one (the floor of issue 6), or with ``graph`` (CUDA) captured as one CUDA graph and replayed
-    like the graphed step: no launch gaps, so a floor the host cannot slow down."""
+def floor_ops(model: DiT, cond_tokens: int) -> dict:
+    """The rank's floor as named ops, one block's worth: FP8 (or dtype) GEMMs of block 0's weights on
+    pre-quantized inputs, SDPA over the full window and over the conditioning (bench/graph_floor.py times
+    them apart)."""
     s, dev = model.shape, model.device
     T, d, H, hd = s.new_tokens, s.d_model, s.heads, s.head_dim
     blk = model.blocks[0]
-    lins = [(blk.qkv, d), (blk.o, H * hd), (blk.cq, d), (blk.co, H * hd), (blk.up, d), (blk.down, s.ffn_local)]
-    xs = []
-    for lin, k in lins:
+    ops = {}
+    for name, lin, k in (("qkv", blk.qkv, d), ("o", blk.o, H * hd), ("cq", blk.cq, d), ("co", blk.co, H * hd),
+                         ("up", blk.up, d), ("down", blk.down, s.ffn_local)):
         x = torch.randn(T, k, device=dev, dtype=model.dtype)
         if lin.scale is not None:
-            xs.append(((x.float() / 2).clamp(-FP8_MAX, FP8_MAX).to(FP8), torch.tensor(2.0, device=dev)))
+            xq, two = (x.float() / 2).clamp(-FP8_MAX, FP8_MAX).to(FP8), torch.tensor(2.0, device=dev)
+            op = lambda xq=xq, two=two, lin=lin: torch._scaled_mm(
+                xq, lin.w.t(), scale_a=two, scale_b=lin.scale, out_dtype=torch.bfloat16)
         else:
-            xs.append((x, None))
+            op = lambda x=x, lin=lin: x @ lin.w.t()
+        ops[f"gemm {name} {T}x{k}x{lin.w.shape[0]}"] = op
     q = torch.randn(1, H, T, hd, device=dev, dtype=model.dtype)
     kv = torch.randn(2, 1, H, s.window, hd, device=dev, dtype=model.dtype)
     ckv = torch.randn(2, 1, H, cond_tokens, hd, device=dev, dtype=model.dtype)
+    ops[f"sdpa window {s.window}"] = lambda: F.scaled_dot_product_attention(q, kv[0], kv[1])
+    ops[f"sdpa conditioning {cond_tokens}"] = lambda: F.scaled_dot_product_attention(q, ckv[0], ckv[1])
+    return ops
 
-    def one_block():
-        for (lin, _), (x, xs_) in zip(lins, xs, strict=True):
-            if lin.scale is not None:
-                torch._scaled_mm(x, lin.w.t(), scale_a=xs_, scale_b=lin.scale, out_dtype=torch.bfloat16)
-            else:
-                x @ lin.w.t()
-        F.scaled_dot_product_attention(q, kv[0], kv[1])
-        F.scaled_dot_product_attention(q, ckv[0], ckv[1])
 
-    calls = s.n_blocks * s.passes
-    one_block()
-    if graph and dev.type == "cuda":
+def time_calls(fn, calls: int, dev: torch.device, reps: int = 3, graph: bool = False) -> float:
+    """Best of ``reps`` runs of ``calls`` x fn, ms: launched one by one, or with ``graph`` (CUDA)
+    captured once as one CUDA graph and replayed (after one warm-up call either way)."""
+    cuda = dev.type == "cuda"
+    fn()
+    g = None
+    if graph and cuda:
+        sync(dev)
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
             for _ in range(calls):
-                one_block()
+                fn()
         g.replay()
-        best = float("inf")
-        for _ in range(reps):
-            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            e0.record()
+
+    def run():
+        if g is not None:
             g.replay()
-            e1.record()
-            sync(dev)
-            best = min(best, e0.elapsed_time(e1))
-        del g
-        return best
+        else:
+            for _ in range(calls):
+                fn()
+
     best = float("inf")
     for _ in range(reps):
         sync(dev)
-        t0 = time.perf_counter()
-        if dev.type == "cuda":
+        if cuda:
             e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             e0.record()
-            for _ in range(calls):
-                one_block()
+            run()
             e1.record()
             sync(dev)
             best = min(best, e0.elapsed_time(e1))
         else:
-            for _ in range(calls):
-                one_block()
+            t0 = time.perf_counter()
+            run()
             best = min(best, (time.perf_counter() - t0) * 1e3)
     return best
+
+
+def measure_floor(model: DiT, cond_tokens: int, reps: int = 3, graph: bool = False) -> float:
+    """The rank's GEMM + attention floor per step: ``floor_ops`` for all blocks x passes, launched one by
+    one (the floor of issue 6), or with ``graph`` (CUDA) captured as one CUDA graph and replayed like the
+    graphed step: no launch gaps, so a floor the host cannot slow down."""
+    ops = list(floor_ops(model, cond_tokens).values())
+    return time_calls(lambda: [op() for op in ops], model.shape.n_blocks * model.shape.passes, model.device,
+                      reps, graph)
 
 
 def telemetry_ratio(model: DiT, sw: Switches, steady: int, cond_tokens: int, rounds: int = 3, stop=lambda: False):
