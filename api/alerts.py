@@ -1,15 +1,28 @@
-"""Alert webhook payloads and their HMAC signature (used by api/routes/alerts.py and api/notify.py).
+"""Alert webhook payloads, their HMAC signature and bearer senders (used by api/routes/alerts.py, api/notify.py).
 
     headers = sign(secret, body)                      # X-Livestep-Timestamp, X-Livestep-Signature
     verify(secret, body, headers_ts, headers_sig, window_s=300, now=time.time())   # raises SignatureError
+    sender = bearer_sender(authorization, settings.webhook_bearer_tokens)         # raises SignatureError
     fmt, alerts = parse_payload(body)                 # livestep findings | Alertmanager v4 | Grafana
 
 The signature is HMAC-SHA256 over ``f"{timestamp}.".encode() + body`` (hex, ``sha256=`` prefix
-optional); a timestamp outside the replay window is refused. Grafana's native signing is accepted too
-(``X-Grafana-Alert-Signature`` over ``'<timestamp>:<body>'``, timestamp in ``X-Grafana-Alert-Timestamp``). Every format becomes a list of
-``Alert``: a dedup key (the same alert delivered again has the same key), firing or not, the
-switch it names (label ``switch``/``attribution`` or the finding's ``attribution``) and its scope
-(labels ``release``/``gpu_kind``/``worker_id`` or ``scope``, or the finding's ``scope``).
+optional); a timestamp outside the replay window is refused. Grafana's native signing is accepted too:
+its signature header (``X-Grafana-Alerting-Signature``, Grafana's default, or ``X-Grafana-Alert-Signature``)
+is HMAC-SHA256 hex of ``'<timestamp>:<body>'`` when the contact point names a timestamp header
+(``X-Grafana-Alerting-Timestamp`` or ``X-Grafana-Alert-Timestamp``), else of the body alone. A body-only
+signature has no replay window; such a delivery is still acted on at most once per alert, because every
+alert's dedup key is remembered (a replayed body's alerts are recorded duplicates): set the timestamp
+header in Grafana to get the window as well.
+
+Senders that cannot sign (Alertmanager's ``http_config.authorization``) send ``Authorization: Bearer
+<token>`` instead, one token per named sender (``LIVESTEP_WEBHOOK_BEARER_TOKENS``); the alert dedup keys
+are their replay protection too.
+
+Every format becomes a list of ``Alert``: a dedup key (the same alert delivered again has the same key;
+a firing and a resolved notification of one alert have different keys, so a resolved that arrives first
+does not use up its firing's), firing or not, the switch it names (label ``switch``/``attribution`` or
+the finding's ``attribution``) and its scope (labels ``release``/``gpu_kind``/``worker_id`` or
+``scope``, or the finding's ``scope``).
 """
 
 from __future__ import annotations
@@ -25,10 +38,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 TS_HEADER = "X-Livestep-Timestamp"
 SIG_HEADER = "X-Livestep-Signature"
-# Grafana's own webhook signing (contact point ``hmacConfig``): hex HMAC-SHA256 of '<timestamp>:<body>';
-# set its timestampHeader to GRAFANA_TS_HEADER so deliveries carry the timestamp the replay window needs.
-GRAFANA_SIG_HEADER = "X-Grafana-Alert-Signature"
-GRAFANA_TS_HEADER = "X-Grafana-Alert-Timestamp"
+# Grafana's own webhook signing (contact point ``hmacConfig``): hex HMAC-SHA256 of '<timestamp>:<body>'
+# when its timestampHeader is set (to one of GRAFANA_TS_HEADERS), else of the body. The first of each
+# tuple is Grafana's default name (signature) or its documented example (timestamp).
+GRAFANA_SIG_HEADERS = ("X-Grafana-Alerting-Signature", "X-Grafana-Alert-Signature")
+GRAFANA_TS_HEADERS = ("X-Grafana-Alerting-Timestamp", "X-Grafana-Alert-Timestamp")
+GRAFANA_SIG_HEADER, GRAFANA_TS_HEADER = GRAFANA_SIG_HEADERS[0], GRAFANA_TS_HEADERS[0]
+RESOLVED_KEY_SUFFIX = "|resolved"  # a resolved notification's dedup key: its firing's key + this
 FORMATS = ("livestep", "alertmanager", "grafana")
 
 
@@ -50,10 +66,42 @@ def sign(secret: str, body: bytes, ts: int | None = None) -> dict[str, str]:
     return {TS_HEADER: str(ts), SIG_HEADER: f"sha256={signature(secret, body, ts)}"}
 
 
-def sign_grafana(secret: str, body: bytes, ts: int | None = None) -> dict[str, str]:
-    """The headers Grafana's HMAC webhook signing sends (for tests and tools)."""
+def sign_grafana(secret: str, body: bytes, ts: int | None = None, *, with_timestamp: bool = True,
+                 sig_header: str = GRAFANA_SIG_HEADER, ts_header: str = GRAFANA_TS_HEADER) -> dict[str, str]:
+    """The headers Grafana's HMAC webhook signing sends (for tests and tools); ``with_timestamp=False``
+    is a contact point without a timestamp header (the body alone is signed)."""
+    if not with_timestamp:
+        return {sig_header: hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()}
     ts = int(time.time()) if ts is None else ts
-    return {GRAFANA_TS_HEADER: str(ts), GRAFANA_SIG_HEADER: signature(secret, body, ts, ":")}
+    return {ts_header: str(ts), sig_header: signature(secret, body, ts, ":")}
+
+
+def verify_body_only(secret: str, body: bytes, sig_header: str) -> str:
+    """Grafana's signing without a timestamp header: HMAC-SHA256 hex of the body; the digest or SignatureError."""
+    got = sig_header.strip().removeprefix("sha256=").lower()
+    want = hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+    if not hmac.compare_digest(got.encode(), want.encode()):
+        raise SignatureError("bad signature: HMAC-SHA256 of the body (Grafana signing without a timestamp "
+                             "header) with the webhook secret does not match")
+    return want
+
+
+def bearer_sender(authorization: str | None, senders: dict[str, str]) -> str:
+    """The name of the sender whose token ``Authorization: Bearer <token>`` carries, else SignatureError
+    (never echoing the token). ``senders`` is ``Settings.webhook_bearer_tokens``."""
+    from collector.auth import bearer_token
+
+    token = bearer_token(authorization)
+    if token is None:
+        raise SignatureError("the Authorization header is not 'Bearer <token>'")
+    if not senders:
+        raise SignatureError("bearer tokens are not accepted here: no sender is configured "
+                             "(LIVESTEP_WEBHOOK_BEARER_TOKENS='name=token,...'); or sign the body "
+                             f"({TS_HEADER}, {SIG_HEADER})")
+    for name, want in senders.items():
+        if hmac.compare_digest(token.encode(), want.encode()):
+            return name
+    raise SignatureError("the bearer token is not one of LIVESTEP_WEBHOOK_BEARER_TOKENS")
 
 
 def verify(secret: str, body: bytes, ts_header: str | None, sig_header: str | None, *, window_s: int,
@@ -159,7 +207,8 @@ def _from_am(fmt: str, alerts: list[_AmAlert]) -> list[Alert]:
     for a in alerts:
         ident = a.fingerprint or hashlib.sha256(orjson.dumps(a.labels, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
         summary = a.annotations.get("summary") or a.annotations.get("description") or a.labels.get("alertname", "")
-        out.append(Alert(fmt, f"{fmt}:{ident}:{a.startsAt}", a.status == "firing",
+        key = f"{fmt}:{ident}:{a.startsAt}" + ("" if a.status == "firing" else RESOLVED_KEY_SUFFIX)
+        out.append(Alert(fmt, key, a.status == "firing",
                          a.labels.get("switch") or a.labels.get("attribution") or None, _label_scope(a.labels),
                          summary[:500], a.labels.get("severity", ""), dict(a.labels)))
     return out
@@ -183,7 +232,8 @@ def parse_payload(body: bytes) -> tuple[str, list[Alert]]:
         if "findings" in doc:
             fs = _Livestep.model_validate(doc).findings
             return "livestep", [
-                Alert("livestep", f"livestep:{f.kind}|{f.scope}|{f.metric}|{f.window_start}",
+                Alert("livestep", f"livestep:{f.kind}|{f.scope}|{f.metric}|{f.window_start}"
+                      + ("" if f.status == "open" else RESOLVED_KEY_SUFFIX),
                       f.status == "open", f.attribution or None, f.scope,
                       _finding_summary(f), f.severity, f.model_dump())
                 for f in fs
@@ -217,8 +267,9 @@ def unknown_switches(alerts: list[Alert]) -> list[str]:
     return sorted({a.switch for a in alerts if a.firing and a.switch and a.switch not in SWITCH_NAMES})
 
 
-def handle_alerts(store, board, fmt: str, alerts: list[Alert]) -> list[dict[str, Any]]:
+def handle_alerts(store, board, fmt: str, alerts: list[Alert], sender: str = "") -> list[dict[str, Any]]:
     """Flip the named switch off for each new firing alert; every other case is a recorded no-op.
+    ``sender``: the bearer sender's name (in the actor, ``alert:<fmt>@<sender>``), '' for signed ones.
 
     Holds the board's lock so that concurrent deliveries of one alert flip once.
     """
@@ -228,7 +279,7 @@ def handle_alerts(store, board, fmt: str, alerts: list[Alert]) -> list[dict[str,
     with board.lock:
         for a in alerts:
             ev = {"format": a.fmt, "alert_key": a.key, "severity": a.severity, "labels": a.labels}
-            actor = f"alert:{a.fmt}"
+            actor = f"alert:{a.fmt}" + (f"@{sender}" if sender else "")
             scope_s = ""
             try:
                 scope_s = canonical_scope(a.scope)

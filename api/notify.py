@@ -125,11 +125,10 @@ def install(settings, local: Callable[[bytes, dict[str, str]], Any] | None = Non
 def install_for_server(settings, store) -> Notifier | None:
     """The server's notifier, from the app's ``Settings``; in-process delivery through the webhook's
     own handler (api/routes/alerts.py ``_act``) where HTTP to ourselves cannot work."""
-    from api.alerts import SIG_HEADER, TS_HEADER
     from api.routes.alerts import _act
 
     def local(body: bytes, headers: dict[str, str]):
-        return _act(store, settings, body, headers.get(TS_HEADER), headers.get(SIG_HEADER))
+        return _act(store, settings, body, headers)
 
     return install(settings, local, serves_webhook="api" in settings.roles)
 

@@ -15,17 +15,54 @@ tokens; the development secret never counts). Token lists are comma-separated in
 from __future__ import annotations
 
 import ipaddress
+import re
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_settings import NoDecode
 
 from collector.settings import REPO_DIR, CollectorSettings, TokenList, split_tokens
 
 ROLES = ("all", "collector", "api", "scheduler")
 Role = Literal["all", "collector", "api", "scheduler"]
 DEV_WEBHOOK_SECRET = "livestep-dev-webhook-secret"  # public: the loopback fallback, refused anywhere else
+SENDER_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+MIN_SECRET_CHARS = 16
+
+
+def split_senders(v) -> dict[str, str]:
+    """'am=tok1,grafana=tok2' (or a JSON object, or a dict) -> {sender name: bearer token}.
+
+    A name is 1-64 of ``A-Z a-z 0-9 _ . -``; a token has at least 16 characters (like the webhook
+    secret); names and tokens are unique. Raises ValueError naming the bad entry (never its token)."""
+    if isinstance(v, str):
+        v = v.strip()
+        if v.startswith("{"):
+            import json
+
+            v = json.loads(v)
+        else:
+            pairs = {}
+            for i, item in enumerate(p.strip() for p in v.split(",") if p.strip()):
+                name, eq, token = item.partition("=")
+                if not eq:
+                    raise ValueError(f"sender #{i + 1} is not 'name=token' (valid: 'alertmanager=<token>,grafana=<token>')")
+                if name.strip() in pairs:
+                    raise ValueError(f"sender name {name.strip()!r} is given twice")
+                pairs[name.strip()] = token.strip()
+            v = pairs
+    if not isinstance(v, dict):
+        raise ValueError("webhook bearer tokens are 'name=token' pairs, comma-separated")
+    for name, token in v.items():
+        if not isinstance(name, str) or not SENDER_NAME.fullmatch(name):
+            raise ValueError(f"sender name {str(name)[:70]!r} is not 1-64 of A-Z a-z 0-9 _ . -")
+        if not isinstance(token, str) or len(token) < MIN_SECRET_CHARS:
+            raise ValueError(f"sender {name!r}: its token has fewer than {MIN_SECRET_CHARS} characters")
+    if len(set(v.values())) != len(v):
+        raise ValueError("two senders share one bearer token: give each sender its own")
+    return dict(v)
 
 
 class SettingsError(Exception):
@@ -62,6 +99,12 @@ class Settings(CollectorSettings):
                                        description="HMAC-SHA256 secret of the alert webhook and of the "
                                        "scheduler's findings posts; required outside loopback (roles api, "
                                        "scheduler); on loopback an unset secret is the development one")
+    webhook_bearer_tokens: Annotated[dict[str, str], NoDecode] = Field(
+        default_factory=dict, max_length=256,
+        description="senders that authenticate POST /v1/alerts with 'Authorization: Bearer <token>' instead of "
+        "an HMAC signature (Alertmanager's http_config.authorization, Grafana's authorization header): "
+        "'name=token' pairs, comma-separated, tokens of >= 16 characters; the name goes into the audit. "
+        "Never open: with none set, a bearer delivery is 401 on every bind")
     webhook_urls: str = Field(default="", max_length=8192,
                               description="comma-separated URLs the findings notifier posts critical findings to; "
                               "empty = this server's own /v1/alerts")
@@ -77,6 +120,11 @@ class Settings(CollectorSettings):
     @classmethod
     def _split_api_tokens(cls, v):
         return split_tokens(v)
+
+    @field_validator("webhook_bearer_tokens", mode="before")
+    @classmethod
+    def _split_senders(cls, v):
+        return split_senders(v)
 
     @property
     def roles(self) -> frozenset[str]:

@@ -1,11 +1,18 @@
 """Alert webhook ``POST /v1/alerts``: signed findings, Alertmanager v4 or Grafana payloads -> switch off.
 
-Sign the body with HMAC-SHA256 over ``'<timestamp>.<body>'`` (api/alerts.py ``sign``): headers
-``X-Livestep-Timestamp`` and ``X-Livestep-Signature``; or Grafana's contact-point HMAC signing
-(``X-Grafana-Alert-Signature``, timestamp header set to ``X-Grafana-Alert-Timestamp``). Unsigned, badly signed or stale deliveries
-are 401, a replayed signature 409 (a signature counts as accepted once its decisions are stored, so
-a delivery that failed can be retried as is), a malformed body 422, an unknown switch 422 (the message lists
-the valid ones); resolved, duplicate and unmapped alerts are answered 200 with recorded no-ops.
+Three ways to authenticate a delivery (api/alerts.py says each in full):
+- our HMAC-SHA256 over ``'<timestamp>.<body>'`` (api/alerts.py ``sign``): ``X-Livestep-Timestamp`` and
+  ``X-Livestep-Signature``;
+- Grafana's contact-point HMAC signing: ``X-Grafana-Alerting-Signature`` (Grafana's default name) or
+  ``X-Grafana-Alert-Signature``, over ``'<timestamp>:<body>'`` with a timestamp header
+  (``X-Grafana-Alerting-Timestamp`` / ``X-Grafana-Alert-Timestamp``), else over the body alone;
+- ``Authorization: Bearer <token>`` of a sender named in ``LIVESTEP_WEBHOOK_BEARER_TOKENS``
+  (Alertmanager's ``http_config.authorization``); a signature, when sent, is what is checked.
+Unauthenticated, badly signed or stale deliveries are 401, a replayed timestamped signature 409 (a
+signature counts as accepted once its decisions are stored, so a delivery that failed can be retried as
+is; body-only signatures and bearer deliveries have no signature to replay, and the alert dedup keys
+keep each alert's effect single), a malformed body 422, an unknown switch 422 (the message lists the
+valid ones); resolved, duplicate and unmapped alerts are answered 200 with recorded no-ops.
 Where the app runs the analytics scheduler, api/notify.py posts their critical findings here (wired by
 api/app.py's lifespan; ``_act`` is also its in-process delivery).
 """
@@ -19,18 +26,20 @@ from fastapi import APIRouter, Header, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
 
 from api.alerts import (
-    GRAFANA_SIG_HEADER,
-    GRAFANA_TS_HEADER,
+    GRAFANA_SIG_HEADERS,
+    GRAFANA_TS_HEADERS,
     SIG_HEADER,
     TS_HEADER,
     PayloadError,
     SignatureError,
+    bearer_sender,
     handle_alerts,
     parse_payload,
     remember,
     seen,
     unknown_switches,
     verify,
+    verify_body_only,
 )
 from api.deps import SettingsDep, StoreDep
 from api.switchboard import get_switchboard
@@ -51,26 +60,49 @@ _BODY_DOC = {
 }
 
 
-def _handle_once(store, board, digest: str, fmt: str, alerts) -> list[dict[str, Any]]:
-    """Handle a signed delivery unless its signature was accepted before (409). The signature is
+def _handle_once(store, board, digest: str | None, fmt: str, alerts, sender: str = "") -> list[dict[str, Any]]:
+    """Handle a delivery unless its timestamped signature was accepted before (409). The signature is
     recorded only once the decisions are stored: a delivery that failed half-way (store down) can be
     retried with the same signature, and the alert-key dedup of ``handle_alerts`` keeps the flip single.
-    The lock makes check, handling and record one step for concurrent copies in this process."""
-    key = f"sig:{digest}"
+    The lock makes check, handling and record one step for concurrent copies in this process.
+    ``digest`` None (bearer, body-only signature): no signature to replay, the alert keys dedup."""
+    key = f"sig:{digest}" if digest else None
     with _replay_lock:
-        if seen(store, key):
+        if key and seen(store, key):
             raise HTTPException(409, detail="replayed delivery: this signature was accepted before; "
                                             "sign each delivery with a fresh timestamp")
-        decisions = handle_alerts(store, board, fmt, alerts)
-        remember(store, key, "signature", "accepted")
+        decisions = handle_alerts(store, board, fmt, alerts, sender=sender)
+        if key:
+            remember(store, key, "signature", "accepted")
     return decisions
 
 
-def _act(store, settings, body: bytes, ts: str | None, sig: str | None, sep: str = ".") -> dict[str, Any]:
+def _authenticate(settings, body: bytes, headers) -> tuple[str | None, str]:
+    """(the replay digest or None, the bearer sender's name or ''), else 401 naming what was wrong."""
     try:
-        digest = verify(settings.webhook_secret or "", body, ts, sig, window_s=settings.webhook_window_s, sep=sep)
+        if headers.get(SIG_HEADER) is not None:
+            return verify(settings.webhook_secret or "", body, headers.get(TS_HEADER), headers.get(SIG_HEADER),
+                          window_s=settings.webhook_window_s), ""
+        gsig = next((headers[h] for h in GRAFANA_SIG_HEADERS if headers.get(h) is not None), None)
+        if gsig is not None:
+            gts = next((headers[h] for h in GRAFANA_TS_HEADERS if headers.get(h) is not None), None)
+            if gts is None:  # a contact point without a timestamp header signs the body alone
+                verify_body_only(settings.webhook_secret or "", body, gsig)
+                return None, ""
+            return verify(settings.webhook_secret or "", body, gts, gsig, window_s=settings.webhook_window_s,
+                          sep=":"), ""
+        if headers.get("Authorization") is not None:
+            return None, bearer_sender(headers.get("Authorization"), settings.webhook_bearer_tokens)
+        verify(settings.webhook_secret or "", body, None, None, window_s=settings.webhook_window_s)
     except SignatureError as e:
-        raise HTTPException(401, detail=str(e)) from e
+        raise HTTPException(401, detail=str(e), headers={"WWW-Authenticate": "Bearer"}) from e
+    raise AssertionError("verify raises without a signature")  # pragma: no cover
+
+
+def _act(store, settings, body: bytes, headers) -> dict[str, Any]:
+    """Authenticate, parse and act on one delivery; ``headers`` is a case-insensitive mapping (Starlette's
+    ``request.headers``, or an ``httpx.Headers`` for the in-process delivery)."""
+    digest, sender = _authenticate(settings, body, headers)
     try:
         fmt, alerts = parse_payload(body)
     except PayloadError as e:
@@ -79,27 +111,30 @@ def _act(store, settings, body: bytes, ts: str | None, sig: str | None, sep: str
     if bad:
         raise HTTPException(422, detail=f"unknown switch(es) {bad}; valid switches: {', '.join(SWITCH_NAMES)}")
     board = get_switchboard(store, settings.switch_cache_s)
-    decisions = _handle_once(store, board, digest, fmt, alerts)
+    decisions = _handle_once(store, board, digest, fmt, alerts, sender)
     return {"format": fmt, "alerts": len(alerts), "flipped": sum(1 for d in decisions if d["changed"]),
-            "decisions": decisions}
+            **({"sender": sender} if sender else {}), "decisions": decisions}
 
 
-@router.post("", openapi_extra=_BODY_DOC, responses={401: {"description": "missing, bad or stale signature"},
-                                                     409: {"description": "replayed delivery"},
-                                                     422: {"description": "malformed payload or unknown switch"}})
+@router.post("", openapi_extra=_BODY_DOC,
+             responses={401: {"description": "missing, bad or stale signature, or an unknown bearer token"},
+                        409: {"description": "replayed delivery"},
+                        422: {"description": "malformed payload or unknown switch"}})
 async def post_alerts(
     request: Request,
     store: StoreDep,
     settings: SettingsDep,
     x_livestep_timestamp: Annotated[str | None, Header(alias=TS_HEADER, max_length=64)] = None,
     x_livestep_signature: Annotated[str | None, Header(alias=SIG_HEADER, max_length=200)] = None,
-    x_grafana_alert_timestamp: Annotated[str | None, Header(alias=GRAFANA_TS_HEADER, max_length=64)] = None,
-    x_grafana_alert_signature: Annotated[str | None, Header(alias=GRAFANA_SIG_HEADER, max_length=200)] = None,
+    x_grafana_alerting_timestamp: Annotated[str | None, Header(alias=GRAFANA_TS_HEADERS[0], max_length=64)] = None,
+    x_grafana_alerting_signature: Annotated[str | None, Header(alias=GRAFANA_SIG_HEADERS[0], max_length=200)] = None,
+    x_grafana_alert_timestamp: Annotated[str | None, Header(alias=GRAFANA_TS_HEADERS[1], max_length=64)] = None,
+    x_grafana_alert_signature: Annotated[str | None, Header(alias=GRAFANA_SIG_HEADERS[1], max_length=200)] = None,
+    authorization: Annotated[str | None, Header(max_length=4200, description="Bearer <sender token>, "
+                                                "where the sender does not sign")] = None,
 ) -> dict[str, Any]:
+    # The header parameters bound their lengths and document them; _act reads them off request.headers.
     body = await request.body()
     if len(body) > MAX_BODY:
         raise HTTPException(413, detail=f"body of {len(body)} bytes is over the {MAX_BODY}-byte limit")
-    if x_livestep_signature is None and x_grafana_alert_signature is not None:  # Grafana's own signing
-        return await run_in_threadpool(_act, store, settings, body, x_grafana_alert_timestamp,
-                                       x_grafana_alert_signature, ":")
-    return await run_in_threadpool(_act, store, settings, body, x_livestep_timestamp, x_livestep_signature)
+    return await run_in_threadpool(_act, store, settings, body, request.headers)

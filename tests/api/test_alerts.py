@@ -219,6 +219,51 @@ def test_grafana_native_hmac_signing_is_accepted(client):
     assert post(client, None, raw=body, headers=stale).status_code == 401
     bad = sign_grafana("nope", body)
     assert post(client, None, raw=body, headers=bad).status_code == 401
-    no_ts = {"X-Grafana-Alert-Signature": sign_grafana(SECRET, body)["X-Grafana-Alert-Signature"]}
+    # a timestamped signature sent without its timestamp is checked as a body-only one: it does not match
+    no_ts = {"X-Grafana-Alerting-Signature": sign_grafana(SECRET, body)["X-Grafana-Alerting-Signature"]}
     r = post(client, None, raw=body, headers=no_ts)
-    assert r.status_code == 401 and "missing" in r.json()["detail"]
+    assert r.status_code == 401 and "body" in r.json()["detail"]
+
+
+@pytest.mark.parametrize("sig_header,ts_header", [
+    ("X-Grafana-Alerting-Signature", "X-Grafana-Alerting-Timestamp"),  # Grafana's default signature header
+    ("X-Grafana-Alert-Signature", "X-Grafana-Alert-Timestamp"),
+    ("X-Grafana-Alerting-Signature", "X-Grafana-Alert-Timestamp"),
+])
+def test_grafana_signature_header_names(client, sig_header, ts_header):
+    from api.alerts import sign_grafana
+
+    body = orjson.dumps(grafana())
+    r = post(client, None, raw=body, headers=sign_grafana(SECRET, body, sig_header=sig_header, ts_header=ts_header))
+    assert r.status_code == 200 and r.json()["flipped"] == 1
+
+
+def test_grafana_without_a_timestamp_header_signs_the_body_and_acts_once(client):
+    """No timestamp: the body alone is verified; a replay of the same body changes nothing (its alert keys
+    were seen), so replay protection holds without the window."""
+    from api.alerts import sign_grafana
+
+    body = orjson.dumps(grafana())
+    headers = sign_grafana(SECRET, body, with_timestamp=False)
+    assert list(headers) == ["X-Grafana-Alerting-Signature"]
+    first = post(client, None, raw=body, headers=headers)
+    assert first.status_code == 200 and first.json()["flipped"] == 1
+    replay = post(client, None, raw=body, headers=headers)
+    assert replay.status_code == 200 and replay.json()["flipped"] == 0
+    assert replay.json()["decisions"][0]["action"] == "alert_duplicate"
+    assert post(client, None, raw=body, headers=sign_grafana("wrong-secret-0123456", body,
+                                                             with_timestamp=False)).status_code == 401
+    tampered = body.replace(b"Late chunks", b"Late chunkz")
+    assert post(client, None, raw=tampered, headers=headers).status_code == 401
+
+
+def test_a_resolved_that_arrives_before_its_firing_does_not_use_up_the_firing(client):
+    """Alertmanager may deliver out of order (retries, two replicas): the firing still flips."""
+    assert post(client, am(status="resolved")).json()["decisions"][0]["action"] == "alert_resolved"
+    r = post(client, am(status="firing"))
+    assert r.json()["flipped"] == 1
+    again = post(client, am(status="resolved"), ts=int(time.time()) - 1)  # signed afresh: not a replay
+    assert again.json()["decisions"][0]["action"] == "alert_duplicate"
+    # the same holds for our own findings
+    assert post(client, finding(status="resolved")).json()["flipped"] == 0
+    assert post(client, finding(status="open", scope="release=v8")).json()["flipped"] == 1
