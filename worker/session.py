@@ -41,7 +41,7 @@ from worker.decoder import Decoder
 from worker.fp8 import SaturationProbe
 from worker.model import DiT
 from worker.switches import SwitchSource, make_source
-from worker.telemetry import ListSink, Playout, Telemetry, rss_bytes
+from worker.telemetry import ListSink, Playout, Telemetry, rss_bytes, weak_method
 
 log = logging.getLogger("livestep.worker.session")
 
@@ -257,7 +257,7 @@ class Session:
                        if worker.device.type == "cuda"})
         self.tel = Telemetry(self.sink, self.labels, worker.device, self.playout, gpus, enabled=telemetry,
                              detail_every=detail_every)
-        self.tel.cpu_mem = self._cpu_mem
+        self.tel.cpu_mem = weak_method(self._cpu_mem, (0, 0))  # no cycle session <-> telemetry
         self.saturation_every = (SATURATION_EVERY.get(worker.device.type, 8) if saturation_every is None
                                  else saturation_every)
         if self.saturation_every < 1:

@@ -28,6 +28,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections import deque
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -36,6 +37,21 @@ from typing import Any
 import torch
 
 log = logging.getLogger("livestep.worker.telemetry")
+
+
+def weak_method(bound, default=None):
+    """A callable that calls ``bound`` (a bound method) while its object lives, else returns ``default``.
+
+    What a session hands to longer- or equally-lived helpers (a sampler thread, a telemetry callback)
+    must not point back at the session: the cycle would keep its tensors alive until the cyclic
+    collector runs (tests/worker/test_lifetime.py)."""
+    ref = weakref.WeakMethod(bound)
+
+    def call(*args, **kw):
+        fn = ref()
+        return default if fn is None else fn(*args, **kw)
+
+    return call
 
 
 class ListSink:
@@ -156,7 +172,7 @@ class PowerSampler:
         self.available = False
         self.error: str | None = None
         self._hist: deque[tuple[float, float]] = deque(maxlen=4096)  # (perf_counter, energy mJ summed)
-        self._emit = emit
+        self._emit = emit  # weak_method(Telemetry._put): the sampler never keeps its telemetry alive
         self.interval_s = interval_s
         self._stop = threading.Event()
         try:
@@ -355,7 +371,7 @@ class Telemetry:
         self._refs: dict[int, tuple[torch.cuda.Event, float]] = {}  # GPU index -> (event, perf_counter)
         self._step_start: Any = None
         self.step = -1
-        self.power = PowerSampler(list(gpu_indices), self._put) if (sample_power and self.cuda) else None
+        self.power = PowerSampler(list(gpu_indices), weak_method(self._put)) if (sample_power and self.cuda) else None
         self.cpu_mem = lambda: (0, 0)
 
     # -- clocks --------------------------------------------------------------------------------
