@@ -2,6 +2,7 @@
 
     model = DiT(shape, device)                       # seeded random weights (no public weights)
     cond_kv = model.first_forward(cond, cache)       # conditioning [L, d]: cross K/V + window prefill
+    cond_kv = model.cross_kv(new_cond, cache)        # a turn: the cross K/V alone, for the next chunks
     latents = model.denoise_chunk(noise, cache, cond_kv)   # noise [new_tokens, C] -> latents
 
 A block: timestep modulation (adaLN-single: a per-block table plus the shared timestep
@@ -302,7 +303,7 @@ class Block:
             return self.allreduce(y)
 
     def cross_kv(self, cond: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Conditioning [L, d] -> cross-attention K, V [heads, L, head_dim] (once per session)."""
+        """Conditioning [L, d] -> cross-attention K, V [heads, L, head_dim] (first forward, and each turn)."""
         L, H, hd = cond.shape[0], self.shape.heads, self.shape.head_dim
         kv = self.ckv(cond).view(L, 2, H, hd).permute(1, 2, 0, 3)
         return kv[0].contiguous(), kv[1].contiguous()
@@ -507,13 +508,19 @@ class DiT:
     def first_forward(self, cond: torch.Tensor, cache: KVCache):
         """Conditioning [L, d]: cross-attention K/V per block, and the window prefilled with it."""
         cond = cond.to(self.dtype)
-        cond_kv = [cache.cross_window(*blk.cross_kv(cond)) for blk in self.blocks]
+        cond_kv = self.cross_kv(cond, cache)
         cache.begin_step(cond.shape[0])
         # unfused: once per session, and its token count varies per session (the compiled chains
         # then see one shape only, the chunk's, and never recompile)
         self.forward_tokens(cond, 0.0, cache, cond_kv, fused=False)
         cache.end_step()
         return cond_kv
+
+    def cross_kv(self, cond: torch.Tensor, cache: KVCache) -> list:
+        """Conditioning [L, d] -> every block's cross-attention K/V window (the first forward's, and a
+        turn's recompute: worker/turns.py). Column-parallel only: no all-reduce, no buffer registry."""
+        cond = cond.to(self.dtype)
+        return [cache.cross_window(*blk.cross_kv(cond)) for blk in self.blocks]
 
     def denoise_chunk(self, noise: torch.Tensor, cache: KVCache, cond_kv) -> torch.Tensor:
         """noise [new_tokens, C] -> clean latents; ``cache.begin_step`` was called by the caller."""

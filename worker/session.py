@@ -42,6 +42,7 @@ from worker.fp8 import SaturationProbe
 from worker.model import DiT
 from worker.switches import SwitchSource, make_source
 from worker.telemetry import ListSink, Playout, Telemetry, rss_bytes, weak_method
+from worker.turns import TurnInbox, TurnPlayer, Turns, check_policy
 
 log = logging.getLogger("livestep.worker.session")
 
@@ -80,6 +81,7 @@ class SessionSummary:
     graphed_steps: int = 0  # steps that replayed a captured CUDA graph
     probed_steps: int = 0  # steps whose FP8 saturation was counted (static_scales on)
     max_fp8_saturated: float | None = None  # the largest share of FP8 GEMM inputs at +-448
+    turns: int = 0  # conversational turns applied (worker/turns.py)
 
 
 def _as_switches(sw) -> Switches:
@@ -104,6 +106,7 @@ class _Graph:
     noise: torch.Tensor
     out: torch.Tensor
     cache: KVCache  # the session's cache whose buffers the graph reads and writes
+    cond_kv: list  # the cross K/V windows it reads (a turn replaces them: a new capture)
     probe: SaturationProbe | None  # the probe whose count it zeroes and sums (None: plain)
     total: int  # the probe's element total for one replay
 
@@ -137,7 +140,7 @@ class ChunkRunner:
                 return self.model.denoise_chunk(noise, cache, cond_kv), False
             finally:
                 self.model.set_probe(None)
-        if self._stale(probe, cache):
+        if self._stale(probe, cache, cond_kv):
             self._capture(noise, cache, cond_kv, probe)
         g = self._graphs[probe is not None]
         g.noise.copy_(noise)
@@ -146,9 +149,9 @@ class ChunkRunner:
             probe.total = g.total  # the count itself was zeroed and summed by the replay
         return g.out.clone(), True
 
-    def _stale(self, probe: SaturationProbe | None, cache: KVCache) -> bool:
+    def _stale(self, probe: SaturationProbe | None, cache: KVCache, cond_kv) -> bool:
         g = self._graphs.get(probe is not None)
-        return g is None or g.cache is not cache or g.probe is not probe
+        return g is None or g.cache is not cache or g.probe is not probe or g.cond_kv is not cond_kv
 
     def _capture(self, noise: torch.Tensor, cache: KVCache, cond_kv, probe: SaturationProbe | None) -> None:
         """After one warm-up on a side stream (compiles, autotunes, allocates; with a probe installed, so
@@ -161,7 +164,7 @@ class ChunkRunner:
         want = [probe]
         if known is not None and self.model.probe_ready:
             want = [None, known]
-        want = [p for p in want if self._stale(p, cache)]
+        want = [p for p in want if self._stale(p, cache, cond_kv)]
         static_noise = noise.clone()
         try:
             self.model.set_probe(want[-1])
@@ -177,7 +180,8 @@ class ChunkRunner:
                     if p is not None:
                         p.start()  # the count's zeroing is part of the graph
                     out = self.model.denoise_chunk(static_noise, cache, cond_kv)
-                self._graphs[p is not None] = _Graph(g, static_noise, out, cache, p, p.total if p is not None else 0)
+                self._graphs[p is not None] = _Graph(g, static_noise, out, cache, cond_kv, p,
+                                                     p.total if p is not None else 0)
         finally:
             self.model.set_probe(None)
 
@@ -221,7 +225,8 @@ class Session:
                  realtime: bool = True, sink=None, seed: int | None = None, telemetry: bool = True,
                  chunk_period_s: float = CHUNK_PERIOD_S, playout_capacity: int = 4, max_in_flight: int = 3,
                  client_kwargs: dict | None = None, sync_debug: bool | str = False, detail_every: int | None = None,
-                 saturation_every: int | None = None):
+                 saturation_every: int | None = None, turns: TurnInbox | None = None,
+                 playout_policy: str = "keep"):
         self.w = worker
         # any host sync in the loop raises (True / "error") or warns ("warn": the bench counts them)
         self.sync_mode = "error" if sync_debug is True else (sync_debug or None)
@@ -252,7 +257,8 @@ class Session:
         self.sink = sink if sink is not None else ListSink()
         self.source: SwitchSource = make_source(switch_source, worker.worker_id, worker.release,
                                                 worker.gpu_kind, token)
-        self.playout = Playout(chunk_period_s, capacity=playout_capacity)
+        self.playout_policy = check_policy(playout_policy)  # what a turn does to old chunks (worker/turns.py)
+        self.playout = (TurnPlayer if turns is not None else Playout)(chunk_period_s, capacity=playout_capacity)
         gpus = sorted({i for i in (worker.device.index or 0, torch.cuda.device_count() - 1)
                        if worker.device.type == "cuda"})
         self.tel = Telemetry(self.sink, self.labels, worker.device, self.playout, gpus, enabled=telemetry,
@@ -263,6 +269,8 @@ class Session:
         if self.saturation_every < 1:
             raise ValueError(f"saturation_every {saturation_every!r}; valid: a positive number of steps")
         self.probe = SaturationProbe(worker.device) if telemetry else None
+        self.turns = (Turns(turns, playout_policy, self.playout, self.tel, worker.model, self.seed + 1)
+                      if turns is not None else None)
         self.switch_events: list[dict[str, Any]] = []
         self.loop_s = 0.0
         self.cache: KVCache | None = None
@@ -363,12 +371,19 @@ class Session:
             tel.timer.take()  # the first forward is not a step
             T, C = shape.new_tokens, shape.latent_channels
             t_loop = time.perf_counter()
+            if self.turns is not None:
+                self.turns.start(t_loop)
             if self.sync_debug:
                 torch.cuda.set_sync_debug_mode(self.sync_mode)
             for i in range(self.n_steps):
                 self._poll_switches(i)
-                held = self._wait_for_room(i)
+                held = self._wait_for_room(i, stop=self.turns.due if self.turns else None)
+                if self.turns is not None and self.turns.due():  # a turn, at this step boundary
+                    cond_kv = self.turns.apply(i, cond_kv, self.cache, tel.in_flight(), self._chunk_s())
+                    held = self._wait_for_room(i) or held
                 tel.begin_step(i, held=held)
+                if self.turns is not None:
+                    self.turns.step_begun(i)
                 reset = i > 0 and i % shape.reset_every == 0
                 with tel.timer.span("upkeep"):
                     did_reset = self.cache.begin_step(T, reset=reset)
@@ -387,9 +402,13 @@ class Session:
                 if did_reset:
                     tel.event("reset", step=i, resets=self.cache.book.resets)
                 tel.poll()
+                if self.turns is not None:
+                    self.turns.collect()
             if self.sync_debug:
                 torch.cuda.set_sync_debug_mode("default")
             tel.drain()
+            if self.turns is not None:
+                self.turns.collect()
             self.loop_s = time.perf_counter() - t_loop
         except torch.OutOfMemoryError as e:
             tel.event("oom", error=str(e)[:500])
@@ -402,14 +421,22 @@ class Session:
             self.source.close()
         return self._finish(t_wall0, common)
 
-    def _wait_for_room(self, i: int) -> bool:
-        """Real time: wait while the player's buffer is full; never more than a few steps in flight.
+    def _chunk_s(self) -> float:
+        """The recent time to make one chunk (the longest of the last 8 periods; a turn's trim policy)."""
+        recent = self.tel.stats.period_ms[-8:]
+        return max(recent) / 1e3 if recent else self.playout.period_s
+
+    def _wait_for_room(self, i: int, stop=None) -> bool:
+        """Real time: wait while the player's buffer is full; never more than a few steps in flight;
+        ``stop()`` true (a turn arrived): return at once.
 
         Returns whether the player held this step back (the worker was ahead of real time)."""
         tel = self.tel
         held = False
         while True:
             tel.poll()
+            if stop is not None and stop():
+                return held
             now = time.perf_counter()
             if tel.in_flight() >= self.max_in_flight and not tel.oldest_done():
                 time.sleep(0.0005)
@@ -454,6 +481,7 @@ class Session:
             mean_decode_ms=_mean(st.decode_ms), power_error=tel.power.error if tel.power else None,
             graphed_steps=sum(st.graphed), probed_steps=len(st.saturated),
             max_fp8_saturated=max(st.saturated) if st.saturated else None,
+            turns=self.turns.applied if self.turns is not None else 0,
         )
 
 

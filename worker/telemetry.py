@@ -58,7 +58,8 @@ class ListSink:
     """An in-process sink with the client's interface (tests, benches, no collector)."""
 
     def __init__(self, max_rows: int | None = None):
-        self.rows: dict[str, list[dict[str, Any]]] = {"step": [], "gpu_sample": [], "session": [], "event": []}
+        self.rows: dict[str, list[dict[str, Any]]] = {"step": [], "gpu_sample": [], "session": [], "event": [],
+                                                      "turn": []}
         self.max_rows = max_rows
         self.dropped = 0
         self.sent = 0
@@ -358,7 +359,7 @@ class Telemetry:
         # step at prod shape): on CUDA they are recorded on every 8th step, other steps report null
         self.detail_every = detail_every or (8 if self.cuda else 1)
         self.dropped = 0
-        self.emitted: dict[str, int] = {"step": 0, "session": 0, "event": 0, "gpu_sample": 0}
+        self.emitted: dict[str, int] = {"step": 0, "session": 0, "event": 0, "gpu_sample": 0, "turn": 0}
         self.stats = StepStats()
         self._pending: deque[_Pending] = deque()
         self._last_delivery: float | None = None
@@ -398,6 +399,10 @@ class Telemetry:
         ref, t = self._refs[self._gpu(device)]
         return t + ref.elapsed_time(ev) / 1e3
 
+    def wall(self, ev: torch.cuda.Event, device) -> float:
+        """The perf_counter time of a done event recorded on ``device`` (after ``sync_clock``)."""
+        return self._wall(ev, device)
+
     # -- records -------------------------------------------------------------------------------
 
     def _put(self, kind: str, row: dict[str, Any]) -> None:
@@ -413,6 +418,10 @@ class Telemetry:
 
     def session(self, **row: Any) -> None:
         self._put("session", row)
+
+    def turn(self, row: dict[str, Any]) -> None:
+        """A conversational turn (worker/turns.py)."""
+        self._put("turn", row)
 
     # -- the step loop's marks -----------------------------------------------------------------
 
