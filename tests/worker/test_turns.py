@@ -295,3 +295,24 @@ def test_graphs_are_recaptured_for_a_turns_cross_attention_windows(cpu_graphs):
         made.append(cpu_graphs.made)
     assert made[:4] == [0] * 4 and made[4:6] == [1, 1]  # captured once the window is full
     assert made[6:] == [2] * 4  # and once more for the turn's windows, at its first step
+
+
+def test_a_session_with_turns_is_freed_by_reference_counting_alone():
+    """Turns hold the player, telemetry and model, never the session: no cycle for the GC to find."""
+    import gc
+    import weakref
+
+    w = Worker("tiny", device="cpu")
+    gc.disable()
+    try:
+        inbox = _OnePerBoundary()
+        for n in (3, 9):
+            inbox.submit(tokens=n)
+        s = Session(w, steps=8, realtime=False, sink=ListSink(), turns=inbox, playout_policy="trim")
+        s.run()
+        assert s.turns.applied == 2
+        refs = [weakref.ref(x) for x in (s, s.turns, s.playout, s.tel, s.cache)]
+        del s
+        assert [r() is None for r in refs] == [True] * len(refs)
+    finally:
+        gc.enable()
