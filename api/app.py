@@ -8,7 +8,8 @@ The lifespan opens the store and migrates it once, opens the spool and starts it
 and, with it, the canary evaluation job (``api.canary.schedule``) and the findings notifier
 (``api.notify.install_for_server``: critical findings to the alert webhook) -- once per app,
 whatever else the role serves -- and shuts them down in reverse order. Every module of ``api/routes/`` that defines ``router`` is
-included (role api; ``health`` always), plus ``collector.routes.router`` (role collector).
+included (role api; ``health`` and ``metrics`` on every role), plus ``collector.routes.router`` (role
+collector); the collector's metrics (``app.state.ingest_metrics``, ``fleet_counters``) are collector/metrics.py.
 The store is ``app.state.store``, the settings ``app.state.settings`` (read once here; routes get it
 through api/deps.py, the notifier is built from it), the spool ``app.state.spool``,
 the scheduler ``app.state.scheduler`` and the notifier ``app.state.notifier`` (None where not run).
@@ -35,6 +36,7 @@ log = logging.getLogger("livestep.api")
 
 
 _CORE_ROUTES = ("health", "sessions")  # included first: on a path clash, the core route answers
+_EVERY_ROLE = ("health", "metrics")  # route modules every role serves
 
 
 def _route_modules() -> list[str]:
@@ -101,6 +103,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             writer = BlockWriter(spool, get_store, settings.flush_rows, settings.flush_interval_s,
                                  settings.retry_max_s, settings.fault_store_down_file,
                                  settings.poison_after_failures)
+            from collector.metrics import FleetCounters, IngestMetrics
+
+            app.state.ingest_metrics, app.state.fleet_counters = IngestMetrics(), FleetCounters()
+            writer.observe_block = app.state.fleet_counters.observe
             writer.start()
         app.state.spool, app.state.writer = spool, writer
         if "scheduler" in settings.roles and app.state.store is not None:
@@ -137,6 +143,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.store = app.state.store_error = app.state.spool = app.state.writer = None
     app.state.scheduler = app.state.notifier = None
+    app.state.ingest_metrics = app.state.fleet_counters = app.state.metrics_registry = None
 
     @app.exception_handler(RequestValidationError)
     async def _invalid_request(request: Request, exc: RequestValidationError):
@@ -147,7 +154,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
         app.include_router(collector_router)
     for name in _route_modules():
-        if name != "health" and "api" not in settings.roles:
+        if name not in _EVERY_ROLE and "api" not in settings.roles:
             continue
         try:
             mod = importlib.import_module(f"api.routes.{name}")

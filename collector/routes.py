@@ -537,8 +537,11 @@ async def _ingest(scope: Scope, receive: Receive) -> bytes:
     body = await _read_body(receive, headers.get(b"content-length"), settings.max_body_bytes)
     batch_id = _batch_id(headers.get(b"idempotency-key"), body)
     spool = state.spool
+    metrics = getattr(state, "ingest_metrics", None)  # collector/metrics.py (None in apps without it)
     known = spool.known(batch_id)
     if known is not None:  # a retry of a stored batch: no need to parse it again
+        if metrics is not None:
+            metrics.deduplicated()
         return _ack(batch_id, known, True)
     try:
         if len(body) > _THREADPOOL_BYTES:
@@ -551,10 +554,17 @@ async def _ingest(scope: Scope, receive: Receive) -> bytes:
         return _ack(batch_id, {}, False)
     try:
         ack = await spool.submit_async(batch_id, tables)
-    except SpoolFullError as e:
-        raise HTTPException(429, str(e), headers={"Retry-After": str(e.retry_after_s)}) from e
     except SpoolError as e:
+        status = 429 if isinstance(e, SpoolFullError) else 503
+        if metrics is not None:
+            metrics.refused_rows(status, {k: t.num_rows for k, t in tables.items()})
+        if status == 429:
+            raise HTTPException(429, str(e), headers={"Retry-After": str(e.retry_after_s)}) from e
         raise HTTPException(503, f"{e}; the batch was not stored, retry it", headers={"Retry-After": "1"}) from e
+    if metrics is not None and ack.duplicate:
+        metrics.deduplicated()
+    elif metrics is not None:
+        metrics.accepted(ack.rows)
     return _ack(ack.batch_id, ack.rows, ack.duplicate)
 
 
@@ -567,6 +577,9 @@ async def ingest_asgi(scope: Scope, receive: Receive, send: Send) -> None:
     except HTTPException as e:
         body, status = orjson.dumps({"detail": e.detail}), e.status_code
         extra = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in (e.headers or {}).items()]
+        metrics = getattr(scope["app"].state, "ingest_metrics", None)
+        if metrics is not None:
+            metrics.refused(status)
     except _ClientGoneError:
         return
     await send({"type": "http.response.start", "status": status,

@@ -104,6 +104,8 @@ class BlockWriter:
         self.failures = 0
         self.last_error: str | None = None
         self.last_insert_at: float | None = None  # time.time()
+        # called with (kind, table) once a block (or a split block's batch) is stored: collector/metrics.py
+        self.observe_block: Callable[[str, pa.Table], None] | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -236,6 +238,8 @@ class BlockWriter:
                             self.get_store().insert_arrow(TABLES[kind], missing,
                                                           dedup_token=f"{self.spool.uid}:{e.seq}-{e.seq}:{kind}")
                         self.rows += table.num_rows
+                        if self.observe_block is not None:
+                            self.observe_block(kind, table)
                         if self.spool.unquarantine(e.seq, kind):  # refused before a restart, stored now
                             self.unquarantined += 1
                             log.warning("spool batch %d (%s) quarantined earlier is stored now: quarantine "
@@ -297,6 +301,8 @@ class BlockWriter:
             block = block.cast(ARROW_SCHEMAS[kind]) if block.schema != ARROW_SCHEMAS[kind] else block
             store.insert_arrow(TABLES[kind], block, dedup_token=f"{self.spool.uid}:{first}-{last}:{kind}")
             done.add(kind)
+            if self.observe_block is not None:
+                self.observe_block(kind, block)
         self.blocks += 1
         self.rows += sum(e.nrows for e in entries)
         self.last_insert_at = time.time()

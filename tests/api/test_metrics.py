@@ -1,0 +1,107 @@
+"""The api role's /metrics: open findings, job runs, switch rules, webhook decisions, release rollouts and
+the switches each release turned on, read from the store at scrape time."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pyarrow as pa
+from fastapi.testclient import TestClient
+from prometheus_client.openmetrics.parser import text_string_to_metric_families
+
+from analytics.findings import finding, write_findings
+from analytics.jobs import _record
+from api.metrics import suspects
+from collector import records
+from tests.api.conftest import ADMIN, real_app
+from tests.api.test_alerts import am, post
+
+
+def scrape(c) -> dict:
+    r = c.get("/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+    assert r.status_code == 200, r.text
+    return {f.name: f for f in text_string_to_metric_families(r.text)}
+
+
+def samples(fams, family) -> dict:
+    return {tuple(sorted(s.labels.items())): s.value for s in fams[family].samples
+            if not s.name.endswith("_created")}
+
+
+def _sessions(store, release: str, switches: str, at: datetime, n: int = 2) -> None:
+    rows = [{"worker_id": "w1", "session_id": f"{release}-{i}", "release": release, "gpu_kind": "cpu",
+             "ts": at + timedelta(minutes=i), "phase": "start", "first_forward_tokens": 8, "streamed_s": 0.0,
+             "frames": 0, "avg_fps": None, "late_chunks": 0, "stall_ms": 0.0, "tp_size": 1, "shape": "tiny",
+             "switches": switches} for i in range(n)]
+    store.insert_arrow("sessions", records.to_arrow("session", rows))
+
+
+def test_store_families(store, settings):
+    now = datetime.now(UTC)
+    week = now - timedelta(days=7)
+    write_findings(store, "memory", week, now, [
+        finding("memory_growth", {"release": "v2", "gpu_kind": "h200"}, "bytes_per_shape", week, now, value=1e9,
+                severity="critical", attribution="fused_allreduce"),
+        finding("regression", {"release": "v2"}, "step_period_ms_p50", week, now, value=170.0, severity="warning"),
+    ])
+    _record(store, "memory", now, "ok", 1, "schedule", week, now, 1, "")
+    _record(store, "memory", now, "failed", 1, "schedule", week, now, 0, "boom")
+    _record(store, "regressions", now, "failed", 1, "schedule", week, now, 0, "boom")
+    # v2 (rolled out after v1, though it sorts first the other way round by name) turned fused_allreduce on
+    _sessions(store, "v10", "ring_cache,rope_at_write", now - timedelta(days=3))
+    _sessions(store, "v2", "fused_allreduce,ring_cache,rope_at_write", now - timedelta(days=1))
+    with TestClient(real_app(store, settings)) as c:
+        r = c.put("/v1/switches/compile", json={"value": False, "scope": "release=v2", "who": "t", "why": "t"},
+                  headers={"Authorization": f"Bearer {ADMIN}"})
+        assert r.status_code == 200, r.text
+        assert post(c, am(switch="ring_cache", release="v2")).status_code == 200
+        assert post(c, am(status="resolved", switch="ring_cache", release="v2", fingerprint="fp2")).status_code == 200
+        fams = scrape(c)
+    types = {n: fams[n].type for n in ("livestep_findings_open", "livestep_findings_open_critical",
+                                       "livestep_job_runs", "livestep_job_failures", "livestep_switch_rules",
+                                       "livestep_webhook_decisions", "livestep_release_rollout_timestamp_seconds",
+                                       "livestep_release_new_switch", "livestep_store_up")}
+    assert types == {"livestep_findings_open": "gauge", "livestep_findings_open_critical": "gauge",
+                     "livestep_job_runs": "counter", "livestep_job_failures": "counter",
+                     "livestep_switch_rules": "gauge", "livestep_webhook_decisions": "counter",
+                     "livestep_release_rollout_timestamp_seconds": "gauge", "livestep_release_new_switch": "info",
+                     "livestep_store_up": "gauge"}
+    assert samples(fams, "livestep_findings_open") == {
+        (("kind", "memory_growth"), ("severity", "critical")): 1, (("kind", "regression"), ("severity", "warning")): 1}
+    assert samples(fams, "livestep_findings_open_critical") == {
+        (("gpu_kind", "h200"), ("kind", "memory_growth"), ("release", "v2"), ("switch", "fused_allreduce"),
+         ("worker_id", "")): 1}
+    assert samples(fams, "livestep_job_runs") == {(("job", "memory"),): 2, (("job", "regressions"),): 1}
+    assert samples(fams, "livestep_job_failures") == {(("job", "memory"),): 1, (("job", "regressions"),): 1}
+    assert set(samples(fams, "livestep_job_last_success_timestamp_seconds")) == {(("job", "memory"),)}
+    rules = samples(fams, "livestep_switch_rules")
+    assert rules[(("switch", "compile"), ("value", "off"))] == 1
+    assert rules[(("switch", "ring_cache"), ("value", "off"))] == 1  # the firing alert's rule
+    decisions = samples(fams, "livestep_webhook_decisions")
+    assert decisions[(("outcome", "set"),)] == 1 and decisions[(("outcome", "alert_resolved"),)] == 1
+    assert samples(fams, "livestep_release_new_switch") == {(("release", "v2"), ("switch", "fused_allreduce")): 1}
+    roll = samples(fams, "livestep_release_rollout_timestamp_seconds")
+    assert roll[(("release", "v2"),)] > roll[(("release", "v10"),)]
+
+
+def test_suspects_by_rollout_time_not_name():
+    got = suspects([("v10", 300.0, ["a,b"]), ("v2", 100.0, ["a"]), ("v3", 200.0, ["a", "a,c"])])
+    assert got == {"v2": set(), "v3": {"c"}, "v10": {"b"}}
+
+
+def test_store_down_reads_as_store_up_0(store, settings):
+    with TestClient(real_app(store, settings)) as c:
+        c.app.state.store = None  # the store went away (a server DSN that stopped answering)
+        fams = scrape(c)
+    assert fams["livestep_store_up"].samples[0].value == 0
+    assert "livestep_findings_open" not in fams
+
+
+def test_collector_families_only_on_the_collector_role(store, settings):
+    with TestClient(real_app(store, settings)) as c:
+        fams = scrape(c)
+    assert "livestep_collector_spool_bytes" not in fams and "livestep_findings_open" in fams
+    assert "process_cpu_seconds" in fams  # the process collector, on every role
+
+
+_ = pa  # (pyarrow is what records.to_arrow returns)
