@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import runpy
 import sys
 from dataclasses import asdict
@@ -45,6 +46,12 @@ def register(subparsers) -> None:
     run.add_argument("--cond-tokens", type=int, default=None, help="first-forward tokens (default: random per session)")
     run.add_argument("--no-realtime", action="store_true", help="do not wait for the player (as fast as possible)")
     run.add_argument("--json", action="store_true", help="print each session summary as JSON")
+    run.add_argument("--metrics-port", type=int, default=None,
+                     help="serve Prometheus metrics on this port (GET /metrics; off by default; 0 = any free port)")
+    run.add_argument("--metrics-host", default="127.0.0.1",
+                     help="bind address of --metrics-port; off loopback --metrics-token is required")
+    run.add_argument("--metrics-token", default=os.environ.get("LIVESTEP_METRICS_TOKEN"),
+                     help="bearer token the scraper must send (default LIVESTEP_METRICS_TOKEN)")
     run.set_defaults(func=cmd_run)
     bench = sub.add_parser("bench", help="bench/worker_step.py: the step waterfall (GPU)", add_help=False)
     bench.add_argument("bench_args", nargs=argparse.REMAINDER)
@@ -63,6 +70,11 @@ def cmd_run(args) -> int:
         return parallel.run_cli(args)
     switches = parse_switch_args(args.switch)
     w = Worker(args.preset, device=args.device, tp=args.tp, worker_id=args.worker_id, release=args.release)
+    if args.metrics_port is not None:
+        from worker.metrics import WorkerMetrics, serve
+
+        server = serve(WorkerMetrics(w).registry, args.metrics_host, args.metrics_port, args.metrics_token)
+        print(f"metrics: http://{args.metrics_host}:{server.server_port}/metrics", flush=True)
     for _ in range(args.sessions):
         s = w.run_session(seconds=args.seconds, steps=args.steps, collector_url=args.collector, token=args.token,
                           switches=switches, switch_source=args.switch_source, cond_tokens=args.cond_tokens,

@@ -200,6 +200,7 @@ class Worker:
         if self.device.type == "cpu" and self.shape.d_model <= 256:
             torch.set_num_threads(1)  # a tiny model is 10x slower when two threads contend per op
         self._registry = BufferRegistry(steady_m=self.shape.new_tokens)
+        self.observers: list = []  # told of each session's start and end, between sessions (worker/metrics.py)
 
     @property
     def registry(self) -> BufferRegistry:
@@ -215,7 +216,16 @@ class Worker:
             self.registry.lookup(tokens, self.shape.d_model, torch.bfloat16, self.device)
 
     def run_session(self, **kw) -> SessionSummary:
-        return Session(self, **kw).run()
+        s = Session(self, **kw)
+        for o in self.observers:
+            o.session_started(s)
+        summary = None
+        try:
+            summary = s.run()
+            return summary
+        finally:
+            for o in self.observers:
+                o.session_ended(s, summary)
 
 
 class Session:

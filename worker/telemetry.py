@@ -173,6 +173,7 @@ class PowerSampler:
         self.available = False
         self.error: str | None = None
         self._hist: deque[tuple[float, float]] = deque(maxlen=4096)  # (perf_counter, energy mJ summed)
+        self.latest: dict[int, dict] = {}  # GPU index -> its last gpu_sample row (worker/metrics.py reads it)
         self._emit = emit  # weak_method(Telemetry._put): the sampler never keeps its telemetry alive
         self.interval_s = interval_s
         self._stop = threading.Event()
@@ -205,7 +206,7 @@ class PowerSampler:
                 power = self._read(h, nv.nvmlDeviceGetPowerUsage)
                 mem = self._read(h, nv.nvmlDeviceGetMemoryInfo)
                 total += float(energy or 0)
-                self._emit("gpu_sample", {
+                self.latest[idx] = row = {
                     "gpu_index": idx,
                     "power_w": None if power is None else power / 1000.0,
                     "energy_mj": None if energy is None else float(energy),
@@ -215,7 +216,8 @@ class PowerSampler:
                     "throttle_reasons": self._read(h, nv.nvmlDeviceGetCurrentClocksEventReasons)
                     if hasattr(nv, "nvmlDeviceGetCurrentClocksEventReasons")
                     else self._read(h, nv.nvmlDeviceGetCurrentClocksThrottleReasons),
-                })
+                }
+                self._emit("gpu_sample", row)
             self._hist.append((t, total))
             self._stop.wait(self.interval_s)
 
