@@ -1,23 +1,44 @@
 """The wire contract: the only types that cross worker -> collector (DESIGN.md "Records").
 
-Four record kinds (step, gpu_sample, session, event) as pydantic models for validation at the
-collector, and one Arrow schema per kind for the Arrow IPC body. Field names are stable: SQL,
-analytics and dashboards key on them. Bump ``SCHEMA_VERSION`` only with a migration. An optional
-column added later (``ADDED_COLUMNS``) keeps the version: a body without it (an older worker) is
-still valid and stores it as null.
+Every field of every record kind is declared ONCE, in ``KINDS`` below: its name, its type (one of
+``TYPES``), its bounds (those of the ClickHouse column that stores it), whether it may be null and
+since which migration. Everything else is derived from that declaration:
 
-An Arrow IPC stream body carries one kind; its schema metadata names it
-(``livestep.kind`` and ``livestep.schema_version``). A JSON body is a ``TelemetryBatch``.
+- the pydantic models (``StepRecord``, ..., ``MODELS``) and ``TelemetryBatch`` (the JSON body);
+- the Arrow schemas (``ARROW_SCHEMAS``, one per kind, for the Arrow IPC body);
+- the ingest checks (``CHECKS``, read by collector/routes.py's column checks);
+- ``ADDED_COLUMNS`` (optional columns a body from an older worker may lack: stored as null).
+
+The DDL (sql/) is the one other place a field is written, as a migration.
+
+Adding a FIELD to a kind: append one ``Col`` to its ``columns`` with ``since="NNN"`` (it must be
+``nullable``, so older workers' bodies stay valid) and write migration sql/NNN_*.sql (+ its
+sql/cluster/ twin) that adds the column. Adding a record KIND: append one ``Kind`` to ``KINDS``
+(name, table, the TelemetryBatch list field, a docstring, its columns after ``COMMON``), write the
+table's migration, and name its model ``<Name>Record`` at the bottom of this module.
+
+Field names are stable: SQL, analytics and dashboards key on them. Bump ``SCHEMA_VERSION`` only
+for a change that is not additive. An Arrow IPC stream body carries one kind; its schema metadata
+names it (``livestep.kind`` and ``livestep.schema_version``). A JSON body is a ``TelemetryBatch``.
+
+The shape a session ran with: typed columns of the session record, not a free ``shape`` map. Each
+shape dimension the worker varies (first-forward tokens, conditioning tokens, decoder output
+height x width, TP size, frames per chunk) is its own column with its own bounds, so a bad value
+gets a 422 naming it, the store keeps it as a typed (sortable, aggregatable) column, and an unknown
+key cannot grow the contract behind the detectors' backs. ``SHAPE_KEYS`` names them for the
+detectors (analytics/memory.py judges memory growth against each): a new shape dimension is one
+``Col`` here plus one ``SHAPE_KEYS`` entry.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import pyarrow as pa
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model, field_validator
 
 from collector.switch_names import SWITCH_NAMES  # re-exported: part of the contract
 
@@ -37,10 +58,11 @@ EVENT_KINDS: tuple[str, ...] = (
     "telemetry_dropped",
 )
 
-RECORD_KINDS: tuple[str, ...] = ("step", "gpu_sample", "session", "event")
-
 # A record stamped further ahead than this is refused (clock skew beyond reason).
 MAX_FUTURE_SKEW = timedelta(minutes=5)
+U63 = 2**63 - 1
+U32 = 2**32 - 1
+I31 = 2**31 - 1
 
 
 def encode_switches(on: set[str] | frozenset[str] | list[str]) -> str:
@@ -56,6 +78,126 @@ def decode_switches(state: str) -> frozenset[str]:
     return frozenset(s for s in state.split(",") if s)
 
 
+# ---------------------------------------------------------------------------------------------
+# The declaration
+
+
+@dataclass(frozen=True)
+class Col:
+    """One field of a record kind. ``lo``/``hi``: inclusive bounds (numbers: value, label: length,
+    json: ``hi`` bytes); ``values``: an enum's valid values; ``since``: the migration that added an
+    optional column (None: in the kind's first table)."""
+
+    name: str
+    type: str  # a key of TYPES
+    lo: float | int | None = None
+    hi: float | int | None = None
+    nullable: bool = False
+    description: str | None = None
+    values: tuple[str, ...] = ()
+    since: str | None = None
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One record kind: its ClickHouse table, its list in ``TelemetryBatch`` and its own columns."""
+
+    name: str
+    table: str
+    batch_field: str
+    doc: str
+    columns: tuple[Col, ...]
+
+
+def label(name: str, **kw) -> Col:
+    return Col(name, "label", 1, 128, **kw)
+
+
+def ms(name: str, **kw) -> Col:
+    """A non-negative finite number (a duration or an amount)."""
+    return Col(name, "float", 0.0, None, **kw)
+
+
+def integer(name: str, lo: int, hi: int, **kw) -> Col:
+    return Col(name, "int", lo, hi, **kw)
+
+
+COMMON: tuple[Col, ...] = (
+    label("worker_id"),
+    label("session_id"),
+    label("release"),
+    label("gpu_kind"),
+    Col("ts", "ts", description="UTC; a naive datetime is taken as UTC"),
+    Col("simulated", "bool", description="written by the fleet simulator (default false)"),
+)
+
+KINDS: tuple[Kind, ...] = (
+    Kind("step", "steps", "steps", "One denoising step (one 4-frame chunk) of one session.", (
+        integer("step", 0, U32),
+        ms("diffusion_ms"),
+        ms("step_period_ms", description="wall time between chunk deliveries"),
+        ms("decode_ms", nullable=True),
+        ms("cache_upkeep_ms", nullable=True),
+        ms("attention_ms", nullable=True),
+        ms("allreduce_ms", nullable=True),
+        Col("late", "bool", description="the chunk missed its 166.7 ms deadline"),
+        integer("playout_depth", 0, 65535, description="chunks buffered for the player"),
+        Col("reset_step", "bool", description="a delta rotation happened in this step"),
+        ms("energy_mj", nullable=True, description="NVML energy delta over the step, summed over the session's GPUs"),
+        integer("mem_allocated_bytes", 0, U63),
+        integer("mem_reserved_bytes", 0, U63),
+        integer("buffers_registered", 0, U32, description="fused-kernel buffer registry size"),
+        Col("switches", "switches"),
+        Col("fp8_saturated", "float", 0.0, 1.0, nullable=True, since="022", description=(
+            "fraction in [0, 1] of the step's FP8 activation elements (inputs of linears quantized with static "
+            "scales) at the FP8 maximum (+-448: clipped, or rounded up from |x/scale| >= 432); measured on "
+            "sampled steps only, null on the others and when static_scales is off")),
+    )),
+    Kind("gpu_sample", "gpu_samples", "gpu_samples", "One NVML reading of one GPU (~10 Hz).", (
+        integer("gpu_index", 0, 1023),
+        ms("power_w", nullable=True),
+        ms("energy_mj", nullable=True, description="cumulative energy counter"),
+        integer("sm_clock_mhz", 0, U32, nullable=True),
+        integer("mem_used_bytes", 0, U63, nullable=True),
+        Col("temp_c", "float", nullable=True),
+        integer("throttle_reasons", 0, U63, nullable=True),
+    )),
+    Kind("session", "sessions", "sessions", "A session's start (phase='start') or end (phase='end') summary.", (
+        Col("phase", "enum", values=("start", "end")),
+        integer("first_forward_tokens", 1, I31, description="tokens of the session's first forward"),
+        ms("streamed_s"),
+        integer("frames", 0, U63),
+        ms("avg_fps", nullable=True),
+        integer("late_chunks", 0, U63),
+        ms("stall_ms"),
+        integer("tp_size", 1, 1024, description="GPUs one session's model is split over (tensor parallel)"),
+        label("shape", description="the model preset's name"),
+        Col("switches", "switches"),
+        integer("cond_tokens", 1, I31, nullable=True, since="040",
+                description="conditioning (prompt) tokens; null from workers before migration 040"),
+        integer("decoder_height", 1, 65535, nullable=True, since="040", description="decoded frame height, pixels"),
+        integer("decoder_width", 1, 65535, nullable=True, since="040", description="decoded frame width, pixels"),
+        integer("chunk_frames", 1, 1024, nullable=True, since="040", description="video frames per chunk (per step)"),
+    )),
+    Kind("event", "events", "events", "Something that happened: a switch applied, a rollback, an OOM, a reset, ...", (
+        Col("kind", "enum", values=EVENT_KINDS),
+        Col("detail", "json", hi=65536, description="a JSON object (text in Arrow), at most 65536 bytes"),
+    )),
+)
+
+# The session columns that say which shape a session ran: detector key -> the column(s) it is made of.
+SHAPE_KEYS: dict[str, tuple[str, ...]] = {
+    "first_forward_tokens": ("first_forward_tokens",),
+    "cond_tokens": ("cond_tokens",),
+    "decoder_resolution": ("decoder_height", "decoder_width"),
+    "tp_size": ("tp_size",),
+    "chunk_frames": ("chunk_frames",),
+}
+
+# ---------------------------------------------------------------------------------------------
+# Derived: types, models, Arrow schemas, ingest checks
+
+
 def _finite(v: float | None) -> float | None:
     if v is not None and not math.isfinite(v):
         raise ValueError("must be a finite number (NaN and infinity are not valid)")
@@ -67,28 +209,73 @@ def _switch_state(v: str) -> str:
     return v
 
 
-Ms = Annotated[float, Field(ge=0), AfterValidator(_finite)]
-OptMs = Annotated[float | None, Field(default=None, ge=0), AfterValidator(_finite)]
-OptFloat = Annotated[float | None, Field(default=None), AfterValidator(_finite)]
-OptFraction = Annotated[float | None, Field(default=None, ge=0, le=1), AfterValidator(_finite)]
-Count = Annotated[int, Field(ge=0, lt=2**63)]
-Label = Annotated[str, Field(min_length=1, max_length=128)]
-SwitchState = Annotated[str, Field(max_length=512), AfterValidator(_switch_state)]
+def _one_of(valid: tuple[str, ...], what: str):
+    def check(v: str) -> str:
+        if v not in valid:
+            raise ValueError(f"unknown {what} {v!r}; valid {what.split()[-1]}s: {', '.join(valid)}")
+        return v
+
+    return check
+
+
+def _annotation(c: Col) -> Any:
+    """The pydantic type of a column (bounds included)."""
+    d = {"description": c.description} if c.description else {}
+    if c.type == "float":
+        base = Annotated[float, Field(ge=c.lo, le=c.hi, **d), AfterValidator(_finite)]
+    elif c.type == "int":
+        base = Annotated[int, Field(ge=c.lo, le=c.hi, **d)]
+    elif c.type == "label":
+        base = Annotated[str, Field(min_length=c.lo, max_length=c.hi, **d)]
+    elif c.type == "enum":
+        base = Annotated[str, Field(**d), AfterValidator(_one_of(c.values, "event kind" if c.name == "kind" else c.name))]
+    elif c.type == "switches":
+        base = Annotated[str, Field(max_length=512, **d), AfterValidator(_switch_state)]
+    elif c.type == "json":
+        base = Annotated[dict[str, Any], Field(**d)]
+    elif c.type == "bool":
+        base = Annotated[bool, Field(**d)]
+    else:  # ts
+        base = Annotated[datetime, Field(**d)]
+    return base | None if c.nullable else base
+
+
+def _default(c: Col) -> Any:
+    if c.nullable:
+        return None
+    if c.name == "simulated":
+        return False
+    if c.type == "json":
+        return Field(default_factory=dict)
+    return ...
+
+
+# Arrow type and ingest-check tuple (collector/routes.py's format) per column type
+_ARROW = {"float": pa.float64(), "int": pa.int64(), "label": pa.string(), "enum": pa.string(),
+          "switches": pa.string(), "json": pa.string(), "bool": pa.bool_(), "ts": pa.timestamp("ms", tz="UTC")}
+TYPES = tuple(_ARROW)
+
+
+def _check(c: Col) -> tuple | None:
+    if c.type == "float":
+        return ("float", c.lo) if c.hi is None else ("float", c.lo, c.hi)
+    if c.type in ("int", "label"):
+        return (c.type, c.lo, c.hi)
+    if c.type == "enum":
+        return ("enum", c.values)
+    if c.type == "json":
+        return ("json_object", c.hi)
+    if c.type in ("ts", "switches"):
+        return (c.type,)
+    return None  # bool: any value of the Arrow type is valid
 
 
 class _Record(BaseModel):
-    """Fields every record carries."""
+    """Config and checks every record model shares (its fields come from ``KINDS``)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    worker_id: Label
-    session_id: Label
-    release: Label
-    gpu_kind: Label
-    ts: datetime = Field(description="UTC; a naive datetime is taken as UTC")
-    simulated: bool = Field(default=False, description="written by the fleet simulator")
-
-    @field_validator("ts")
+    @field_validator("ts", check_fields=False)
     @classmethod
     def _ts_utc_not_future(cls, v: datetime) -> datetime:
         v = v.replace(tzinfo=UTC) if v.tzinfo is None else v.astimezone(UTC)
@@ -99,179 +286,62 @@ class _Record(BaseModel):
         return v
 
 
-class StepRecord(_Record):
-    """One denoising step (one 4-frame chunk) of one session."""
-
-    step: Count
-    diffusion_ms: Ms
-    step_period_ms: Ms = Field(description="wall time between chunk deliveries")
-    decode_ms: OptMs
-    cache_upkeep_ms: OptMs
-    attention_ms: OptMs
-    allreduce_ms: OptMs
-    late: bool = Field(description="the chunk missed its 166.7 ms deadline")
-    playout_depth: Count = Field(description="chunks buffered for the player")
-    reset_step: bool = Field(description="a delta rotation happened in this step")
-    energy_mj: OptMs = Field(description="NVML energy delta over the step, summed over the session's GPUs")
-    mem_allocated_bytes: Count
-    mem_reserved_bytes: Count
-    buffers_registered: Count = Field(description="fused-kernel buffer registry size")
-    switches: SwitchState
-    fp8_saturated: OptFraction = Field(
-        description="fraction in [0, 1] of the step's FP8 activation elements (inputs of linears quantized "
-        "with static scales) at the FP8 maximum (+-448: clipped, or rounded up from |x/scale| >= 432); "
-        "measured on sampled steps only, null on the others and when static_scales is off"
-    )
+def _model_name(kind: str) -> str:
+    return "".join(p.title() for p in kind.split("_")) + "Record"
 
 
-class GpuSampleRecord(_Record):
-    """One NVML reading of one GPU (~10 Hz)."""
-
-    gpu_index: Annotated[int, Field(ge=0, lt=1024)]
-    power_w: OptMs
-    energy_mj: OptMs = Field(description="cumulative energy counter")
-    sm_clock_mhz: Annotated[int | None, Field(default=None, ge=0)]
-    mem_used_bytes: Annotated[int | None, Field(default=None, ge=0)]
-    temp_c: OptFloat
-    throttle_reasons: Annotated[int | None, Field(default=None, ge=0, lt=2**63)]
+def columns(kind: str) -> tuple[Col, ...]:
+    """All columns of a kind, in wire (and table) order."""
+    return COMMON + _KIND[kind].columns
 
 
-class SessionRecord(_Record):
-    """A session's start (phase='start') or end (phase='end') summary."""
-
-    phase: Literal["start", "end"]
-    first_forward_tokens: Annotated[int, Field(ge=1, lt=2**31)]
-    streamed_s: Ms
-    frames: Count
-    avg_fps: OptMs
-    late_chunks: Count
-    stall_ms: Ms
-    tp_size: Annotated[int, Field(ge=1, le=1024)]
-    shape: Label
-    switches: SwitchState
-
-
-class EventRecord(_Record):
-    """Something that happened: a switch applied, a rollback, an OOM, a reset, ..."""
-
-    kind: Annotated[str, Field(min_length=1, max_length=64)]
-    detail: dict[str, Any] = Field(default_factory=dict)
-
-    @field_validator("kind")
-    @classmethod
-    def _known_kind(cls, v: str) -> str:
-        if v not in EVENT_KINDS:
-            raise ValueError(f"unknown event kind {v!r}; valid kinds: {', '.join(EVENT_KINDS)}")
-        return v
-
-
+_KIND = {k.name: k for k in KINDS}
+for _c in (c for k in KINDS for c in k.columns):
+    assert _c.type in _ARROW, _c
+    assert _c.since is None or _c.nullable, f"{_c.name}: a column added later must be nullable"
+RECORD_KINDS: tuple[str, ...] = tuple(_KIND)
+TABLES: dict[str, str] = {k.name: k.table for k in KINDS}
 MODELS: dict[str, type[_Record]] = {
-    "step": StepRecord,
-    "gpu_sample": GpuSampleRecord,
-    "session": SessionRecord,
-    "event": EventRecord,
+    k.name: create_model(_model_name(k.name), __base__=_Record, __doc__=k.doc,  # type: ignore[call-overload]
+                         **{c.name: (_annotation(c), _default(c)) for c in columns(k.name)})
+    for k in KINDS
 }
-
-# record kind -> ClickHouse table
-TABLES: dict[str, str] = {"step": "steps", "gpu_sample": "gpu_samples", "session": "sessions", "event": "events"}
-
-
-class TelemetryBatch(BaseModel):
-    """The JSON body of ``POST /v1/telemetry``: any mix of kinds, at most a few thousand rows."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    schema_version: Literal[1] = SCHEMA_VERSION
-    steps: list[StepRecord] = Field(default_factory=list, max_length=100_000)
-    gpu_samples: list[GpuSampleRecord] = Field(default_factory=list, max_length=100_000)
-    sessions: list[SessionRecord] = Field(default_factory=list, max_length=100_000)
-    events: list[EventRecord] = Field(default_factory=list, max_length=100_000)
-
-    def by_kind(self) -> dict[str, list[_Record]]:
-        return {"step": self.steps, "gpu_sample": self.gpu_samples, "session": self.sessions, "event": self.events}
-
-
-# ---------------------------------------------------------------------------------------------
-# Arrow: one schema per kind, the same columns as the model and the ClickHouse table.
-
-_TS = pa.timestamp("ms", tz="UTC")
-_COMMON = [
-    pa.field("worker_id", pa.string(), nullable=False),
-    pa.field("session_id", pa.string(), nullable=False),
-    pa.field("release", pa.string(), nullable=False),
-    pa.field("gpu_kind", pa.string(), nullable=False),
-    pa.field("ts", _TS, nullable=False),
-    pa.field("simulated", pa.bool_(), nullable=False),
-]
-
-
-def _schema(kind: str, fields: list[pa.Field]) -> pa.Schema:
-    meta = {b"livestep.kind": kind.encode(), b"livestep.schema_version": str(SCHEMA_VERSION).encode()}
-    return pa.schema(_COMMON + fields, metadata=meta)
-
-
 ARROW_SCHEMAS: dict[str, pa.Schema] = {
-    "step": _schema(
-        "step",
-        [
-            pa.field("step", pa.int64(), nullable=False),
-            pa.field("diffusion_ms", pa.float64(), nullable=False),
-            pa.field("step_period_ms", pa.float64(), nullable=False),
-            pa.field("decode_ms", pa.float64()),
-            pa.field("cache_upkeep_ms", pa.float64()),
-            pa.field("attention_ms", pa.float64()),
-            pa.field("allreduce_ms", pa.float64()),
-            pa.field("late", pa.bool_(), nullable=False),
-            pa.field("playout_depth", pa.int64(), nullable=False),
-            pa.field("reset_step", pa.bool_(), nullable=False),
-            pa.field("energy_mj", pa.float64()),
-            pa.field("mem_allocated_bytes", pa.int64(), nullable=False),
-            pa.field("mem_reserved_bytes", pa.int64(), nullable=False),
-            pa.field("buffers_registered", pa.int64(), nullable=False),
-            pa.field("switches", pa.string(), nullable=False),
-            pa.field("fp8_saturated", pa.float64()),
-        ],
-    ),
-    "gpu_sample": _schema(
-        "gpu_sample",
-        [
-            pa.field("gpu_index", pa.int64(), nullable=False),
-            pa.field("power_w", pa.float64()),
-            pa.field("energy_mj", pa.float64()),
-            pa.field("sm_clock_mhz", pa.int64()),
-            pa.field("mem_used_bytes", pa.int64()),
-            pa.field("temp_c", pa.float64()),
-            pa.field("throttle_reasons", pa.int64()),
-        ],
-    ),
-    "session": _schema(
-        "session",
-        [
-            pa.field("phase", pa.string(), nullable=False),
-            pa.field("first_forward_tokens", pa.int64(), nullable=False),
-            pa.field("streamed_s", pa.float64(), nullable=False),
-            pa.field("frames", pa.int64(), nullable=False),
-            pa.field("avg_fps", pa.float64()),
-            pa.field("late_chunks", pa.int64(), nullable=False),
-            pa.field("stall_ms", pa.float64(), nullable=False),
-            pa.field("tp_size", pa.int64(), nullable=False),
-            pa.field("shape", pa.string(), nullable=False),
-            pa.field("switches", pa.string(), nullable=False),
-        ],
-    ),
-    "event": _schema(
-        "event",
-        [
-            pa.field("kind", pa.string(), nullable=False),
-            pa.field("detail", pa.string(), nullable=False),  # JSON text
-        ],
-    ),
+    k.name: pa.schema([pa.field(c.name, _ARROW[c.type], nullable=c.nullable) for c in columns(k.name)],
+                      metadata={b"livestep.kind": k.name.encode(), b"livestep.schema_version": str(SCHEMA_VERSION).encode()})
+    for k in KINDS
 }
-
-
+CHECKS: dict[str, dict[str, tuple]] = {
+    k.name: {c.name: ch for c in columns(k.name) if (ch := _check(c)) is not None} for k in KINDS
+}
 # Optional columns added after a kind's first schema (each with its migration): a body without them
 # (an older worker, a batch spooled before the upgrade) is valid and reads them as null.
-ADDED_COLUMNS: dict[str, tuple[str, ...]] = {"step": ("fp8_saturated",)}
+ADDED_COLUMNS: dict[str, tuple[str, ...]] = {
+    k.name: tuple(c.name for c in k.columns if c.since) for k in KINDS if any(c.since for c in k.columns)
+}
+BATCH_FIELDS: dict[str, str] = {k.batch_field: k.name for k in KINDS}  # TelemetryBatch list -> kind
+
+
+class _Batch(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    schema_version: Annotated[int, Field(ge=SCHEMA_VERSION, le=SCHEMA_VERSION)] = SCHEMA_VERSION
+
+    def by_kind(self) -> dict[str, list[_Record]]:
+        return {kind: getattr(self, f) for f, kind in BATCH_FIELDS.items()}
+
+
+TelemetryBatch = create_model(  # type: ignore[call-overload]
+    "TelemetryBatch", __base__=_Batch,
+    __doc__="The JSON body of ``POST /v1/telemetry``: any mix of kinds, at most a few thousand rows.",
+    **{f: (list[MODELS[kind]], Field(default_factory=list, max_length=100_000)) for f, kind in BATCH_FIELDS.items()},
+)
+
+# The models by name, for imports and type hints (one line per kind)
+StepRecord = MODELS["step"]
+GpuSampleRecord = MODELS["gpu_sample"]
+SessionRecord = MODELS["session"]
+EventRecord = MODELS["event"]
 
 
 def conform(kind: str, table: pa.Table) -> pa.Table:
@@ -289,32 +359,20 @@ def conform(kind: str, table: pa.Table) -> pa.Table:
     return table.select(schema.names)
 
 
-def _check_same_columns() -> None:
-    for kind, model in MODELS.items():
-        cols = list(ARROW_SCHEMAS[kind].names)
-        assert cols == list(model.model_fields), (kind, cols, list(model.model_fields))
-        for name in ADDED_COLUMNS.get(kind, ()):
-            assert ARROW_SCHEMAS[kind].field(name).nullable, (kind, name)
-
-
-_check_same_columns()
-
-
 def to_arrow(kind: str, rows: list[dict[str, Any]]) -> pa.Table:
     """Rows (dicts with the model's field names) -> an Arrow table of that kind's schema.
 
-    Used by the shipping client; no validation here (the collector validates).
+    Used by the shipping client; no validation here (the collector validates). A field a row lacks
+    is null (``simulated``: false; a JSON field: ``{}``).
     """
     import orjson
 
-    schema = ARROW_SCHEMAS[kind]
-    cols: dict[str, list[Any]] = {name: [] for name in schema.names}
-    for r in rows:
-        for name in schema.names:
-            v = r.get(name)
-            if name == "detail" and not isinstance(v, str):
-                v = orjson.dumps(v or {}).decode()
-            elif name == "simulated" and v is None:
-                v = False
-            cols[name].append(v)
-    return pa.Table.from_pydict(cols, schema=schema)
+    cols: dict[str, list[Any]] = {}
+    for c in columns(kind):
+        v = [r.get(c.name) for r in rows]
+        if c.type == "json":
+            v = [x if isinstance(x, str) else orjson.dumps(x or {}).decode() for x in v]
+        elif c.name == "simulated":
+            v = [bool(x) for x in v]
+        cols[c.name] = v
+    return pa.Table.from_pydict(cols, schema=ARROW_SCHEMAS[kind])

@@ -47,35 +47,10 @@ class BadBatchError(Exception):
 
 
 # ---------------------------------------------------------------------------------------------
-# Column checks: what the records allow and what the store's column types can hold.
+# Column checks: the bounds collector/records.py declares (those the store's column types can hold),
+# in the format ``records.CHECKS`` derives: (type, lo, hi) per column.
 
-_LABEL = ("label", 1, 128)
-_MS = ("float", 0.0)
-_FLOAT = ("float", None)
-_FRACTION = ("float", 0.0, 1.0)
-_U63 = ("int", 0, 2**63 - 1)
-_U32 = ("int", 0, 2**32 - 1)
-_COMMON_CHECKS: dict[str, tuple] = {
-    "worker_id": _LABEL, "session_id": _LABEL, "release": _LABEL, "gpu_kind": _LABEL, "ts": ("ts",),
-}
-CHECKS: dict[str, dict[str, tuple]] = {
-    "step": {
-        **_COMMON_CHECKS, "step": _U32, "diffusion_ms": _MS, "step_period_ms": _MS, "decode_ms": _MS,
-        "cache_upkeep_ms": _MS, "attention_ms": _MS, "allreduce_ms": _MS, "playout_depth": ("int", 0, 65535),
-        "energy_mj": _MS, "mem_allocated_bytes": _U63, "mem_reserved_bytes": _U63, "buffers_registered": _U32,
-        "switches": ("switches",), "fp8_saturated": _FRACTION,
-    },
-    "gpu_sample": {
-        **_COMMON_CHECKS, "gpu_index": ("int", 0, 1023), "power_w": _MS, "energy_mj": _MS, "sm_clock_mhz": _U32,
-        "mem_used_bytes": _U63, "temp_c": _FLOAT, "throttle_reasons": _U63,
-    },
-    "session": {
-        **_COMMON_CHECKS, "phase": ("enum", ("start", "end")), "first_forward_tokens": ("int", 1, 2**31 - 1),
-        "streamed_s": _MS, "frames": _U63, "avg_fps": _MS, "late_chunks": _U63, "stall_ms": _MS,
-        "tp_size": ("int", 1, 1024), "shape": _LABEL, "switches": ("switches",),
-    },
-    "event": {**_COMMON_CHECKS, "kind": ("enum", records.EVENT_KINDS), "detail": ("json_object", 65536)},
-}
+CHECKS: dict[str, dict[str, tuple]] = records.CHECKS
 
 
 def _np(col: pa.ChunkedArray, fill) -> np.ndarray:
@@ -356,7 +331,7 @@ def _loc(loc: tuple) -> str:
     return out or "body"
 
 
-_KIND_OF_LIST = {"steps": "step", "gpu_samples": "gpu_sample", "sessions": "session", "events": "event"}
+_KIND_OF_LIST = records.BATCH_FIELDS
 
 
 def _validation_message(e: ValidationError) -> tuple[int, str]:
@@ -396,8 +371,9 @@ def parse_json(body: bytes) -> dict[str, pa.Table]:
             continue
         schema = records.ARROW_SCHEMAS[kind]
         cols = {name: [getattr(m, name) for m in models] for name in schema.names}
-        if kind == "event":
-            cols["detail"] = [orjson.dumps(d).decode() for d in cols["detail"]]
+        for c in records.columns(kind):
+            if c.type == "json":
+                cols[c.name] = [orjson.dumps(d).decode() for d in cols[c.name]]
         table = pa.Table.from_pydict(cols, schema=schema)  # ts kept to the millisecond, like the store
         check_table(kind, table)  # the store's column bounds on top of the model's
         out[kind] = table

@@ -364,7 +364,9 @@ class Session:
         tel.sync_clock(dev)
         tel.sync_clock(self.decoder.device)
         gen = torch.Generator(device=dev).manual_seed(self.seed)
-        common = {"first_forward_tokens": self.cond_tokens, "tp_size": shape.tp_size, "shape": shape.name}
+        common = {"first_forward_tokens": self.cond_tokens, "tp_size": shape.tp_size, "shape": shape.name,
+                  "cond_tokens": self.cond_tokens, "decoder_height": shape.frame_h, "decoder_width": shape.frame_w,
+                  "chunk_frames": shape.frames_per_chunk}  # the shape keys of records.SHAPE_KEYS
         tel.session(phase="start", streamed_s=0.0, frames=0, avg_fps=None, late_chunks=0, stall_ms=0.0,
                     switches=self.switches.encode(), **common)
         tel.event("session_start", shape=shape.name, first_forward_tokens=self.cond_tokens,

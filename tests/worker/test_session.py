@@ -22,6 +22,8 @@ def test_records_follow_the_wire_contract():
     assert {r["phase"] for r in sink.rows["session"]} == {"start", "end"}
     end = next(r for r in sink.rows["session"] if r["phase"] == "end")
     assert end["frames"] == 80 and end["first_forward_tokens"] == s.first_forward_tokens
+    shape_cols = [c for cols in records.SHAPE_KEYS.values() for c in cols]  # every shape key the contract names
+    assert all(end[c] is not None for c in shape_cols) and end["cond_tokens"] == s.first_forward_tokens
     assert sum(r["reset_step"] for r in steps) == len([i for i in range(1, 20) if i % 7 == 0])
     assert all(r["cache_upkeep_ms"] is not None and r["energy_mj"] is None for r in steps)  # no NVML here
 
