@@ -3,8 +3,10 @@
     c = start_canary(store, "fused_allreduce", "release=v7", fraction=0.1, actor="alice", reason="fix in v7.1")
     result = evaluate(store, c["id"])        # pending | promoted | rolled_back | cancelled
 
-The cohort is the workers whose stable bucket (api/switchboard.py ``bucket``) is below
-``fraction * 100``; a cohort rule turns the switch on for them only. Once both the cohort and the
+The cohort is the workers whose stable bucket (api/switchboard.py ``bucket``, salted by the switch's
+name) is below ``fraction * 100``; a cohort rule turns the switch on for them only: it is the most
+recent rule covering them, so it reaches exactly the cohort whatever older rules say (the
+switchboard's precedence model), and the rest of the scope must be off by rules when it starts. Once both the cohort and the
 rest of the scope have streamed ``min_sessions`` sessions (>= 1 s) since the start, the cohort is
 compared with the rest by ``analytics.regressions.compare`` (the release detector's judges) plus a
 memory judge (peak reserved memory per session, the August leak's symptom). Any regression rolls
@@ -94,6 +96,11 @@ def start_canary(store, name: str, scope: str | dict[str, str] | None, *, fracti
         if state is not False:  # on, or no rule (each worker runs its own value): nothing to re-enable
             raise CanaryError(f"{name} is {'already on' if state else 'not turned off by any rule'} in scope "
                               f"{scope_s or '(fleet)'}; a canary re-enables a switch that a rule turned off")
+        odd = [r for r in board.exceptions(name, scope_s) if not r.cohort]
+        if odd:  # the rest of the scope would not all be off: the comparison would be spoiled
+            raise CanaryError(f"{name} is not off for every worker of {scope_s or '(fleet)'}: newer rules "
+                              f"{', '.join(r.scope or '(fleet)' for r in odd)} give it another value; clear "
+                              "them (or set the scope off again) before a canary")
         if any(c["name"] == name and c["scope"] == scope_s for c in list_canaries(store, "running")):
             raise CanaryError(f"a canary of {name} in scope {scope_s or '(fleet)'} is already running")
         cid = uuid.uuid4().hex[:12]
@@ -107,7 +114,10 @@ def start_canary(store, name: str, scope: str | dict[str, str] | None, *, fracti
     return get_canary(store, cid)
 
 
-def _cohorts(store, scope: dict[str, str], hi: int, start: datetime, end: datetime) -> tuple[list[str], list[str]]:
+def _cohorts(store, name: str, scope: dict[str, str], hi: int, start: datetime,
+             end: datetime) -> tuple[list[str], list[str]]:
+    """The scope's workers seen since ``start``, split into the canary's cohort (bucket salted by the
+    switch's name, as the cohort rule matches) and the rest."""
     params: dict[str, Any] = {"s": start, "e": end}
     clause = ""
     for k, v in scope.items():
@@ -116,8 +126,8 @@ def _cohorts(store, scope: dict[str, str], hi: int, start: datetime, end: dateti
     workers = [r[0] for r in store.query_rows(
         "SELECT DISTINCT worker_id FROM session_stats WHERE first_ts >= {s:DateTime64(3, 'UTC')} "
         f"AND first_ts < {{e:DateTime64(3, 'UTC')}}{clause} ORDER BY worker_id", params)]
-    cohort = [w for w in workers if bucket(w) < hi]
-    return cohort, [w for w in workers if bucket(w) >= hi]
+    cohort = [w for w in workers if bucket(w, name) < hi]
+    return cohort, [w for w in workers if bucket(w, name) >= hi]
 
 
 def _memory_judge(store, treatment: dict, control: dict, start: datetime, end: datetime, min_samples: int):
@@ -166,7 +176,7 @@ def evaluate(store, canary_id: str, now: datetime | None = None) -> dict[str, An
             return {"id": canary_id, "status": "cancelled", "decided": True, "evidence": c["evidence"]}
     scope = parse_scope(c["scope"])
     start = c["started_at"]
-    cohort, rest = _cohorts(store, scope, c["bucket_hi"], start, now)
+    cohort, rest = _cohorts(store, c["name"], scope, c["bucket_hi"], start, now)
     base = {k: v for k, v in scope.items()}
     treatment, control = {**base, "worker_id": cohort}, {**base, "worker_id": rest}
     evidence: dict[str, Any] = {"cohort_workers": len(cohort), "rest_workers": len(rest), "window": [start, now]}

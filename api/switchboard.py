@@ -2,16 +2,38 @@
 
     board = get_switchboard(store)
     board.resolve(worker_id="w3", release="v7", gpu_kind="h200")   # ({"fused_allreduce": False}, version)
+    board.explain(worker_id="w3", release="v7", gpu_kind="h200")   # per switch: the deciding rule and why
     board.set("fused_allreduce", False, scope="release=v7", actor="alice", reason="leak")  # -> Decision
 
 A rule sets one switch for a scope (canonical 'key=value,...' over gpu_kind/release/worker_id,
 '' = the whole fleet), optionally only for a cohort of workers (a canary: stable bucket
-``bucket(worker_id)`` in [lo, hi)). The most specific matching rule wins (more scope keys, then a
-cohort rule over a plain one, then the newer). A switch no rule in scope names is *undecided*: it
-is left out of ``resolve`` and the worker keeps the value it started with (a worker reproducing the
-leak with buffer_per_shape on keeps it; a plain worker stays plain). Setting a switch to the state a
-rule already gives it in that scope changes nothing and is recorded as a no-op decision. Every decision goes to
-``switch_audit``. One lock per store serialises writes in this process (chDB is one process).
+``bucket(worker_id, salt=<switch>)`` in [lo, hi); the hash is salted per switch, so a 10 % canary of
+one switch does not land on the workers of another's).
+
+The precedence model (docs: README "Control plane and alerts"; tests: tests/api/test_rule_precedence.py):
+
+1. **The most recent decision covering a worker wins.** A rule covers a worker when every key of its
+   scope equals the worker's label and, for a cohort rule, the worker's bucket lies in the cohort.
+   Among the active rules of a switch that cover a worker, the one with the highest version (written
+   last) decides. Specificity does not matter: a release-wide re-enable written after older
+   worker-scoped rules reaches every worker of the release; a worker-scoped override written after a
+   fleet-wide rule applies to that worker.
+2. **A broader manual decision supersedes the narrower automatic rules it covers.** A manual write
+   (``source="api"``) at scope S withdraws every active automatic rule (alert, incident, canary) of that
+   switch whose scope lies strictly inside S, so clearing S's rule later never brings stale automatic
+   rules back. Narrower manual rules are left in place (by rule 1 they are overridden while S's rule is
+   newer, and come back if it is cleared).
+3. **Any write at scope S ends the canaries of that switch inside S** (their cohort rules are
+   withdrawn; api/canary.py then reports the canary cancelled): a decision for the whole scope ends the
+   experiment.
+4. A switch no rule covers is *undecided*: it is left out of ``resolve`` and the worker keeps the value
+   it started with (a worker reproducing the leak with buffer_per_shape on keeps it; a plain worker
+   stays plain). Clearing a scope's own rule lets the next most recent covering rule decide again.
+
+A write that would change no worker of its scope (the most recent rule covering the whole scope
+already gives that value and no newer rule inside the scope differs) is recorded as a no-op decision.
+Every decision goes to ``switch_audit``. One lock per store serialises writes in this process (chDB is
+one process), so versions are strictly increasing.
 """
 
 from __future__ import annotations
@@ -78,9 +100,24 @@ def canonical_scope(scope: str | dict[str, str] | None) -> str:
     return ",".join(f"{k}={d[k]}" for k in sorted(d))
 
 
-def bucket(worker_id: str) -> int:
-    """A worker's stable cohort bucket in [0, 100): the same on every server and every poll."""
-    return int.from_bytes(hashlib.sha256(worker_id.encode()).digest()[:8], "big") % BUCKETS
+def bucket(worker_id: str, salt: str = "") -> int:
+    """A worker's stable cohort bucket in [0, 100): the same on every server and every poll. Cohort rules
+    salt it with their switch's name, so canaries of different switches pick independent cohorts."""
+    key = f"{salt}/{worker_id}" if salt else worker_id
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") % BUCKETS
+
+
+AUTOMATIC_SOURCES = frozenset({"alert", "incident", "canary"})
+
+
+def covers(outer: dict[str, str], inner: dict[str, str]) -> bool:
+    """Every worker of scope ``inner`` is in scope ``outer`` (outer's keys all hold in inner)."""
+    return all(inner.get(k) == v for k, v in outer.items())
+
+
+def overlaps(a: dict[str, str], b: dict[str, str]) -> bool:
+    """Some worker can be in both scopes (no key with two different values)."""
+    return all(b.get(k, v) == v for k, v in a.items())
 
 
 @dataclass(frozen=True)
@@ -96,21 +133,31 @@ class Rule:
     actor: str
     reason: str
     updated_at: datetime
+    source: str = ""  # api | alert | incident | canary ('' for rules written before sql/030)
 
     @property
     def scope_dict(self) -> dict[str, str]:
         return parse_scope(self.scope)
 
-    def matches(self, labels: dict[str, str]) -> bool:
-        if any(labels.get(k) != v for k, v in self.scope_dict.items()):
-            return False
-        if self.cohort:
-            wid = labels.get("worker_id")
-            return wid is not None and self.bucket_lo <= bucket(wid) < self.bucket_hi
-        return True
+    @property
+    def automatic(self) -> bool:
+        """Written by the system (an alert, an incident, a canary), not by an operator."""
+        if self.source:
+            return self.source in AUTOMATIC_SOURCES
+        return self.actor.startswith(("alert:", "incident", "canary"))  # rules older than the column
 
-    def rank(self) -> tuple[int, int, int]:
-        return (len(self.scope_dict), 1 if self.cohort else 0, self.version)
+    def in_cohort(self, worker_id: str | None) -> bool:
+        return not self.cohort or (worker_id is not None
+                                   and self.bucket_lo <= bucket(worker_id, self.name) < self.bucket_hi)
+
+    def matches(self, labels: dict[str, str]) -> bool:
+        return covers(self.scope_dict, labels) and self.in_cohort(labels.get("worker_id"))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "scope": self.scope, "cohort": self.cohort, "value": self.value,
+                "buckets": [self.bucket_lo, self.bucket_hi], "version": self.version, "who": self.actor,
+                "why": self.reason, "source": self.source or ("alert" if self.automatic else "api"),
+                "updated_at": self.updated_at.isoformat()}
 
 
 @dataclass
@@ -139,7 +186,7 @@ class Decision:
 
 
 _RULE_COLS = ["name", "scope", "cohort", "value", "active", "bucket_lo", "bucket_hi", "version", "actor",
-              "reason", "updated_at"]
+              "reason", "updated_at", "source"]
 _AUDIT_COLS = ["ts", "source", "action", "name", "scope", "cohort", "old_value", "new_value", "changed",
                "version", "actor", "reason", "ref", "evidence"]
 
@@ -174,30 +221,83 @@ class Switchboard:
     def invalidate(self) -> None:
         self._cached = None
 
+    def deciding(self, name: str, labels: dict[str, str]) -> Rule | None:
+        """The rule that decides ``name`` for a worker with these labels: the most recent covering it."""
+        return max((r for r in self.snapshot()[0] if r.name == name and r.matches(labels)),
+                   key=lambda r: r.version, default=None)
+
     def resolve(self, worker_id: str | None = None, release: str | None = None,
                 gpu_kind: str | None = None) -> tuple[dict[str, bool], int]:
-        """The switches some rule in scope decides for one worker (undecided names are left out: the
-        worker keeps its own value), and the board version."""
-        labels = {k: v for k, v in (("worker_id", worker_id), ("release", release), ("gpu_kind", gpu_kind)) if v}
+        """The switches some rule covering one worker decides (undecided names are left out: the worker
+        keeps its own value), and the board version."""
+        labels = _labels(worker_id, release, gpu_kind)
         rules, version = self.snapshot()
         best: dict[str, Rule] = {}
         for r in rules:
-            if r.matches(labels) and (r.name not in best or r.rank() > best[r.name].rank()):
+            if r.matches(labels) and (r.name not in best or r.version > best[r.name].version):
                 best[r.name] = r
         return {n: best[n].value for n in SWITCH_NAMES if n in best}, version
 
-    def effective(self, name: str, scope: str | dict[str, str] | None) -> bool | None:
-        """The value a rule gives a switch for every (non-canary) worker of ``scope``; None when no rule
-        decides it (each worker keeps its own)."""
-        want = parse_scope(scope)
+    def explain(self, worker_id: str | None = None, release: str | None = None,
+                gpu_kind: str | None = None) -> dict[str, dict[str, Any]]:
+        """For each switch: its value for this worker (None = undecided), the rule that decided it and why,
+        and the other rules that cover the worker or its scope but do not decide (older, outside a cohort)."""
+        labels = _labels(worker_id, release, gpu_kind)
         rules, _ = self.snapshot()
-        best: Rule | None = None
-        for r in rules:
-            if r.name != name or r.cohort:
-                continue
-            if all(want.get(k) == v for k, v in r.scope_dict.items()) and (best is None or r.rank() > best.rank()):
-                best = r
+        out: dict[str, dict[str, Any]] = {}
+        for name in SWITCH_NAMES:
+            mine = sorted((r for r in rules if r.name == name and covers(r.scope_dict, labels)),
+                          key=lambda r: -r.version)
+            covering = [r for r in mine if r.in_cohort(worker_id)]
+            top = covering[0] if covering else None
+            others = []
+            for r in mine:
+                if r is top:
+                    continue
+                if r in covering:
+                    why = f"older (version {r.version} < {top.version}): the most recent covering rule decides"
+                elif worker_id is None:
+                    why = "a cohort rule: it covers only workers in its cohort (no worker_id given)"
+                else:
+                    why = (f"worker not in its cohort: bucket {bucket(worker_id, name)} (salted by {name!r}) "
+                           f"not in [{r.bucket_lo}, {r.bucket_hi})")
+                others.append({**r.as_dict(), "why_not": why})
+            if top is None:
+                why = ("no rule covers this worker: it keeps the value it started with "
+                       f"(production default {'on' if DEFAULTS[name] else 'off'})")
+            else:
+                where = f"scope {top.scope or '(whole fleet)'}" + (
+                    f", cohort {top.cohort} (bucket {bucket(worker_id or '', name)} in "
+                    f"[{top.bucket_lo}, {top.bucket_hi}))" if top.cohort else "")
+                why = (f"the most recent of {len(covering)} rule(s) covering this worker: {where}, set "
+                       f"{'on' if top.value else 'off'} by {top.actor} ({top.as_dict()['source']}) at "
+                       f"{top.updated_at.isoformat()}: {top.reason}")
+            out[name] = {"value": None if top is None else top.value, "decided_by": None if top is None else
+                         top.as_dict(), "why": why, "not_deciding": others}
+        return out
+
+    def effective(self, name: str, scope: str | dict[str, str] | None) -> bool | None:
+        """The value the most recent rule covering the whole of ``scope`` gives the switch (cohort rules
+        aside); None when no rule covers it. Newer rules inside the scope may differ for some of its
+        workers: ``exceptions`` lists them."""
+        want = parse_scope(scope)
+        best = self._covering(name, want)
         return best.value if best is not None else None
+
+    def _covering(self, name: str, want: dict[str, str]) -> Rule | None:
+        return max((r for r in self.snapshot()[0] if r.name == name and not r.cohort and covers(r.scope_dict, want)),
+                   key=lambda r: r.version, default=None)
+
+    def exceptions(self, name: str, scope: str | dict[str, str] | None, value: bool | None = None) -> list[Rule]:
+        """Rules newer than the most recent one covering all of ``scope`` that apply to some of its workers
+        (narrower scopes, overlapping scopes, cohorts) with another value than ``value`` (default: the
+        covering rule's); these workers resolve differently from the rest of the scope."""
+        want = parse_scope(scope)
+        base = self._covering(name, want)
+        value = (base.value if base is not None else None) if value is None else value
+        floor = base.version if base is not None else 0
+        return [r for r in self.snapshot()[0] if r.name == name and r.version > floor and r is not base
+                and overlaps(r.scope_dict, want) and r.value != value]
 
     def rules(self) -> list[Rule]:
         return sorted(self.snapshot()[0], key=lambda r: (r.name, r.scope, r.cohort))
@@ -208,11 +308,11 @@ class Switchboard:
         return int(rows[0][0] or 0) + 1
 
     def _write_rule(self, name: str, scope: str, cohort: str, value: bool, active: bool, lo: int, hi: int,
-                    actor: str, reason: str) -> int:
+                    actor: str, reason: str, source: str = "api") -> int:
         version = self._next_version()
         self.store.client().insert(
             "switch_rules",
-            [[name, scope, cohort, value, active, lo, hi, version, actor, reason, datetime.now(UTC)]],
+            [[name, scope, cohort, value, active, lo, hi, version, actor, reason, datetime.now(UTC), source]],
             column_names=_RULE_COLS,
         )
         self.invalidate()
@@ -257,22 +357,33 @@ class Switchboard:
     def set(self, name: str, value: bool, scope: str | dict[str, str] | None = None, *, actor: str, reason: str,
             source: str = "api", ref: str = "", evidence: dict[str, Any] | None = None,
             action: str = "set") -> Decision:
-        """Turn a switch on or off for a scope; a no-op (recorded) when a rule already makes it so (with no
-        rule the workers keep their own values, so a rule is written even for the production default)."""
+        """Turn a switch on or off for a scope (the precedence model in the module docstring); a no-op
+        (recorded) when every worker of the scope already resolves to ``value`` by rules (with no rule the
+        workers keep their own values, so a rule is written even for the production default)."""
         check_name(name)
         scope_s = canonical_scope(scope)
+        want = parse_scope(scope_s)
         with self.lock:
             self.invalidate()
             old = self.effective(name, scope_s)
             ev = dict(evidence or {})
-            if old == value:
+            differing = self.exceptions(name, scope_s, value)
+            if old == value and not differing:
                 _, version = self.snapshot()
                 return self.record(Decision(name, scope_s, "", old, value, False, version, "noop", source, actor,
                                             reason, ref, {**ev, "noop": f"already {'on' if old else 'off'}"}))
-            version = self._write_rule(name, scope_s, "", value, True, 0, BUCKETS, actor, reason)
-            if not value:  # a switch turned off ends the canaries that re-enable it inside this scope
-                ev["cohort_rules_withdrawn"] = self._withdraw_cohorts(name, scope_s, actor, reason)
-                version = self.snapshot()[1]
+            if differing:
+                ev["overrides"] = [f"{r.scope or '(fleet)'}{' ' + r.cohort if r.cohort else ''}" for r in differing]
+            self._write_rule(name, scope_s, "", value, True, 0, BUCKETS, actor, reason, source)
+            ended = self._withdraw(name, want, actor, reason, lambda r: bool(r.cohort))
+            if ended:
+                ev["cohort_rules_withdrawn"] = ended
+            if source not in AUTOMATIC_SOURCES:
+                gone = self._withdraw(name, want, actor, reason,
+                                      lambda r: not r.cohort and r.automatic and r.scope != scope_s)
+                if gone:
+                    ev["superseded_automatic_rules"] = gone
+            version = self.snapshot()[1]
             return self.record(Decision(name, scope_s, "", old, value, True, version, action, source, actor,
                                         reason, ref, ev))
 
@@ -291,18 +402,21 @@ class Switchboard:
                 return self.record(Decision(name, scope_s, "", old, old, False, version, "noop", source, actor,
                                             reason, "", {"noop": "no rule of its own in this scope"}))
             r = own[0]
-            version = self._write_rule(name, scope_s, "", r.value, False, r.bucket_lo, r.bucket_hi, actor, reason)
+            version = self._write_rule(name, scope_s, "", r.value, False, r.bucket_lo, r.bucket_hi, actor, reason,
+                                       r.source)
             new = self.effective(name, scope_s)
             return self.record(Decision(name, scope_s, "", old, new, old != new, version, "clear", source, actor,
                                         reason, "", {"rule_removed": True}))
 
-    def _withdraw_cohorts(self, name: str, scope_s: str, actor: str, reason: str) -> list[str]:
-        want = parse_scope(scope_s)
+    def _withdraw(self, name: str, want: dict[str, str], actor: str, reason: str, which) -> list[str]:
+        """Withdraw the active rules of ``name`` inside scope ``want`` that ``which(rule)`` selects; their
+        'scope[ cohort]' labels."""
         gone = []
         for r in self.snapshot()[0]:
-            if r.name == name and r.cohort and all(r.scope_dict.get(k) == v for k, v in want.items()):
-                self._write_rule(r.name, r.scope, r.cohort, r.value, False, r.bucket_lo, r.bucket_hi, actor, reason)
-                gone.append(r.cohort)
+            if r.name == name and covers(want, r.scope_dict) and which(r):
+                self._write_rule(r.name, r.scope, r.cohort, r.value, False, r.bucket_lo, r.bucket_hi, actor, reason,
+                                 r.source)
+                gone.append(f"{r.scope or '(fleet)'}{' ' + r.cohort if r.cohort else ''}")
         return gone
 
     def withdraw_cohort(self, name: str, scope: str, cohort: str, *, actor: str, reason: str) -> bool:
@@ -312,7 +426,8 @@ class Switchboard:
             self.invalidate()
             for r in self.snapshot()[0]:
                 if (r.name, r.scope, r.cohort) == (name, scope_s, cohort):
-                    self._write_rule(name, scope_s, cohort, r.value, False, r.bucket_lo, r.bucket_hi, actor, reason)
+                    self._write_rule(name, scope_s, cohort, r.value, False, r.bucket_lo, r.bucket_hi, actor, reason,
+                                     r.source)
                     return True
         return False
 
@@ -324,7 +439,7 @@ class Switchboard:
         scope_s = canonical_scope(scope)
         with self.lock:
             old = self.effective(name, scope_s)
-            version = self._write_rule(name, scope_s, cohort, value, True, lo, hi, actor, reason)
+            version = self._write_rule(name, scope_s, cohort, value, True, lo, hi, actor, reason, source)
             return self.record(Decision(name, scope_s, cohort, old, value, True, version, action, source, actor,
                                         reason, cohort, dict(evidence or {})))
 
@@ -338,7 +453,7 @@ class Switchboard:
             if live:
                 r = live[0]
                 version = self._write_rule(name, scope_s, cohort, r.value, False, r.bucket_lo, r.bucket_hi,
-                                           actor, reason)
+                                           actor, reason, r.source)
             return self.record(Decision(name, scope_s, cohort, live[0].value if live else None,
                                         self.effective(name, scope_s), bool(live), version, action, source,
                                         actor, reason, cohort, dict(evidence or {})))
@@ -375,6 +490,10 @@ class Switchboard:
             row["evidence"] = orjson.loads(row["evidence"] or "{}")
             out.append(row)
         return out
+
+
+def _labels(worker_id: str | None, release: str | None, gpu_kind: str | None) -> dict[str, str]:
+    return {k: v for k, v in (("worker_id", worker_id), ("release", release), ("gpu_kind", gpu_kind)) if v}
 
 
 _boards: dict[int, Switchboard] = {}

@@ -10,6 +10,8 @@
     GET  /v1/switches/rules    the active rules, and ``defaults``: the production configuration a
          release's workers start with (information for dashboards; never applied by the control plane)
     GET  /v1/switches/history  the audit trail
+    GET  /v1/switches/explain?worker_id=&release=&gpu_kind=   for each switch: the value, the rule that
+         decided it and why, and the covering rules that did not (api/switchboard.py: the precedence model)
 
 An ``If-None-Match`` equal to the current ETag answers 304 (an unchanged poll costs nothing).
 Turning a switch off that is already off in that scope is answered 200 with ``changed: false``
@@ -31,6 +33,9 @@ from api.switchboard import DEFAULTS, SwitchError, check_name, get_switchboard
 from collector.records import SWITCH_NAMES
 
 router = APIRouter(prefix="/v1/switches", tags=["switches"])
+PRECEDENCE = ("the most recent active rule covering the worker decides (scope keys all equal its labels, and "
+              "for a cohort rule its bucket in the cohort); a manual write supersedes the narrower automatic "
+              "rules it covers; a switch no rule covers keeps the worker's own value")
 
 
 class SwitchesOut(BaseModel):
@@ -104,14 +109,22 @@ def list_rules(store: StoreDep, _auth: ReaderDep) -> dict[str, Any]:
         "version": version,
         "names": list(SWITCH_NAMES),
         "defaults": dict(DEFAULTS),
-        "rules": [
-            {"name": r.name, "scope": r.scope, "cohort": r.cohort, "value": r.value,
-             "buckets": [r.bucket_lo, r.bucket_hi], "version": r.version, "who": r.actor, "why": r.reason,
-             "updated_at": r.updated_at.isoformat()}
-            for r in board.rules()
-        ],
+        "rules": [r.as_dict() for r in board.rules()],
         "count": len(rules),
     }
+
+
+@router.get("/explain")
+def explain(store: StoreDep, settings: SettingsDep, _auth: ReaderDep, worker_id: Label = None,
+            release: Label = None, gpu_kind: Label = None) -> dict[str, Any]:
+    """For each switch, the value a worker with these labels gets, the rule that decided it and why
+    (the most recent rule covering the worker), and the rules that cover it but do not decide."""
+    board = get_switchboard(store, settings.switch_cache_s)
+    _, version = board.snapshot()
+    return {"labels": {k: v for k, v in (("worker_id", worker_id), ("release", release), ("gpu_kind", gpu_kind))
+                       if v},
+            "version": version, "precedence": PRECEDENCE,
+            "switches": board.explain(worker_id, release, gpu_kind)}
 
 
 @router.get("/history")
@@ -121,7 +134,7 @@ def history(
     _auth: ReaderDep,
     tr: OptionalRangeDep,
     name: Annotated[str | None, Query(max_length=64)] = None,
-    source: Annotated[str | None, Query(pattern="^(api|alert|canary)$")] = None,
+    source: Annotated[str | None, Query(pattern="^(api|alert|incident|canary)$")] = None,
     changed: bool | None = None,
 ) -> dict[str, Any]:
     if name is not None:

@@ -24,7 +24,7 @@ def stream(store, hi: int, *, period_x: float = 1.0, mem_x: float = 1.0, session
     rng = np.random.default_rng(seed)
     rows = []
     for w in WORKERS:
-        in_cohort = bucket(w) < hi
+        in_cohort = bucket(w, "fused_allreduce") < hi
         for s in range(sessions):
             start = T0 + timedelta(minutes=5 + 7 * s, seconds=int(rng.integers(0, 60)))
             period = 160.0 * float(np.exp(rng.normal(0, 0.01))) * (period_x if in_cohort else 1.0)
@@ -51,8 +51,8 @@ def running(store):
 
 def test_cohort_gets_the_switch_back_and_the_rest_does_not(store, running):
     board = get_switchboard(store)
-    cohort = [w for w in WORKERS if bucket(w) < running["bucket_hi"]]
-    rest = [w for w in WORKERS if bucket(w) >= running["bucket_hi"]]
+    cohort = [w for w in WORKERS if bucket(w, "fused_allreduce") < running["bucket_hi"]]
+    rest = [w for w in WORKERS if bucket(w, "fused_allreduce") >= running["bucket_hi"]]
     assert cohort and rest
     assert all(board.resolve(w, "v7", "h200")[0]["fused_allreduce"] for w in cohort)
     assert not any(board.resolve(w, "v7", "h200")[0]["fused_allreduce"] for w in rest)

@@ -40,7 +40,7 @@ def test_turning_off_an_off_switch_is_a_recorded_noop(client, admin):
     assert all(d["reason"] == "leak" and d["source"] == "api" for d in hist)
 
 
-def test_fleet_off_then_release_on_most_specific_wins(client, admin):
+def test_fleet_off_then_release_on_the_newer_release_rule_decides_it(client, admin):
     client.put("/v1/switches/compile", headers=admin, json={"value": False, "who": "a", "why": "b"})
     client.put("/v1/switches/compile", headers=admin,
                json={"value": True, "scope": "release=v8", "who": "a", "why": "fixed in v8"})
