@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from worker.compiled import compiled
 from worker.config import ModelShape, Switches
 from worker.fp8 import FP8, dequantize, head_scale, quantize, quantize_act_static
 from worker.rope import apply_rope, apply_rope_tables, rope_tables, rotate_by
@@ -166,8 +167,8 @@ class CacheOps:
             self._to_keys = k[2].to_keys_contiguous
             self._fa_dims = k[2].SUPPORTED_HEAD_DIMS
         if switches.compile and cuda:
-            self.write_pair = torch.compile(write_pair_torch)
-            self.reread = torch.compile(reread_torch)
+            self.write_pair = compiled(write_pair_torch)  # once per process: a cache is made per session
+            self.reread = compiled(reread_torch)
 
     @property
     def v_keys_contiguous(self) -> bool:
@@ -249,6 +250,7 @@ class KVCache:
         self.k_scale = torch.ones(nb, h, dtype=torch.float32, device=self.device)
         self.v_scale = torch.ones(nb, h, dtype=torch.float32, device=self.device)
         self.calibrated = [False] * nb
+        self._bufs: dict[tuple[str, tuple[int, ...]], torch.Tensor] = {}  # _keep's per-shape buffers
         self.positions = torch.zeros(0, dtype=torch.int64, device=self.device)  # new tokens' positions [T]
         self.cos = self.sin = torch.zeros(0, d, device=self.device)  # their RoPE tables [T, head_dim]
 
@@ -257,12 +259,24 @@ class KVCache:
         return sum(t.untyped_storage().nbytes() for t in (*self.k, *self.v, self.k_scale, self.v_scale))
 
     def _keep(self, name: str, value: torch.Tensor) -> None:
-        """Update a per-step index buffer in place when its shape holds (CUDA graphs read it)."""
-        old = getattr(self, name, None)
-        if old is not None and old.shape == value.shape:
-            old.copy_(value)
+        """Set a per-step index buffer, in place in the one buffer kept per (name, shape): CUDA graphs
+        read it, and a worker's graphs of a first forward ([L]) and of a chunk ([new_tokens]) each find
+        theirs in every session (worker/graphs.py)."""
+        key = (name, tuple(value.shape))
+        buf = self._bufs.get(key)
+        if buf is None:
+            self._bufs[key] = buf = value
         else:
-            setattr(self, name, value)
+            buf.copy_(value)
+        setattr(self, name, buf)
+
+    def restart(self) -> None:
+        """An empty window for the next session, in the same tensors (a warm worker's graphs read
+        them): the book from scratch, the FP8 scales to calibrate again at the first write."""
+        self.book = CacheBook(self.shape.window)
+        self.calibrated = [False] * self.shape.n_blocks
+        self.k_scale.fill_(1.0)
+        self.v_scale.fill_(1.0)
 
     def _set_positions(self, positions: torch.Tensor) -> None:
         """The step's positions and their RoPE tables, once per step (every block and pass reuses them)."""

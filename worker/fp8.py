@@ -84,6 +84,11 @@ class StaticScale:
     def calibrating(self) -> bool:
         return self.left > 0
 
+    def restart(self, calls: int) -> None:
+        """Calibrate afresh over the next ``calls`` uses, in the same scale tensor."""
+        self.scale.zero_()
+        self.left = calls
+
     def observe(self, x: torch.Tensor) -> None:
         """One calibration use: the scale grows to cover x (amax floored like the dynamic quantizers)."""
         amax = torch.linalg.vector_norm(x, float("inf"), dtype=torch.float32)

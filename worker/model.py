@@ -53,6 +53,7 @@ import torch
 import torch.nn.functional as F
 
 from worker.cache import KVCache
+from worker.compiled import compiled
 from worker.config import ModelShape
 from worker.fp8 import (
     SaturationProbe,
@@ -191,7 +192,7 @@ class BlockFusion:
     @classmethod
     def compiled(cls, act_scales: str) -> BlockFusion:
         ln, res, gelu = _chains(act_scales)
-        return cls(*(torch.compile(f) for f in (ln, res, apply_rope_tables, gelu)), act_scales)
+        return cls(*(torch.compile(f) for f in (ln, res, apply_rope_tables, gelu)), act_scales)  # once per model and kind (DiT._fusions)
 
     @classmethod
     def triton(cls) -> BlockFusion:
@@ -421,7 +422,7 @@ class DiT:
         cuda = self.device.type == "cuda"
         use = on and cuda
         if self.act_scales == "static" and self.fp8:
-            quant = torch.compile(quantize_act_static) if use else quantize_act_static
+            quant = compiled(quantize_act_static) if use else quantize_act_static
             if any(lin.site is None for lin in self._linears()):
                 self.reset_act_scales()
             for lin in self._linears():
@@ -429,7 +430,7 @@ class DiT:
                 lin.quant = lin.site
         else:  # dynamic scales ("static" with bf16/fp32 weights: nothing is quantized)
             quant = ACT_QUANT.get(self.act_scales, quantize_act)
-            quant = torch.compile(quant) if use else quant
+            quant = compiled(quant) if use else quant
             for lin in self._linears():
                 lin.site, lin.quant = None, quant
         fusable = cuda and self.fp8 and self.fuse_blocks
@@ -446,12 +447,15 @@ class DiT:
     def reset_act_scales(self) -> None:
         """Static scales: fresh sites for every linear (same quantizer), calibrated over the next
         1 + passes uses -- a session's first forward and first chunk, during which the blocks run
-        unfused and ``ChunkRunner`` captures no graph. Nothing without static scales."""
+        unfused. Existing sites restart in place (their scale tensors are what graphs read). Nothing
+        without static scales."""
         if self.act_scales != "static" or not self.fp8:
             return
         for lin in self._linears():
-            quant = lin.site.quant if lin.site is not None else quantize_act_static
-            lin.site = StaticScale(self.device, 1 + self.shape.passes, quant=quant)
+            if lin.site is not None:  # in place: graphs captured in an earlier session read its scale
+                lin.site.restart(1 + self.shape.passes)
+                continue
+            lin.site = StaticScale(self.device, 1 + self.shape.passes, quant=quantize_act_static)
             lin.quant = lin.site
 
     def set_fusion(self, fusion: BlockFusion | None) -> None:
@@ -487,6 +491,23 @@ class DiT:
         emb = torch.cat([ang.cos(), ang.sin()]).to(self.dtype)
         return F.silu(self.t_embed @ emb)  # [d]
 
+    def _sites(self, step_only: bool) -> list[StaticScale]:
+        """The linears' static-scale sites; ``step_only``: without the cross K/V input's, which a chunk
+        never uses (the first forward and a turn's recompute do)."""
+        return [lin.site for b in self.blocks for lin in b.linears
+                if lin.site is not None and not (step_only and lin is b.ckv)]
+
+    def calibration_state(self, step_only: bool = False) -> tuple[int, ...]:
+        """The static scales' calibration counters (uses left per site; () without static sites): the
+        host state a CUDA graph of a forward depends on (worker/graphs.py keys and restores it)."""
+        return tuple(site.left for site in self._sites(step_only))
+
+    def set_calibration_state(self, state: tuple[int, ...], step_only: bool = False) -> None:
+        sites = self._sites(step_only)
+        assert len(sites) == len(state), (len(sites), len(state))
+        for site, left in zip(sites, state, strict=True):
+            site.left = left
+
     @property
     def calibrating(self) -> bool:
         """Static activation scales still calibrating (block 0's QKV input stands for all: every block's
@@ -507,13 +528,18 @@ class DiT:
 
     def first_forward(self, cond: torch.Tensor, cache: KVCache):
         """Conditioning [L, d]: cross-attention K/V per block, and the window prefilled with it."""
+        cache.begin_step(cond.shape[0])
+        cond_kv = self.prefill(cond, cache)
+        cache.end_step()
+        return cond_kv
+
+    def prefill(self, cond: torch.Tensor, cache: KVCache):
+        """The first forward inside the step ``cache.begin_step(L)`` opened (what a graph of it holds)."""
         cond = cond.to(self.dtype)
         cond_kv = self.cross_kv(cond, cache)
-        cache.begin_step(cond.shape[0])
         # unfused: once per session, and its token count varies per session (the compiled chains
         # then see one shape only, the chunk's, and never recompile)
         self.forward_tokens(cond, 0.0, cache, cond_kv, fused=False)
-        cache.end_step()
         return cond_kv
 
     def cross_kv(self, cond: torch.Tensor, cache: KVCache) -> list:

@@ -312,7 +312,9 @@ class TPWorker(Worker):
             kw["session_id"] = box[0]
         if not self.place.decodes:
             kw.update(collector_url=None, switch_source=None, telemetry=False)
-        return TPSession(self, **kw).run()
+        summary = TPSession(self, **kw).run()
+        self._rewarm(summary)  # every rank ends on the same switches (broadcast): all re-warm alike
+        return summary
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ that inputs outgrew their calibration.
 from __future__ import annotations
 
 import logging
+import math
 import random
 import time
 import uuid
@@ -39,6 +40,7 @@ from worker.cache import CACHE_SWITCHES, KVCache, make_cache, rebuild_cache
 from worker.config import ModelShape, ShapeError, SwitchError, Switches, parse_switch_args, tp_rank_of
 from worker.decoder import Decoder
 from worker.fp8 import SaturationProbe
+from worker.graphs import ChunkRunner
 from worker.model import DiT
 from worker.switches import SwitchSource, make_source
 from worker.telemetry import ListSink, Playout, Telemetry, rss_bytes, weak_method
@@ -49,6 +51,9 @@ log = logging.getLogger("livestep.worker.session")
 CHUNK_PERIOD_S = 4 / 24  # 166.7 ms: four frames at 24 fps
 DYNAMIC_SCALES = "row"  # DiT.act_scales with static_scales off: per-token scales, the plain path
 SATURATION_EVERY = {"cuda": 64, "cpu": 8}  # a saturation probe every N steps (Session's default)
+# chunks the player buffers before it starts playing: each is ~one step of time-to-first-frame, and
+# the slack against a slow step (a position reset) before the first late chunk; 1..playout_capacity
+PREROLL = 2
 
 
 @dataclass
@@ -82,6 +87,12 @@ class SessionSummary:
     probed_steps: int = 0  # steps whose FP8 saturation was counted (static_scales on)
     max_fp8_saturated: float | None = None  # the largest share of FP8 GEMM inputs at +-448
     turns: int = 0  # conversational turns applied (worker/turns.py)
+    cond_tokens: int = 0  # the prompt's conditioning length (first_forward_tokens: after bucketing)
+    ttff_ms: float | None = None  # session start -> the player's first frame (None: never started)
+    preroll: int = 0  # chunks buffered before playback started
+    warm: bool = False  # ran on the worker's warm cache and graphs (Worker.warm)
+    graph_captures: int = 0  # CUDA graphs captured during this session (0 on a warm worker)
+    graph_misses: int = 0  # steps a warm worker ran eagerly for want of a graph
 
 
 def _as_switches(sw) -> Switches:
@@ -98,99 +109,45 @@ def _mean(xs: list[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
 
+def cond_buckets_of(shape: ModelShape) -> tuple[int, ...]:
+    """The first-forward lengths a warm worker pads a prompt to: powers of two over the shape's
+    conditioning range, its maximum last (prod57b: 256, 512, 1024, 2048)."""
+    lo, hi = shape.cond_tokens
+    out, b = [], 1 << max(0, math.ceil(math.log2(lo)))
+    while b < hi:
+        out.append(b)
+        b *= 2
+    return (*out, hi)
+
+
 @dataclass
-class _Graph:
-    """One captured chunk: replay after copying the step's noise into ``noise``; ``out`` is overwritten."""
+class _Warm:
+    """A warm worker's session state for one set of switches: a cache and graphs every session reuses."""
 
-    graph: torch.cuda.CUDAGraph
-    noise: torch.Tensor
-    out: torch.Tensor
-    cache: KVCache  # the session's cache whose buffers the graph reads and writes
-    cond_kv: list  # the cross K/V windows it reads (a turn replaces them: a new capture)
-    probe: SaturationProbe | None  # the probe whose count it zeroes and sums (None: plain)
-    total: int  # the probe's element total for one replay
-
-
-class ChunkRunner:
-    """Denoises one chunk; with ``cuda_graphs`` on CUDA, captures it once the window is full, then replays.
-
-    The graph holds the 4 passes x blocks; the cache's per-step advance / reset (``begin_step``)
-    stays eager, outside the graph, and writes the slot/position buffers the graph reads. A step with
-    a ``SaturationProbe`` replays a second graph that also counts the saturation of every static-scale
-    GEMM input (eager steps route the inputs to the probe directly). With the session's ``probe`` given
-    and static scales calibrated, both graphs are captured at the first graphed step after one warm-up:
-    one longer step there instead of a second hitch of ~1 s at the first probed step. Under tensor
-    parallel the probe must be given up front (``Session`` does): a runner that first meets it later
-    warms up once more, a forward with its all-reduces on rank 0 alone.
-    """
-
-    def __init__(self, model: DiT, use_graphs: bool, probe: SaturationProbe | None = None):
-        self.model = model
-        self.use_graphs = use_graphs and model.device.type == "cuda"
-        self.probe = probe
-        self._graphs: dict[bool, _Graph] = {}  # probed? -> its graph
-
-    def __call__(self, noise: torch.Tensor, cache: KVCache, cond_kv,
-                 probe: SaturationProbe | None = None) -> tuple[torch.Tensor, bool]:
-        # eager until the window is full, and while static activation scales calibrate (a graph would
-        # freeze the calibration's unfused path and its scale updates into every replay)
-        if not (self.use_graphs and cache.book.n_valid == cache.shape.window) or self.model.calibrating:
-            self.model.set_probe(probe)
-            try:
-                return self.model.denoise_chunk(noise, cache, cond_kv), False
-            finally:
-                self.model.set_probe(None)
-        if self._stale(probe, cache, cond_kv):
-            self._capture(noise, cache, cond_kv, probe)
-        g = self._graphs[probe is not None]
-        g.noise.copy_(noise)
-        g.graph.replay()
-        if probe is not None:
-            probe.total = g.total  # the count itself was zeroed and summed by the replay
-        return g.out.clone(), True
-
-    def _stale(self, probe: SaturationProbe | None, cache: KVCache, cond_kv) -> bool:
-        g = self._graphs.get(probe is not None)
-        return g is None or g.cache is not cache or g.probe is not probe or g.cond_kv is not cond_kv
-
-    def _capture(self, noise: torch.Tensor, cache: KVCache, cond_kv, probe: SaturationProbe | None) -> None:
-        """After one warm-up on a side stream (compiles, autotunes, allocates; with a probe installed, so
-        its counting compiles too), every graph this step may need that is missing or stale: this step's,
-        and with a probe known (this step's or the session's) and static scales calibrated, both the plain
-        and the probed one. One warm-up per capture point keeps the forwards -- and under tensor parallel
-        their all-reduces -- the same on every rank: ranks > 0 have no probe and capture the plain graph
-        at the same step."""
-        known = probe if probe is not None else self.probe
-        want = [probe]
-        if known is not None and self.model.probe_ready:
-            want = [None, known]
-        want = [p for p in want if self._stale(p, cache, cond_kv)]
-        static_noise = noise.clone()
-        try:
-            self.model.set_probe(want[-1])
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                self.model.denoise_chunk(static_noise, cache, cond_kv)
-            torch.cuda.current_stream().wait_stream(side)
-            for p in want:
-                self.model.set_probe(p)
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g):
-                    if p is not None:
-                        p.start()  # the count's zeroing is part of the graph
-                    out = self.model.denoise_chunk(static_noise, cache, cond_kv)
-                self._graphs[p is not None] = _Graph(g, static_noise, out, cache, cond_kv, p,
-                                                     p.total if p is not None else 0)
-        finally:
-            self.model.set_probe(None)
+    switches: Switches
+    cache: KVCache
+    runner: ChunkRunner
+    buckets: tuple[int, ...]
+    seconds: float = 0.0
 
 
 class Worker:
-    """A model (this rank's shard) and the process-wide buffer registry; runs sessions one by one."""
+    """A model (this rank's shard) and the process-wide buffer registry; runs sessions one by one.
+
+    ``warm(switches)`` captures, once, every CUDA graph a session needs (a first forward per
+    conditioning bucket, the calibrating first chunk, the window's fill steps, the steady step plain
+    and probed) on a cache the worker keeps; a session with those switches then restarts that cache
+    and only replays: its first chunk comes after one graphed first forward and one graphed step.
+    A warm worker pads a prompt to its bucket (``cond_buckets``), so that few shapes exist: the cost
+    is the padding's tokens in the first forward and in the cross-attention (zero rows; a model
+    trained without padding would need a key mask there). A session that ends on other switches (a
+    control-plane change) re-warms the worker for them before the next one. Unwarmed, a session
+    builds its own cache and captures lazily, once the window is full, as before.
+    """
 
     def __init__(self, shape: str | ModelShape = "tiny", device=None, tp: int = 1, rank: int = 0,
-                 worker_id: str = "w0", release: str = "dev", model: DiT | None = None):
+                 worker_id: str = "w0", release: str = "dev", model: DiT | None = None,
+                 cond_buckets: tuple[int, ...] | None = None):
         base = ModelShape.from_name(shape) if isinstance(shape, str) else shape
         self.shape = tp_rank_of(base, tp, rank) if tp > 1 else base
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -201,6 +158,43 @@ class Worker:
             torch.set_num_threads(1)  # a tiny model is 10x slower when two threads contend per op
         self._registry = BufferRegistry(steady_m=self.shape.new_tokens)
         self.observers: list = []  # told of each session's start and end, between sessions (worker/metrics.py)
+        self.cond_buckets = tuple(sorted(cond_buckets)) if cond_buckets else cond_buckets_of(self.shape)
+        hi = self.shape.cond_tokens[1]
+        if self.cond_buckets[0] < 1 or self.cond_buckets[-1] != hi:
+            raise ShapeError(f"cond_buckets {self.cond_buckets} must end at the shape's longest "
+                             f"conditioning, {hi}; valid: 1 <= b <= {hi}, the largest == {hi}")
+        # the saturation probe's buffers are what a probed graph counts into: one per worker
+        self.probe = SaturationProbe(self.device)
+        self.warmed: _Warm | None = None
+
+    def bucket(self, tokens: int) -> int:
+        """The first-forward length a warm worker runs a prompt of ``tokens`` at (longer than every
+        bucket, only possible when a caller asks for it: as is, eagerly)."""
+        return next((b for b in self.cond_buckets if b >= tokens), tokens)
+
+    def warm(self, switches=None, buckets: tuple[int, ...] | None = None) -> _Warm:
+        """Capture every graph sessions with ``switches`` need, once: one synthetic session per
+        conditioning bucket, not real time, no telemetry. Without CUDA graphs (CPU, or the switch off)
+        the worker still keeps one cache for them and compiles once."""
+        sw = _as_switches(switches)
+        buckets = tuple(buckets or self.cond_buckets)
+        t0 = time.perf_counter()
+        cache = make_cache(self.shape, sw, self.device, self.model.dtype)
+        runner = ChunkRunner(self.model, sw.cuda_graphs, probe=self.probe, capture="any")
+        self.warmed = _Warm(sw, cache, runner, buckets)
+        W, T = self.shape.window, self.shape.new_tokens
+        for b in buckets:  # the fill steps, then the full window once captured and once replayed
+            steps = math.ceil((W - b) / T) + 2
+            self.run_session(steps=steps, switches=sw, cond_tokens=b, realtime=False, telemetry=False,
+                             seed=b, session_id=f"warm-{b}")
+        runner.capture = "never"
+        self.warmed.seconds = time.perf_counter() - t0
+        log.info("warm: %d graphs for %d buckets in %.1f s", runner.n_graphs, len(buckets), self.warmed.seconds)
+        return self.warmed
+
+    def warm_for(self, switches: Switches) -> _Warm | None:
+        """The warm state when it was made for exactly these switches."""
+        return self.warmed if self.warmed is not None and self.warmed.switches == switches else None
 
     @property
     def registry(self) -> BufferRegistry:
@@ -222,10 +216,20 @@ class Worker:
         summary = None
         try:
             summary = s.run()
-            return summary
         finally:
             for o in self.observers:
                 o.session_ended(s, summary)
+        self._rewarm(summary)
+        return summary
+
+    def _rewarm(self, summary: SessionSummary) -> None:
+        """A warm worker whose session ended on other switches warms for those before the next one."""
+        if self.warmed is None or self.warmed.runner.capture != "never":
+            return  # not warm, or this was one of warm()'s own sessions
+        final = Switches.decode(summary.switches)
+        if final != self.warmed.switches:
+            log.info("switches changed to [%s]: re-warming", summary.switches)
+            self.warm(final, self.warmed.buckets)
 
 
 class Session:
@@ -236,7 +240,7 @@ class Session:
                  chunk_period_s: float = CHUNK_PERIOD_S, playout_capacity: int = 4, max_in_flight: int = 3,
                  client_kwargs: dict | None = None, sync_debug: bool | str = False, detail_every: int | None = None,
                  saturation_every: int | None = None, turns: TurnInbox | None = None,
-                 playout_policy: str = "keep"):
+                 playout_policy: str = "keep", preroll: int = PREROLL):
         self.w = worker
         # any host sync in the loop raises (True / "error") or warns ("warn": the bench counts them)
         self.sync_mode = "error" if sync_debug is True else (sync_debug or None)
@@ -267,8 +271,11 @@ class Session:
         self.sink = sink if sink is not None else ListSink()
         self.source: SwitchSource = make_source(switch_source, worker.worker_id, worker.release,
                                                 worker.gpu_kind, token)
+        if not 1 <= preroll <= playout_capacity:
+            raise ValueError(f"preroll {preroll!r}; valid: 1..{playout_capacity} chunks (the playout buffer)")
         self.playout_policy = check_policy(playout_policy)  # what a turn does to old chunks (worker/turns.py)
-        self.playout = (TurnPlayer if turns is not None else Playout)(chunk_period_s, capacity=playout_capacity)
+        self.playout = (TurnPlayer if turns is not None else Playout)(chunk_period_s, capacity=playout_capacity,
+                                                                      prebuffer=preroll)
         gpus = sorted({i for i in (worker.device.index or 0, torch.cuda.device_count() - 1)
                        if worker.device.type == "cuda"})
         self.tel = Telemetry(self.sink, self.labels, worker.device, self.playout, gpus, enabled=telemetry,
@@ -278,9 +285,9 @@ class Session:
                                  else saturation_every)
         if self.saturation_every < 1:
             raise ValueError(f"saturation_every {saturation_every!r}; valid: a positive number of steps")
-        self.probe = SaturationProbe(worker.device) if telemetry else None
-        self.turns = (Turns(turns, playout_policy, self.playout, self.tel, worker.model, self.seed + 1)
-                      if turns is not None else None)
+        self.probe = worker.probe if telemetry else None
+        self.turns = (Turns(turns, playout_policy, self.playout, self.tel, worker.model, self.seed + 1,
+                            cross=weak_method(self._turn_cross)) if turns is not None else None)
         self.switch_events: list[dict[str, Any]] = []
         self.loop_s = 0.0
         self.cache: KVCache | None = None
@@ -324,10 +331,25 @@ class Session:
         self.probe.start()
         return self.probe
 
+    def _turn_cross(self, cond: torch.Tensor, cache: KVCache) -> list:
+        """A turn's cross K/V: on the worker's warm graphs, the conditioning padded to its bucket and the
+        windows copied into the ones that bucket's graphs read; else as computed."""
+        model = self.w.model
+        if self.runner is None or self.runner is not getattr(self.w.warmed, "runner", None):
+            return model.cross_kv(cond, cache)
+        pad = self.w.bucket(cond.shape[0]) - cond.shape[0]
+        if pad > 0:
+            cond = torch.cat([cond, cond.new_zeros(pad, cond.shape[1])])
+        return self.runner.adopt_cross(model.cross_kv(cond, cache))
+
     def _runner(self) -> ChunkRunner:
-        """A runner for the current switches; the probe counts with compiled kernels under compile."""
+        """The worker's warm runner on its warm cache, else one of this session's own for the current
+        switches (captures once the window is full); the probe counts with compiled kernels under compile."""
         if self.probe is not None:
             self.probe.compiled = self.switches.compile
+        warm = self.w.warm_for(self.switches)
+        if warm is not None and self.cache is warm.cache:
+            return warm.runner
         return ChunkRunner(self.w.model, self.switches.cuda_graphs, probe=self.probe)
 
     def _poll_switches(self, step: int) -> None:
@@ -357,20 +379,29 @@ class Session:
     def run(self) -> SessionSummary:
         w, shape, tel = self.w, self.w.shape, self.tel
         dev = w.device
-        t_wall0 = time.perf_counter()
-        self.cache = make_cache(shape, self.switches, dev, w.model.dtype)
+        self.t_start = t_wall0 = time.perf_counter()
+        warm = w.warm_for(self.switches)
+        self.started_warm = warm is not None and warm.runner.capture == "never"
+        if warm is not None:  # the worker's cache, restarted in place: its graphs read these tensors
+            self.cache = warm.cache
+            self.cache.restart()
+            self.ff_tokens = w.bucket(self.cond_tokens)
+        else:
+            self.cache = make_cache(shape, self.switches, dev, w.model.dtype)
+            self.ff_tokens = self.cond_tokens
+        captures0 = warm.runner.captures if warm else 0
         self.decoder = Decoder(shape, dev, own_gpu=self.switches.decoder_own_gpu)
         self.runner = self._runner()
         tel.sync_clock(dev)
         tel.sync_clock(self.decoder.device)
         gen = torch.Generator(device=dev).manual_seed(self.seed)
-        common = {"first_forward_tokens": self.cond_tokens, "tp_size": shape.tp_size, "shape": shape.name,
+        common = {"first_forward_tokens": self.ff_tokens, "tp_size": shape.tp_size, "shape": shape.name,
                   "cond_tokens": self.cond_tokens, "decoder_height": shape.frame_h, "decoder_width": shape.frame_w,
                   "chunk_frames": shape.frames_per_chunk}  # the shape keys of records.SHAPE_KEYS
         tel.session(phase="start", streamed_s=0.0, frames=0, avg_fps=None, late_chunks=0, stall_ms=0.0,
                     switches=self.switches.encode(), **common)
-        tel.event("session_start", shape=shape.name, first_forward_tokens=self.cond_tokens,
-                  switches=self.switches.encode())
+        tel.event("session_start", shape=shape.name, first_forward_tokens=self.ff_tokens,
+                  cond_tokens=self.cond_tokens, switches=self.switches.encode(), warm=warm is not None)
         model = w.model
         model.set_timer(tel.timer)
         self._set_act_scales(self.switches)
@@ -378,8 +409,10 @@ class Session:
         model.reset_act_scales()  # static activation scales: this session calibrates its own
         try:
             cond = torch.randn(self.cond_tokens, shape.d_model, generator=gen, device=dev)
-            self.w.register_forward(self.cond_tokens, self.switches)
-            cond_kv = model.first_forward(cond, self.cache)
+            if self.ff_tokens > self.cond_tokens:  # a warm worker's bucket: zero rows after the prompt
+                cond = torch.cat([cond, cond.new_zeros(self.ff_tokens - self.cond_tokens, shape.d_model)])
+            self.w.register_forward(self.ff_tokens, self.switches)
+            cond_kv = self.runner.first_forward(cond, self.cache)
             tel.timer.take()  # the first forward is not a step
             T, C = shape.new_tokens, shape.latent_channels
             t_loop = time.perf_counter()
@@ -431,6 +464,7 @@ class Session:
             model.set_timer(_null_timer())
             model.set_probe(None)
             self.source.close()
+        self.graph_captures = (warm.runner.captures - captures0) if warm else self.runner.captures
         return self._finish(t_wall0, common)
 
     def _chunk_s(self) -> float:
@@ -465,6 +499,7 @@ class Session:
         # streamed seconds and fps as the store computes them (session_stats): from the worker's own
         # chunk periods (telemetry._period_ms), so fps says what the worker can sustain; the player's
         # view is in late_chunks and stall_ms
+        self.ttff_ms = None if pl.start is None else (pl.start - self.t_start) * 1e3
         streamed = sum(tel.stats.period_ms) / 1000
         fps = frames / streamed if streamed > 0 else None
         tel.session(phase="end", streamed_s=streamed, frames=frames, avg_fps=fps, late_chunks=pl.late_chunks,
@@ -482,7 +517,7 @@ class Session:
         return SessionSummary(
             session_id=self.session_id, shape=self.w.shape.name, steps=st.steps, frames=frames,
             streamed_s=streamed, avg_fps=fps, late_chunks=pl.late_chunks, stall_ms=pl.stall_s * 1e3,
-            first_forward_tokens=self.cond_tokens, switches=self.switches.encode(),
+            first_forward_tokens=self.ff_tokens, switches=self.switches.encode(),
             switch_events=self.switch_events, resets=self.cache.book.resets, wraps=self.cache.book.wraps,
             buffers_registered=len(self.w.registry), records=dict(tel.emitted),
             telemetry_sent=int(getattr(self.sink, "sent", 0)),
@@ -494,6 +529,9 @@ class Session:
             graphed_steps=sum(st.graphed), probed_steps=len(st.saturated),
             max_fp8_saturated=max(st.saturated) if st.saturated else None,
             turns=self.turns.applied if self.turns is not None else 0,
+            cond_tokens=self.cond_tokens, ttff_ms=self.ttff_ms, preroll=pl.prebuffer,
+            warm=self.started_warm,
+            graph_captures=self.graph_captures, graph_misses=self.runner.misses,
         )
 
 

@@ -266,8 +266,11 @@ class Turns:
     and emits a ``turn`` record once the first chunk that uses a turn has its playback time."""
 
     def __init__(self, inbox: TurnInbox, policy: str, player: TurnPlayer, tel, model, seed: int,
-                 margin: float = TRIM_MARGIN):
+                 margin: float = TRIM_MARGIN, cross=None):
         self.inbox, self.policy, self.player, self.tel, self.model = inbox, check_policy(policy), player, tel, model
+        # conditioning [L, d], cache -> the cross K/V windows (a warm worker's: padded to a bucket and
+        # copied into the windows its graphs read)
+        self.cross = cross or model.cross_kv
         self.margin = margin
         self.cuda = model.device.type == "cuda"
         self.gen = torch.Generator(device=model.device).manual_seed(seed)  # apart from the noise's
@@ -311,7 +314,7 @@ class Turns:
         t = _Turn(self.applied, req, len(reqs) - 1, step, self._depth_at(req.arrived), stall0=self.player.stall_s)
         self.applied += 1
         t.marks["r0"] = self._mark()
-        new_kv = self.model.cross_kv(cond, cache)
+        new_kv = self.cross(cond, cache)
         t.marks["r1"] = self._mark()
         # trim's estimate of when the first new chunk is in: the steps ahead of it and its own, and on
         # CUDA the recompute (queued behind them; on the CPU it is done by now)

@@ -144,43 +144,6 @@ def test_saturation_every_must_be_positive(every):
         Session(_fp8_worker(), steps=1, saturation_every=every)
 
 
-class _RecordingGraph:
-    """torch.cuda.CUDAGraph stand-in for CPU: capture runs the body eagerly (so the forward's host-side
-    effects, such as the probe's total, happen as in a capture); replay does nothing."""
-
-    made = 0
-
-    def __init__(self):
-        type(self).made += 1
-
-    def replay(self):
-        pass
-
-
-@pytest.fixture
-def cpu_graphs(monkeypatch):
-    """ChunkRunner's graph bookkeeping on CPU: torch.cuda's graph and stream API replaced by no-ops."""
-    import contextlib
-
-    class Stream:
-        made = 0  # one per warm-up (ChunkRunner warms up on a new side stream)
-
-        def __init__(self, counted=True):
-            type(self).made += counted
-
-        def wait_stream(self, other):
-            pass
-
-    _RecordingGraph.made = 0
-    _RecordingGraph.warmups = Stream
-    monkeypatch.setattr(torch.cuda, "CUDAGraph", _RecordingGraph)
-    monkeypatch.setattr(torch.cuda, "graph", lambda g: contextlib.nullcontext())
-    monkeypatch.setattr(torch.cuda, "Stream", Stream)
-    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda: Stream(counted=False))
-    return _RecordingGraph
-
-
 @pytest.mark.parametrize("upfront", [True, False])
 @pytest.mark.parametrize("first_probe", [3, 4])
 def test_runner_captures_each_graph_once_and_sets_the_probed_total(cpu_graphs, upfront, first_probe):
@@ -189,7 +152,7 @@ def test_runner_captures_each_graph_once_and_sets_the_probed_total(cpu_graphs, u
     forwards); a runner meeting a probe only later captures it then. Two captures either way, every step
     after the window fills is graphed, and a probed replay reports the element total of one forward
     (the eager probed step's)."""
-    from worker.session import ChunkRunner
+    from worker.graphs import ChunkRunner
 
     model = _fp8_worker().model
     shape = model.shape

@@ -1,0 +1,125 @@
+"""A warm worker: every graph captured once at warm-up, sessions only replay (CPU bookkeeping).
+
+The graph API is replaced by stand-ins (``cpu_graphs`` in conftest.py): captures run the forward
+eagerly, replays do nothing, so these tests check which graphs exist, when they are captured and
+that host-side state (calibration counters, cache scales' flags) follows replays; test_gpu.py checks
+on the H200 that replays compute what eager steps do.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+
+from worker.config import ModelShape, ShapeError, Switches
+from worker.model import DiT
+from worker.session import Worker, cond_buckets_of
+from worker.telemetry import ListSink
+
+PROD = {"ring_cache": True, "rope_at_write": True, "fp8_cache": True, "delta_rotation": True,
+        "static_scales": True, "cuda_graphs": True}
+
+
+def _worker(**kw) -> Worker:
+    shape = ModelShape.from_name("tiny")
+    return Worker(shape, device="cpu", model=DiT(shape, dtype=torch.bfloat16, fp8=True), **kw)
+
+
+def test_buckets_are_powers_of_two_up_to_the_longest_prompt():
+    assert cond_buckets_of(ModelShape.from_name("prod57b")) == (256, 512, 1024, 2048)
+    assert cond_buckets_of(ModelShape.from_name("tiny")) == (4, 8, 16)
+    with pytest.raises(ShapeError, match="must end at the shape's longest conditioning, 16"):
+        _worker(cond_buckets=(4, 8))
+
+
+def test_warm_up_captures_each_graph_once_and_sessions_only_replay(cpu_graphs):
+    w = _worker()
+    shape = w.shape
+    warm = w.warm(PROD)
+    W, T = shape.window, shape.new_tokens
+    # per bucket: its first forward, a graph per window size until full (the first chunk calibrating),
+    # the full window probed
+    expected = sum(1 + math.ceil((W - b) / T) + 1 for b in w.cond_buckets)
+    assert warm.runner.n_graphs == expected == cpu_graphs.made
+    assert warm.runner.capture == "never"
+    rng = random.Random(5)
+    for _ in range(6):
+        made = cpu_graphs.made
+        sink = ListSink()
+        L = rng.randint(*shape.cond_tokens)
+        s = w.run_session(steps=2 * w.shape.reset_every + 3, realtime=False, switches=PROD, cond_tokens=L,
+                          sink=sink, saturation_every=4)
+        assert s.warm and s.graph_captures == 0 and s.graph_misses == 0 and cpu_graphs.made == made
+        assert s.graphed_steps == s.steps  # the first chunk too: calibrating, from its own graph
+        assert s.cond_tokens == L and s.first_forward_tokens == w.bucket(L) >= L
+        assert s.probed_steps == len(range(4, s.steps, 4)) and s.resets == 2
+        assert not w.model.calibrating  # the replays advanced the counters as eager steps would
+        assert w.warmed.cache.calibrated == [True] * shape.n_blocks
+        end = next(r for r in sink.rows["session"] if r["phase"] == "end")
+        assert end["first_forward_tokens"] == w.bucket(L)
+
+
+def test_a_session_starts_from_an_empty_window_and_fresh_calibration(cpu_graphs):
+    w = _worker()
+    w.warm(PROD)
+    cache, runner = w.warmed.cache, w.warmed.runner
+    w.run_session(steps=9, realtime=False, switches=PROD, cond_tokens=5)
+    assert cache.book.n_valid == w.shape.window and not w.model.calibrating
+    sites = [lin.site for lin in w.model._linears()]
+    seen = []
+    first_forward = runner.first_forward
+
+    def spy(cond, c):
+        seen.append((c is cache, c.book.n_valid, c.book.next_pos, list(c.calibrated),
+                     [s.left for s in sites], [float(s.scale) for s in sites]))
+        return first_forward(cond, c)
+
+    runner.first_forward = spy
+    w.run_session(steps=3, realtime=False, switches=PROD, cond_tokens=7)
+    same, n_valid, next_pos, calibrated, left, scales = seen[0]
+    assert same and n_valid == 0 and next_pos == 0 and not any(calibrated)
+    assert set(left) == {1 + w.shape.passes} and set(scales) == {0.0}
+
+
+def test_other_switches_run_unwarmed_and_the_worker_rewarms_for_them(cpu_graphs):
+    """A session on switches the worker is not warm for (a control-plane change at its start or in its
+    course) runs on its own cache, exact prompt length; the worker then warms for the switches the
+    session ended on, which the next session starts with."""
+    w = _worker()
+    w.warm(PROD)
+    other = {**PROD, "delta_rotation": False}
+    s = w.run_session(steps=8, realtime=False, switches=other, cond_tokens=6)
+    assert not s.warm and s.first_forward_tokens == 6  # no padding off the warm graphs
+    assert w.warmed.switches == Switches.from_mapping(other) and w.warmed.runner.capture == "never"
+    s = w.run_session(steps=8, realtime=False, switches=other, cond_tokens=6)
+    assert s.warm and s.graph_captures == 0
+    made = cpu_graphs.made
+    s = w.run_session(steps=8, realtime=False, switches=other, cond_tokens=6,
+                      switch_source={3: {"delta_rotation": True}}.get)
+    assert s.warm and len(s.switch_events) == 1  # started warm; the flip rebuilt its own cache
+    assert w.warmed.switches == Switches.from_mapping(PROD) and cpu_graphs.made > made
+    s = w.run_session(steps=8, realtime=False, switches=PROD, cond_tokens=6)
+    assert s.warm and s.graph_captures == 0
+
+
+def test_an_unwarmed_worker_captures_per_session_once_the_window_is_full(cpu_graphs):
+    w = _worker()
+    s = w.run_session(steps=10, realtime=False, switches=PROD, cond_tokens=6)
+    assert not s.warm and s.graph_captures == 2 and 0 < s.graphed_steps < s.steps  # plain + probed
+
+
+@pytest.mark.parametrize("preroll", [0, 5])
+def test_preroll_is_bounded_by_the_playout_buffer(preroll):
+    with pytest.raises(ValueError, match=r"valid: 1\.\.4 chunks"):
+        _worker().run_session(steps=2, realtime=False, preroll=preroll)
+
+
+def test_time_to_first_frame_is_reported_after_the_preroll():
+    w = _worker()
+    one = w.run_session(steps=6, preroll=1, chunk_period_s=0.05)
+    three = w.run_session(steps=6, preroll=3, chunk_period_s=0.05)
+    assert one.preroll == 1 and three.preroll == 3
+    assert 0 < one.ttff_ms < three.ttff_ms < one.wall_s * 1e3
