@@ -3,7 +3,6 @@ player's log, each playout policy's buffer behaviour, and no buffer registry gro
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import random
 
@@ -254,35 +253,11 @@ def test_a_session_without_turns_keeps_the_plain_player():
 # -- CUDA graphs: a turn's new windows are recaptured, never replayed stale -----------------------
 
 
-@pytest.fixture
-def cpu_graphs(monkeypatch):
-    class Graph:
-        made = 0
-
-        def __init__(self):
-            type(self).made += 1
-
-        def replay(self):
-            pass
-
-    class Stream:
-        def wait_stream(self, other):
-            pass
-
-    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
-    monkeypatch.setattr(torch.cuda, "graph", lambda g: contextlib.nullcontext())
-    monkeypatch.setattr(torch.cuda, "Stream", Stream)
-    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda: Stream())
-    return Graph
-
-
 def test_graphs_are_recaptured_for_a_turns_cross_attention_windows(cpu_graphs):
     w = Worker("tiny")
     model, shape = w.model, w.shape
     cache = make_cache(shape, Switches(ring_cache=True, rope_at_write=True), "cpu", model.dtype)
-    runner = ChunkRunner(model, use_graphs=True)
-    runner.use_graphs = True  # CPU: the bookkeeping only
+    runner = ChunkRunner(model, use_graphs=True)  # CPU: the bookkeeping only (cpu_graphs, conftest.py)
     g = torch.Generator().manual_seed(0)
     ckv = model.first_forward(torch.randn(6, shape.d_model, generator=g), cache)
     made = []

@@ -122,4 +122,31 @@ def test_time_to_first_frame_is_reported_after_the_preroll():
     one = w.run_session(steps=6, preroll=1, chunk_period_s=0.05)
     three = w.run_session(steps=6, preroll=3, chunk_period_s=0.05)
     assert one.preroll == 1 and three.preroll == 3
-    assert 0 < one.ttff_ms < three.ttff_ms < one.wall_s * 1e3
+    assert 0 < one.ttff_ms < one.wall_s * 1e3 and 0 < three.ttff_ms < three.wall_s * 1e3
+    never = w.run_session(steps=2, preroll=3, chunk_period_s=0.05)  # fewer chunks than the pre-roll
+    assert never.ttff_ms is None
+
+
+def test_a_turn_on_a_warm_worker_keeps_replaying_its_buckets_graphs(cpu_graphs):
+    """A turn's new cross K/V (another length) is padded to its bucket and copied into the windows that
+    bucket's graphs read: the steps after it replay, nothing is captured, nothing runs eagerly."""
+    from worker.turns import TurnInbox
+
+    w = _worker()
+    w.warm(PROD)
+    made = cpu_graphs.made
+    inbox = TurnInbox()
+
+    def turn_at_step_6(step):  # polled before each step's boundary: the window is full by then
+        if step == 6:
+            inbox.submit(tokens=11)  # bucket 16; the prompt's is 4
+
+    s = w.run_session(steps=10, realtime=False, switches=PROD, cond_tokens=3, turns=inbox,
+                      switch_source=turn_at_step_6)
+    assert s.turns == 1 and s.warm and s.graph_misses == 0 and s.graphed_steps == 10
+    assert cpu_graphs.made == made and len(w.registry) == 0
+    # a turn while the window still fills: that bucket's graphs know other window sizes, so the rest
+    # of the fill runs eagerly (counted), then the full window replays again
+    inbox.submit(tokens=11)
+    s = w.run_session(steps=10, realtime=False, switches=PROD, cond_tokens=3, turns=inbox)
+    assert s.turns == 1 and 0 < s.graph_misses < 10 - 3 and s.graphed_steps == 10 - s.graph_misses
