@@ -23,6 +23,7 @@ COMMANDS: dict[str, str] = {
     "worker": "worker.cli",
     "simulate": "analytics.cli",
     "analyze": "analytics.cli",
+    "evaluate": "worker.evaluate",
 }
 
 

@@ -1,0 +1,154 @@
+"""``livestep evaluate`` on the tiny model: the real numeric switches pass, deliberately broken ones fail
+(a static scale off by 2x, a rotation applied twice -- test-only tampering, never a shipped switch), and
+the judges give known answers on literal series."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from worker import evaluation_judges as J
+from worker.evaluate import CONFIGURATIONS, EvaluateError, configurations, evaluate, records
+from worker.fp8 import quantize_act_static
+from worker.rope import apply_rope_tables
+
+
+def scale_off_by_2x(model, cache) -> None:
+    """Every static activation scale handed to the GEMM twice what the activation was quantized with."""
+    for lin in model._linears():
+        lin.site.quant = lambda x, s: (quantize_act_static(x, s)[0], s * 2)
+
+
+def delta_rotation_twice(model, cache) -> None:
+    """Each position reset rotates the cached keys by the delta twice."""
+    once = cache.ops.delta_rotate
+
+    def twice(buf, scale, delta):
+        once(buf, scale, delta)
+        once(buf, scale, delta)
+
+    cache.ops.delta_rotate = twice
+
+
+def rope_twice_at_write(model, cache) -> None:
+    """The new keys rotated at write, then rotated once more by the cache's write."""
+    write = cache.ops.write_kv
+
+    def write_twice(k, v, positions, cos, sin, slots, ks, vs, kc, vc, rope_k):
+        write(apply_rope_tables(k, cos, sin) if rope_k else k, v, positions, cos, sin, slots, ks, vs, kc, vc, rope_k)
+
+    cache.ops.write_kv = write_twice
+
+
+@pytest.fixture(scope="module")
+def real():
+    """Every numeric switch and the production set, tiny, CPU (world size 1: fused_allreduce skipped)."""
+    return evaluate("tiny", "cpu", None, steps=24, reruns=3, release="t1")
+
+
+def test_the_real_switches_pass_on_tiny(real):
+    assert real["skipped"] == {"fused_allreduce": "needs a tensor-parallel group (world size 1 here)"}
+    assert real["perturbation"] == "input"
+    # compile does nothing on the CPU (inductor runs only on CUDA here): no_effect, which is not a pass
+    overall = dict(real["overall"])
+    assert overall.pop("compile") == "no_effect"
+    assert overall == {n: "pass" for n in overall}, real["verdicts"]
+    for name, verdicts in real["verdicts"].items():
+        tf = next(v for v in verdicts if v["metric"] == "teacher_forced_ratio")
+        if name != "compile":
+            assert 0.5 < tf["value"] < 2 and tf["detail"]["mean_plain_error"] > 0
+
+
+@pytest.mark.parametrize("switch,tamper", [("static_scales", scale_off_by_2x),
+                                           ("delta_rotation", delta_rotation_twice),
+                                           ("rope_at_write", rope_twice_at_write)])
+def test_a_broken_optimization_fails(switch, tamper):
+    r = evaluate("tiny", "cpu", [switch], steps=24, reruns=3, tamper={switch: tamper})
+    assert r["overall"] == {switch: "fail"}, r["verdicts"]
+    tf = next(v for v in r["verdicts"][switch] if v["metric"] == "teacher_forced_ratio")
+    assert tf["verdict"] == "fail" and tf["detail"]["steps_over"] >= 1
+
+
+def test_the_same_switch_untampered_passes_with_the_same_settings():
+    """The broken runs above fail because of the tampering, not the settings."""
+    r = evaluate("tiny", "cpu", ["delta_rotation", "rope_at_write"], steps=24, reruns=3)
+    assert r["overall"] == {"delta_rotation": "pass", "rope_at_write": "pass"}
+
+
+def test_records_carry_the_contract_fields(real):
+    rows = records(real)
+    kinds = {(r["switch"], r["metric"]) for r in rows}
+    assert ("production", "overall") in kinds and ("fp8_cache", "divergence") in kinds
+    curve = [r for r in rows if r["switch"] == "fp8_cache" and r["metric"] == "divergence"]
+    assert [r["step"] for r in curve] == sorted(r["step"] for r in curve) and curve[-1]["step"] == 24
+    assert all(r["band_lo"] <= r["band_hi"] for r in curve)
+    assert {r["release"] for r in rows} == {"t1"} and {r["gpu_kind"] for r in rows} == {"cpu"}
+    assert all(r["configuration"] for r in rows)
+
+
+def test_drift_on_a_short_session():
+    r = evaluate("tiny", "cpu", ["production"], steps=8, judges=("teacher_forced",), drift_steps=7 * 8)
+    names = [v["metric"] for v in r["verdicts"]["production"]]
+    assert names == ["teacher_forced_ratio", "drift_tau", "drift_error_tau"]
+    assert r["drift"]["resets"] == 7 and r["drift"]["saturated"]  # sampled FP8 saturation of the static scales
+    assert r["overall"]["production"] == "incomplete"  # no free-running judge: never a pass
+
+
+def test_unknown_names_are_refused_with_the_valid_ones():
+    with pytest.raises(EvaluateError, match="valid: ring_cache"):
+        configurations(["cuda_graphs"])
+    with pytest.raises(EvaluateError, match="valid: teacher_forced"):
+        evaluate("tiny", "cpu", ["fp8_cache"], judges=("vibes",))
+    assert set(CONFIGURATIONS) >= {"fp8_cache", "static_scales", "triton_kernels"}
+
+
+def test_a_metric_is_a_callable():
+    calls = []
+
+    def mine(x: torch.Tensor, ref: torch.Tensor) -> float:
+        calls.append(x.shape)
+        return float((x - ref).abs().mean())
+
+    import sys
+    import types
+
+    mod = types.ModuleType("my_metric_mod")
+    mod.score = mine
+    sys.modules["my_metric_mod"] = mod
+    r = evaluate("tiny", "cpu", ["fp8_cache"], steps=4, judges=("teacher_forced",), metric="my_metric_mod:score")
+    assert calls and r["metric"] == "my_metric_mod:score"
+
+
+# -- the judges on literal series -----------------------------------------------------------------
+
+def test_teacher_forced_rule_is_per_step():
+    plain = [0.02] * 10
+    assert J.teacher_forced_verdict([0.03] * 10, plain).verdict == "pass"
+    one_bad = [0.03] * 9 + [0.2]
+    v = J.teacher_forced_verdict(one_bad, plain)
+    assert v.verdict == "fail" and v.detail["worst_step"] == 9 and v.detail["steps_over"] == 1
+    assert J.teacher_forced_verdict(plain, plain, identical=True).verdict == "no_effect"
+
+
+def test_divergence_inside_and_outside_the_band():
+    rng = np.random.default_rng(1)
+    reruns = 0.02 + 0.002 * rng.standard_normal((5, 50))
+    same = 0.02 + 0.002 * rng.standard_normal((5, 50))  # another sample of the same variation
+    assert J.divergence_verdict(same, reruns, k=1.0).verdict == "pass"
+    growing = reruns + np.linspace(0, 0.2, 50)  # drifts away in the later bins only
+    v = J.divergence_verdict(growing, reruns)
+    assert v.verdict == "fail" and v.curve[0]["verdict"] == "pass" and v.curve[-1]["verdict"] == "fail"
+    with pytest.raises(ValueError, match=">= 2 runs"):
+        J.divergence_verdict(reruns[:1], reruns)
+
+
+def test_drift_trend_test():
+    rng = np.random.default_rng(2)
+    flat = 1 + 0.05 * rng.standard_normal(42 * 40)
+    assert J.drift_verdict(flat).verdict == "pass"
+    rising = flat * np.linspace(1, 1.5, flat.size)
+    v = J.drift_verdict(rising)
+    assert v.verdict == "fail" and v.value > 0.5 and v.detail["growth"] > 0.3
+    with pytest.raises(ValueError, match=">= 4"):
+        J.drift_verdict(flat[:100])
