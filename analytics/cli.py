@@ -38,23 +38,27 @@ def register(subparsers) -> None:
 
     p = subparsers.add_parser("simulate", help="simulate fleet telemetry (marked simulated) with incidents",
                               description=__doc__.split("\n\n")[0])
-    p.add_argument("--weeks", type=float, default=3.0)
+    p.add_argument("--weeks", type=float, default=3.0, help="weeks of fleet history, ending now (default 3)")
     p.add_argument("--incident", action="append", type=_incident, default=[],
                    help="august | sync | benign | fix, optionally @DAY from the start (repeatable)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--workers", type=int, default=8)
-    p.add_argument("--sessions-per-day", type=float, default=24.0, help="per worker")
-    p.add_argument("--session-median-s", type=float, default=30.0)
-    p.add_argument("--rollout-days", type=float, default=2.0)
+    p.add_argument("--seed", type=int, default=0, help="random seed: the same seed gives the same fleet")
+    p.add_argument("--workers", type=int, default=8, help="simulated workers in the fleet (default 8)")
+    p.add_argument("--sessions-per-day", type=float, default=24.0, help="sessions per worker per day (default 24)")
+    p.add_argument("--session-median-s", type=float, default=30.0,
+                   help="median streamed seconds of a session (log-normal; default 30)")
+    p.add_argument("--rollout-days", type=float, default=2.0,
+                   help="days a new release takes to reach every worker (default 2)")
     p.add_argument("--direct", action="store_true", help="bulk Arrow blocks into the store (no collector)")
     p.add_argument("--dsn", default=None, help="store DSN for --direct (default: LIVESTEP_CLICKHOUSE_DSN)")
-    p.add_argument("--url", default=os.environ.get("LIVESTEP_URL", "http://127.0.0.1:8000"))
-    p.add_argument("--token", default=os.environ.get("LIVESTEP_TOKEN"))
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--url", default=os.environ.get("LIVESTEP_URL", "http://127.0.0.1:8000"),
+                   help="collector URL (default LIVESTEP_URL or http://127.0.0.1:8000); checked before the run")
+    p.add_argument("--token", default=os.environ.get("LIVESTEP_TOKEN"),
+                   help="the collector's ingest bearer token (default LIVESTEP_TOKEN)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_simulate)
 
     a = subparsers.add_parser("analyze", help="run analytics jobs now and print their findings")
-    a.add_argument("job", choices=[*JOBS, "all"])
+    a.add_argument("job", choices=[*JOBS, "all"], help="the job to run now, or all of them")
     a.add_argument("--week", default=None, help="ISO week for weekly jobs, e.g. 2026-W47")
     a.add_argument("--start", default=None, help="window start (ISO 8601, UTC)")
     a.add_argument("--end", default=None, help="window end (ISO 8601, UTC)")
@@ -77,6 +81,7 @@ def _simulate(args) -> int:
     else:
         from collector.client import TelemetryClient
 
+        check_collector(args.url)
         client = TelemetryClient(args.url, token=args.token, batch_rows=5000, max_queue=1_000_000)
         try:
             result = simulate_fleet(client, **kwargs)
@@ -85,6 +90,24 @@ def _simulate(args) -> int:
     for line in summarize(result):
         print(line)
     return 0
+
+
+class CollectorDownError(Exception):
+    """No collector answers at the URL ``simulate`` was given."""
+
+
+def check_collector(url: str, timeout_s: float = 3.0) -> None:
+    """Any HTTP answer from ``GET /v1/health`` within ``timeout_s`` means a collector is there (a 503
+    too: it spools while its store is down); no answer is a ``CollectorDownError`` within seconds,
+    not a minute of retries."""
+    import httpx
+
+    try:
+        httpx.get(url.rstrip("/") + "/v1/health", timeout=timeout_s)
+    except httpx.HTTPError as e:
+        raise CollectorDownError(f"no collector answers at {url} ({type(e).__name__}: {e or 'no answer'} "
+                                 f"within {timeout_s:.0f} s); start one (livestep serve), pass --url, or "
+                                 f"write straight into the store with --direct") from None
 
 
 def print_findings(rows: list[dict]) -> None:

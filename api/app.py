@@ -3,7 +3,8 @@
     app = create_app()                 # settings read once from LIVESTEP_* (see api/settings.py)
     uvicorn.run(app, host=..., port=...)   # what ``livestep serve`` does (one worker: chDB)
 
-The lifespan opens the store and migrates it once, opens the spool and starts its block writer
+The lifespan opens the store and makes its schema current once (``collector.migrations.ensure_current``:
+single-node files applied, a cluster's only checked; a schema that is not current stops the server), opens the spool and starts its block writer
 (role collector), starts the analytics scheduler (role scheduler, if ``analytics.jobs`` imports)
 and, with it, the canary evaluation job (``api.canary.schedule``) and the findings notifier
 (``api.notify.install_for_server``: critical findings to the alert webhook) -- once per app,
@@ -30,6 +31,8 @@ from fastapi.responses import JSONResponse
 
 import api.routes
 from api.settings import Settings, load_settings
+from collector.migrations import SchemaError, ensure_current
+from collector.version import __version__
 from collector.store import Store, open_store
 
 log = logging.getLogger("livestep.api")
@@ -79,7 +82,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         with store_lock:
             if app.state.store is None:
                 s = open_store(settings.clickhouse_dsn)
-                s.migrate()
+                ensure_current(s, settings.cluster, apply=settings.migrate_on_start)
                 app.state.store, app.state.store_error = s, None
             return app.state.store
 
@@ -89,8 +92,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         try:
             get_store()
         except Exception as e:
-            if settings.clickhouse_dsn.startswith("chdb:"):
-                raise  # the embedded store cannot be "down": a real error
+            if settings.clickhouse_dsn.startswith("chdb:") or isinstance(e, SchemaError):
+                raise  # the embedded store cannot be "down", and a stale schema is never served
             app.state.store_error = f"{type(e).__name__}: {e}"[:300]
             log.warning("store unreachable at start, collector keeps spooling: %s", app.state.store_error)
         spool = writer = scheduler = notifier = None
@@ -136,7 +139,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app = FastAPI(
         title="livestep",
-        version="0.1.0",
+        version=__version__,
         summary="Telemetry in (collector) and out (api) of the livestep serving fleet.",
         lifespan=lifespan,
     )

@@ -3,11 +3,16 @@
     livestep demo                 the README's main job on the embedded store
     livestep serve [--role ...]   collector + api + scheduler (one process on chDB)
     livestep worker run|bench     the serving worker
+    livestep migrate [--cluster]  apply the schema (sql/ or sql/cluster/) to the store
     livestep simulate|analyze     the fleet simulator and on-demand analytics jobs
+    livestep --version
 
-Each package registers its own subcommands (``register(subparsers)``) and is imported only when
-its subcommand runs, so ``livestep serve`` never imports torch. Typed errors are caught here, once,
-and printed as one line with exit status 2.
+A subcommand is one line of ``COMMANDS`` (name -> the module whose ``register(subparsers)`` adds its
+parser and sets ``func``); the module is imported only when its subcommand runs, so the server's
+commands never import torch. tests/api/test_cli.py walks every subcommand's ``--help``, so every
+option needs a help text. A parser that hands its arguments on untouched (``worker bench``) sets
+``passthrough=True``: what it does not know arrives as ``args.passthrough_args``. Typed errors are
+caught here, once, and printed as one line with exit status 2.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ COMMANDS: dict[str, str] = {
     "simulate": "analytics.cli",
     "analyze": "analytics.cli",
     "evaluate": "worker.evaluate",
+    "migrate": "api.migrate",
 }
 
 
@@ -32,7 +38,11 @@ class UsageError(Exception):
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    from collector.version import __version__
+
     parser = argparse.ArgumentParser(prog="livestep", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--version", action="version", version=f"livestep {__version__}",
+                        help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     registered: set[str] = set()
     for name, module in COMMANDS.items():
@@ -57,7 +67,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"livestep: unknown command {first!r}; valid commands: {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
     parser = build_parser(only=first)
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra and not getattr(args, "passthrough", False):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.passthrough_args = extra
     if not getattr(args, "func", None):
         parser.print_help()
         return 0

@@ -13,7 +13,9 @@ on uvloop + httptools (its "auto" choice when they are installed, as with ``uvic
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
+import socket
 
 from api.settings import ROLES, load_settings
 
@@ -26,25 +28,49 @@ def register(subparsers) -> None:
     p.add_argument("--role", choices=ROLES, help="which parts this process runs (default LIVESTEP_ROLE or all)")
     p.add_argument("--dsn", help="store DSN (default LIVESTEP_CLICKHOUSE_DSN or chdb://<repo>/var/chdb)")
     p.add_argument("--spool-dir", help="spool directory (default LIVESTEP_SPOOL_DIR or <repo>/var/spool)")
-    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
+                   help="server log level (debug also logs every request)")
     p.set_defaults(func=run)
+
+
+class ServeError(Exception):
+    """The server cannot start; the message says why (printed as one line by api/cli.py)."""
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """The listening socket, bound before anything else starts (a port in use fails before any
+    migration, spool or job); a ``ServeError`` naming the address when it cannot be bound."""
+    family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: TIME_WAIT is no conflict
+    try:
+        sock.bind((host.strip("[]"), port))
+    except OSError as e:
+        sock.close()
+        why = "in use by another process" if e.errno == errno.EADDRINUSE else e.strerror
+        raise ServeError(f"cannot listen on {host}:{port}: {why}; stop the other server or pick "
+                         f"another --port (0 = any free port)") from None
+    sock.listen(2048)
+    return sock
 
 
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from api.app import create_app
-
     settings = load_settings(host=args.host, port=args.port, role=args.role, clickhouse_dsn=args.dsn,
                              spool_dir=args.spool_dir)
+    sock = bind(settings.host, settings.port)  # before the app: the lifespan migrates and starts jobs
+    from api.app import create_app
+
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = create_app(settings)
     if "collector" in settings.roles:
         from collector.routes import with_ingest_fast_lane
 
         app = with_ingest_fast_lane(app)
-    print(f"livestep serve: http://{settings.host}:{settings.port} role={settings.role} "
+    port = sock.getsockname()[1]
+    print(f"livestep serve: http://{settings.host}:{port} role={settings.role} "
           f"store={settings.clickhouse_dsn.split('@')[-1]} spool={settings.spool_dir}", flush=True)
-    uvicorn.run(app, host=settings.host, port=settings.port, workers=1, log_level=args.log_level,
-                access_log=args.log_level == "debug")
+    config = uvicorn.Config(app, workers=1, log_level=args.log_level, access_log=args.log_level == "debug")
+    uvicorn.Server(config).run(sockets=[sock])
     return 0

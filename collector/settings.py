@@ -46,6 +46,18 @@ class CollectorSettings(BaseSettings):
         max_length=2048,
         description="store DSN: chdb:///abs/dir[?database=name] (embedded) or http(s)://user:pass@host:port/db",
     )
+    cluster: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=128,
+        description="ClickHouse cluster the store's tables live on (sql/cluster/, applied by `livestep migrate "
+        "--cluster NAME`); set, the server never applies DDL at start and refuses a schema that is not current",
+    )
+    migrate_on_start: bool = Field(
+        default=True,
+        description="without a cluster, apply pending single-node migrations (sql/) at start; false: only check "
+        "(run `livestep migrate` in the upgrade step)",
+    )
     ingest_tokens: TokenList = Field(
         default_factory=list,
         max_length=1024,

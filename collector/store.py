@@ -1,4 +1,4 @@
-"""The ClickHouse store: one connection owner for every service, and the migrations from ``sql/``.
+"""The ClickHouse store: one connection owner for every service (migrations: collector/migrations.py).
 
     store = open_store("chdb:///var/livestep/db")        # embedded (default), or
     store = open_store("http://user:pass@host:8123/livestep")   # a server
@@ -25,7 +25,8 @@ import clickhouse_connect
 import polars as pl
 import pyarrow as pa
 
-SQL_DIR = Path(__file__).resolve().parent.parent / "sql"
+from collector.migrations import SQL_DIR, schema_files, split_statements  # noqa: F401 (re-exported)
+
 _DB_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 
 
@@ -77,23 +78,6 @@ def parse_dsn(dsn: str) -> Dsn:
     return Dsn(parts.scheme, path, host, port, user, password, database)
 
 
-def split_statements(sql: str) -> list[str]:
-    """Split a DDL file into statements (``;`` at line end; ``--`` comments dropped)."""
-    lines = [ln for ln in sql.splitlines() if not ln.strip().startswith("--")]
-    out, cur = [], []
-    for ln in lines:
-        cur.append(ln)
-        if ln.rstrip().endswith(";"):
-            stmt = "\n".join(cur).strip().rstrip(";").strip()
-            if stmt:
-                out.append(stmt)
-            cur = []
-    rest = "\n".join(cur).strip()
-    if rest:
-        out.append(rest)
-    return out
-
-
 class Store:
     """A ClickHouse database reached through clickhouse-connect (chDB in-process or a server)."""
 
@@ -101,7 +85,6 @@ class Store:
         self.dsn = dsn if isinstance(dsn, Dsn) else parse_dsn(dsn)
         self._local = threading.local()
         self._migrate_lock = threading.Lock()
-        self._migrated = False
         if self.dsn.embedded:
             Path(self.dsn.path).mkdir(parents=True, exist_ok=True)
         # create the database first, through a client bound to the always-present 'default'
@@ -135,32 +118,17 @@ class Store:
     def database(self) -> str:
         return self.dsn.database
 
-    # -- migrations ------------------------------------------------------------------------------
-    def migration_files(self) -> list[Path]:
-        return sorted(p for p in SQL_DIR.glob("[0-9][0-9][0-9]_*.sql"))
+    # -- migrations (collector/migrations.py) -----------------------------------------------------
+    def migration_files(self, cluster: bool = False) -> list[Path]:
+        return schema_files(cluster)
 
-    def migrate(self) -> list[str]:
-        """Apply ``sql/NNN_*.sql`` not yet recorded in ``schema_migrations``; return their names.
+    def migrate(self, cluster: str | None = None, dry_run: bool = False) -> list[str]:
+        """Apply the files of ``sql/`` (``sql/cluster/`` for ``cluster``) not yet recorded in
+        ``schema_migrations``; return their names (``dry_run``: parse-check and return only)."""
+        from collector.migrations import migrate
 
-        Each file is idempotent (IF NOT EXISTS), so a crash mid-file is repaired by re-running it.
-        """
         with self._migrate_lock:
-            c = self.client()
-            c.command(
-                "CREATE TABLE IF NOT EXISTS schema_migrations (name String, applied_at DateTime64(3, 'UTC') "
-                "DEFAULT now64(3)) ENGINE = ReplacingMergeTree ORDER BY name"
-            )
-            done = {r[0] for r in c.query("SELECT name FROM schema_migrations FINAL").result_rows}
-            applied = []
-            for f in self.migration_files():
-                if f.name in done:
-                    continue
-                for stmt in split_statements(f.read_text()):
-                    c.command(stmt)
-                c.insert("schema_migrations", [[f.name]], column_names=["name"])
-                applied.append(f.name)
-            self._migrated = True
-            return applied
+            return [s.name for s in migrate(self, cluster=cluster, dry_run=dry_run)]
 
     # -- reads and writes ------------------------------------------------------------------------
     def command(self, sql: str, parameters: dict[str, Any] | None = None, settings: dict | None = None):

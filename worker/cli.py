@@ -12,7 +12,6 @@ down costs records (dropped and counted in the summary), never the session.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import runpy
@@ -37,8 +36,8 @@ def register(subparsers) -> None:
                      help=f"initial switch values; names: {', '.join(SWITCH_NAMES)}")
     run.add_argument("--switch-source", default=None,
                      help="control plane URL (GET /v1/switches) or a JSON file, polled between steps")
-    run.add_argument("--release", default="dev")
-    run.add_argument("--worker-id", default="w0")
+    run.add_argument("--release", default="dev", help="release label of this worker's telemetry (default dev)")
+    run.add_argument("--worker-id", default="w0", help="worker id in telemetry and switch polls (default w0)")
     run.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: cuda if present)")
     run.add_argument("--tp", type=int, default=1,
                      help="TP group size: N ranks under torchrun (re-launched under it when N GPUs exist), "
@@ -53,9 +52,10 @@ def register(subparsers) -> None:
     run.add_argument("--metrics-token", default=os.environ.get("LIVESTEP_METRICS_TOKEN"),
                      help="bearer token the scraper must send (default LIVESTEP_METRICS_TOKEN)")
     run.set_defaults(func=cmd_run)
-    bench = sub.add_parser("bench", help="bench/worker_step.py: the step waterfall (GPU)", add_help=False)
-    bench.add_argument("bench_args", nargs=argparse.REMAINDER)
-    bench.set_defaults(func=cmd_bench)
+    # every argument, --help included, goes to bench/worker_step.py (api/cli.py: passthrough)
+    bench = sub.add_parser("bench", help="bench/worker_step.py: the step waterfall (GPU); --help lists its options",
+                           add_help=False)
+    bench.set_defaults(func=cmd_bench, passthrough=True)
     p.set_defaults(func=lambda a: p.print_help() or 0)
 
 
@@ -63,7 +63,10 @@ def cmd_run(args) -> int:
     from worker.config import ModelShape, Switches, parse_switch_args
     from worker.session import Worker
 
+    from worker.device import check_device
+
     ModelShape.from_name(args.preset)  # a clear error before torch spins up
+    check_device(args.device)
     from worker import parallel
 
     if parallel.wants_group(args.tp):  # a real TP group: worker/parallel.py runs each rank
@@ -96,6 +99,15 @@ def cmd_run(args) -> int:
 
 def cmd_bench(args) -> int:
     script = Path(__file__).resolve().parents[1] / "bench" / "worker_step.py"
-    sys.argv = [str(script), *args.bench_args]
-    runpy.run_path(str(script), run_name="__main__")
+    if not script.is_file():
+        raise BenchError(f"{script} is not here: bench/ ships with a source checkout of livestep, not in the wheel")
+    sys.argv = [str(script), *args.passthrough_args]
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    except SystemExit as e:  # the script's own argparse (--help: 0, a bad option: 2)
+        return e.code if isinstance(e.code, int) else 0
     return 0
+
+
+class BenchError(Exception):
+    """``livestep worker bench`` cannot run here; the message says why."""

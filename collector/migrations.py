@@ -1,0 +1,187 @@
+"""The schema and its migrations: the DDL files that ship, which ones a database has applied, the rest.
+
+    plan = pending(store)                      # sql/NNN_*.sql not yet applied (single node)
+    migrate(store)                             # apply them, record each in schema_migrations
+    migrate(store, cluster="main", dry_run=True)   # sql/cluster/ for cluster 'main': parse-check, print
+    ensure_current(store, cluster=None)        # what the server roles do at start (see below)
+
+The files are package data, found through ``importlib.resources``: ``collector/sql/`` in an installed
+wheel (setup.py copies the repo's top-level ``sql/`` there), the repo's own ``sql/`` in a source
+checkout. Finding no file at all is a ``SchemaError`` (a broken install), never a silent no-op.
+
+Each applied file is one row of ``schema_migrations`` (name, layout): layout ``single`` for ``sql/``,
+``cluster:<name>`` for ``sql/cluster/`` applied ON CLUSTER '<name>' (the files' ``'{cluster}'`` is
+replaced by the name; ``{shard}``, ``{replica}``, ``{database}``, ``{table}`` stay server macros). A
+database never mixes the two: single-node DDL is refused where cluster migrations are recorded, and
+cluster DDL where single-node ones are. Every file is idempotent (IF NOT EXISTS), so a crash
+mid-file is repaired by applying it again.
+
+The server roles (``ensure_current``): without a cluster, pending single-node files are applied at
+start (chDB's default; against a server too unless ``migrate_on_start`` is off), then checked; with a
+cluster nothing is applied (DDL ON CLUSTER is an operator's step, ``livestep migrate --cluster``) and a
+schema that is not current stops the server, naming the files and the command.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collector.store import Store
+
+_FILE = re.compile(r"^[0-9]{3}_[A-Za-z0-9_]+\.sql$")
+_CLUSTER_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$")
+SINGLE = "single"
+TABLE = "schema_migrations"
+
+
+class SchemaError(Exception):
+    """The schema cannot be applied or is not current; the message says what to run."""
+
+
+def _schema_root() -> Path:
+    """``collector/sql`` of an installed wheel, else ``sql/`` beside the packages (a source checkout)."""
+    packaged = resources.files("collector") / "sql"
+    if packaged.is_dir():
+        return Path(str(packaged))
+    return Path(__file__).resolve().parent.parent / "sql"
+
+
+SQL_DIR = _schema_root()
+
+
+def schema_files(cluster: bool = False) -> list[Path]:
+    """The migration files in order (``sql/`` or ``sql/cluster/``); a ``SchemaError`` when there are none."""
+    folder = SQL_DIR / "cluster" if cluster else SQL_DIR
+    files = sorted(p for p in folder.glob("*.sql") if _FILE.match(p.name)) if folder.is_dir() else []
+    if not files:
+        raise SchemaError(f"no migration files (NNN_name.sql) in {folder}: this livestep install is broken "
+                          f"(a wheel ships them under collector/sql/); reinstall it")
+    return files
+
+
+def layout_of(cluster: str | None) -> str:
+    if cluster is None:
+        return SINGLE
+    if not _CLUSTER_NAME.match(cluster):
+        raise SchemaError(f"cluster name {cluster!r} is not valid: a letter or _, then letters, digits, _ . -")
+    return f"cluster:{cluster}"
+
+
+def split_statements(sql: str) -> list[str]:
+    """Split a DDL file into statements (``;`` at line end; ``--`` comment lines dropped)."""
+    lines = [ln for ln in sql.splitlines() if not ln.strip().startswith("--")]
+    out, cur = [], []
+    for ln in lines:
+        cur.append(ln)
+        if ln.rstrip().endswith(";"):
+            stmt = "\n".join(cur).strip().rstrip(";").strip()
+            if stmt:
+                out.append(stmt)
+            cur = []
+    rest = "\n".join(cur).strip()
+    if rest:
+        out.append(rest)
+    return out
+
+
+def statements(path: Path, cluster: str | None = None) -> list[str]:
+    """A file's statements, with ``'{cluster}'`` naming ``cluster`` for a cluster file."""
+    stmts = split_statements(path.read_text())
+    return [s.replace("'{cluster}'", f"'{cluster}'") for s in stmts] if cluster else stmts
+
+
+def _bookkeeping_ddl(cluster: str | None) -> list[str]:
+    if cluster is None:
+        return [f"CREATE TABLE IF NOT EXISTS {TABLE} (name String, applied_at DateTime64(3, 'UTC') "
+                "DEFAULT now64(3)) ENGINE = ReplacingMergeTree ORDER BY name",
+                f"ALTER TABLE {TABLE} ADD COLUMN IF NOT EXISTS layout LowCardinality(String) DEFAULT '{SINGLE}'"]
+    return [f"CREATE TABLE IF NOT EXISTS {TABLE} ON CLUSTER '{cluster}' (name String, applied_at "
+            f"DateTime64(3, 'UTC') DEFAULT now64(3), layout LowCardinality(String) DEFAULT '{SINGLE}') "
+            "ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/all/{database}/{table}', '{replica}') "
+            "ORDER BY name"]
+
+
+def applied(store: Store) -> dict[str, str]:
+    """File name -> layout of every migration recorded in the store's database (empty if none)."""
+    cols = {r[0] for r in store.query_rows(
+        "SELECT name FROM system.columns WHERE database = {d:String} AND table = {t:String}",
+        {"d": store.database, "t": TABLE})}
+    if not cols:
+        return {}
+    layout = "layout" if "layout" in cols else f"'{SINGLE}'"
+    return dict(store.query_rows(f"SELECT name, {layout} FROM {TABLE} FINAL"))
+
+
+@dataclass(frozen=True)
+class Step:
+    """One file to apply: its name and its statements as they will run."""
+
+    name: str
+    statements: list[str]
+
+
+def pending(store: Store, cluster: str | None = None) -> list[Step]:
+    """The files of ``sql/`` (or ``sql/cluster/`` for ``cluster``) the store has not applied, in order.
+    A ``SchemaError`` when the database holds migrations of the other layout."""
+    want = layout_of(cluster)
+    done = applied(store)
+    other = sorted({lay for lay in done.values() if lay != want})
+    if other:
+        have = ", ".join(other)
+        hint = (f"set LIVESTEP_CLUSTER / --cluster {other[0].split(':', 1)[1]}" if other[0] != SINGLE
+                else "use a fresh database for the cluster schema")
+        raise SchemaError(f"database {store.database} holds {have} migrations, not {want}: it never mixes "
+                          f"single-node and cluster tables; {hint}")
+    return [Step(f.name, statements(f, cluster)) for f in schema_files(cluster is not None) if f.name not in done]
+
+
+def check_parses(store: Store, steps: list[Step]) -> None:
+    """Parse every statement with the store's own parser (``formatQuery``; nothing is executed)."""
+    for step in steps:
+        for stmt in step.statements:
+            try:
+                store.query_rows("SELECT formatQuery({q:String})", {"q": stmt})
+            except Exception as e:  # clickhouse-connect / chdb raise many types
+                raise SchemaError(f"{step.name}: the store does not parse {stmt[:80]!r}...: {e}") from e
+
+
+def migrate(store: Store, cluster: str | None = None, dry_run: bool = False) -> list[Step]:
+    """Apply (or, ``dry_run``, parse-check only) the pending files; return them.
+
+    On chDB a cluster is refused unless ``dry_run`` (chDB is one node, it has no keeper)."""
+    layout = layout_of(cluster)
+    if cluster is not None and store.dsn.embedded and not dry_run:
+        raise SchemaError("chDB is a single node: apply the cluster schema to a ClickHouse server of the "
+                          "cluster (--dsn http(s)://...), or check it here with --dry-run")
+    steps = pending(store, cluster)
+    if dry_run:
+        check_parses(store, steps)
+        return steps
+    for stmt in _bookkeeping_ddl(cluster):
+        store.command(stmt)
+    for step in steps:
+        for stmt in step.statements:
+            store.command(stmt)
+        store.client().insert(TABLE, [[step.name, layout]], column_names=["name", "layout"])
+    return steps
+
+
+def ensure_current(store: Store, cluster: str | None = None, apply: bool = True) -> list[str]:
+    """At a server's start: apply pending single-node files (``apply``, no cluster), then require none
+    pending. Returns the names applied; a ``SchemaError`` naming what is missing and what to run."""
+    if cluster is not None and store.dsn.embedded:
+        raise SchemaError("LIVESTEP_CLUSTER is set but the store is chDB (one node): point "
+                          "LIVESTEP_CLICKHOUSE_DSN at a ClickHouse server of the cluster, or unset LIVESTEP_CLUSTER")
+    done = store.migrate() if cluster is None and apply else []
+    left = pending(store, cluster)
+    if left:
+        flag = f" --cluster {cluster}" if cluster else ""
+        raise SchemaError(f"the schema of {store.database} is not current: {len(left)} migration(s) not applied "
+                          f"({', '.join(s.name for s in left[:5])}{', ...' if len(left) > 5 else ''}); run "
+                          f"`livestep migrate{flag}` (with this server's LIVESTEP_CLICKHOUSE_DSN) first")
+    return done
