@@ -28,6 +28,7 @@ from pathlib import Path
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi_offline import FastAPIOffline
 
 import api.routes
 from api.settings import Settings, load_settings
@@ -137,7 +138,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 spool.close()
                 log.info("stopped cleanly: writer stopped, spool closed with %d batch(es) left for the next start", left)
 
-    app = FastAPI(
+    app = FastAPIOffline(  # /docs and /redoc with Swagger UI / ReDoc served from the package: no CDN
         title="livestep",
         version=__version__,
         summary="Telemetry in (collector) and out (api) of the livestep serving fleet.",

@@ -14,7 +14,9 @@ whose token list is empty is open, which settings allow only on a loopback bind:
     reader  LIVESTEP_READ_TOKENS   (ingest and admin tokens read too: workers poll switches)
     admin   LIVESTEP_ADMIN_TOKENS  (switch, canary and report writes)
 
-The ingest role (LIVESTEP_INGEST_TOKENS) is checked by the collector's own route, with the same rule
+Browsers read with a session cookie (``/login`` exchanges a reader's token for it) or behind a
+trusted proxy's identity header (api/browser_auth.py); a page request with neither is redirected to
+``/login``. The ingest role (LIVESTEP_INGEST_TOKENS) is checked by the collector's own route, with the same rule
 (collector/auth.py, which both use).
 """
 
@@ -25,7 +27,8 @@ from typing import Annotated
 from fastapi import Depends, Header, HTTPException, Request
 
 from api.settings import Settings, is_loopback
-from collector.auth import check_bearer
+from api.browser_auth import browser_reader, login_url, wants_html
+from collector.auth import bearer_token, check_bearer
 from collector.store import Store
 
 
@@ -53,18 +56,26 @@ ROLE_TOKENS = {
 }
 
 
-def check_role(settings: Settings, role: str, authorization: str | None) -> None:
-    """Raise 401 (no bearer token) or 403 (not one of ``role``'s tokens) unless the request may act as ``role``."""
+def check_role(settings: Settings, role: str, authorization: str | None, request: Request | None = None) -> None:
+    """Raise 401 (no bearer token) or 403 (not one of ``role``'s tokens) unless the request may act as ``role``.
+    A reader without a bearer token may be a browser (api/browser_auth.py: the session cookie or a trusted
+    proxy's identity header); a browser page request with neither is sent to /login (303) instead of a 401."""
     fields, switch = ROLE_TOKENS[role]
     if not getattr(settings, switch) and is_loopback(settings.host):
         return  # development: the role is open
+    if role == "reader" and request is not None and bearer_token(authorization) is None:
+        if browser_reader(settings, request):
+            return
+        if wants_html(request):
+            raise HTTPException(303, "sign in first: /login", headers={"Location": login_url(request)})
     check_bearer(authorization, [t for f in fields for t in getattr(settings, f)], role,
                  [f"LIVESTEP_{f.upper()}" for f in fields])
 
 
-def require_reader(settings: SettingsDep, authorization: Authorization = None) -> None:
-    """Reads, dashboards and workers' switch polls: a read, ingest or admin token (open when no read tokens)."""
-    check_role(settings, "reader", authorization)
+def require_reader(request: Request, settings: SettingsDep, authorization: Authorization = None) -> None:
+    """Reads, dashboards and workers' switch polls: a read, ingest or admin token (open when no read tokens),
+    or, for a browser, the session cookie from /login or a trusted proxy's identity header."""
+    check_role(settings, "reader", authorization, request)
 
 
 def require_admin(settings: SettingsDep, authorization: Authorization = None) -> None:

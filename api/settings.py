@@ -113,10 +113,23 @@ class Settings(CollectorSettings):
     switch_cache_s: float = Field(default=0.5, ge=0, le=60, description="how long resolved switch rules are cached")
     switch_poll_s: float = Field(default=1.0, gt=0, le=3600, description="poll interval hinted to workers")
     canary_min_sessions: int = Field(default=30, ge=1, le=1_000_000, description="sessions per side before a canary is judged")
+    session_secret: str | None = Field(default=None, min_length=16, max_length=4096,
+                                       description="key that signs browser session cookies (/login); unset: a random "
+                                       "key per process (sessions end with it; set one for several api processes)")
+    session_ttl_s: int = Field(default=12 * 3600, ge=60, le=30 * 86400,
+                               description="how long a browser session cookie from /login stays valid (seconds)")
+    trusted_proxy_header: str | None = Field(default=None, min_length=1, max_length=128,
+                                             pattern=r"^[A-Za-z0-9-]+$",
+                                             description="request header naming the user a trusted reverse proxy "
+                                             "authenticated (e.g. X-Auth-Request-User, oauth2-proxy); it grants "
+                                             "reading; unset (default): ignored")
+    trusted_proxies: TokenList = Field(default_factory=lambda: ["127.0.0.1/32", "::1/128"], max_length=256,
+                                       description="addresses or networks (comma-separated) whose "
+                                       "trusted_proxy_header is believed; default loopback")
     reports_dir: Path = Field(default=REPO_DIR / "var" / "reports",
                               description="where weekly reports (HTML + JSON) are written")
 
-    @field_validator("read_tokens", "admin_tokens", mode="before")
+    @field_validator("read_tokens", "admin_tokens", "trusted_proxies", mode="before")
     @classmethod
     def _split_api_tokens(cls, v):
         return split_tokens(v)
@@ -125,6 +138,16 @@ class Settings(CollectorSettings):
     @classmethod
     def _split_senders(cls, v):
         return split_senders(v)
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _networks(cls, v):
+        for n in v:
+            try:
+                ipaddress.ip_network(n, strict=False)
+            except ValueError:
+                raise ValueError(f"trusted proxy {n!r} is not an address or network (e.g. 10.0.0.5, 10.0.0.0/24)") from None
+        return v
 
     @property
     def roles(self) -> frozenset[str]:

@@ -4,8 +4,13 @@ and uncaught exceptions, count the plotly charts that rendered.
     with Chromium() as browser:
         result = browser.load("http://127.0.0.1:8123/dashboard/")
         assert result.errors == [] and result.rendered == result.charts > 0
+        result = browser.load(url, actions=["document.forms[0].submit()"], wait_for="document.title")
 
-Debian's ``chromium`` at /usr/bin/chromium (``CHROMIUM`` overrides); tests skip without it.
+Debian's ``chromium`` at /usr/bin/chromium (``CHROMIUM`` overrides); tests skip without it. The
+network is off: every host but the loopback ones is unresolvable (``--host-resolver-rules``), so a
+page that needs a CDN fails with errors. One browser keeps its cookies across ``load`` calls. An
+action is JavaScript that makes the page navigate (a form submitted); each waits for the next page.
+``wait_for`` is a JavaScript expression polled until truthy; its last value is ``result.probe``.
 """
 
 from __future__ import annotations
@@ -29,7 +34,10 @@ CHROMIUM = os.environ.get("CHROMIUM") or shutil.which("chromium") or "/usr/bin/c
 _CHARTS_JS = """JSON.stringify({charts: document.querySelectorAll('.plotly-graph-div').length,
   rendered: document.querySelectorAll('.js-plotly-plot .main-svg').length > 0 ?
     Array.from(document.querySelectorAll('.plotly-graph-div')).filter(d => d.querySelector('.main-svg')).length : 0,
-  title: document.title, plotly: typeof window.Plotly})"""
+  title: document.title, plotly: typeof window.Plotly, href: location.href})"""
+
+# every host but loopback is unresolvable: the page gets no network beyond this machine's servers
+OFFLINE_RULES = "MAP * ~NOTFOUND, EXCLUDE localhost, EXCLUDE 127.0.0.1"
 
 
 def available() -> bool:
@@ -43,6 +51,8 @@ class PageResult:
     rendered: int = 0
     title: str = ""
     plotly: str = ""
+    href: str = ""
+    probe: object = None
     errors: list[str] = field(default_factory=list)
 
 
@@ -57,6 +67,8 @@ class Chromium:
         self.proc = subprocess.Popen(
             [CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
              "--no-first-run", "--no-default-browser-check", "--disable-extensions", "--remote-debugging-port=0",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync", "--disable-quic",
+             f"--host-resolver-rules={OFFLINE_RULES}",
              f"--user-data-dir={self.profile}", "about:blank"],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + self.timeout_s
@@ -81,10 +93,10 @@ class Chromium:
                 self.proc.kill()
         shutil.rmtree(getattr(self, "profile", ""), ignore_errors=True)
 
-    def load(self, url: str, settle_s: float = 8.0) -> PageResult:
-        return asyncio.run(self._load(url, settle_s))
+    def load(self, url: str, settle_s: float = 8.0, actions: list[str] = (), wait_for: str | None = None) -> PageResult:
+        return asyncio.run(self._load(url, settle_s, list(actions), wait_for))
 
-    async def _load(self, url: str, settle_s: float) -> PageResult:
+    async def _load(self, url: str, settle_s: float, actions: list[str], wait_for: str | None) -> PageResult:
         res = PageResult(url)
         ids = itertools.count(1)
         async with websockets.connect(self.ws_url, max_size=64 << 20) as ws:
@@ -129,12 +141,21 @@ class Chromium:
                 if ev is not None:
                     self._collect(ev, res)
                     loaded = loaded or ev.get("method") == "Page.loadEventFired"
+                if loaded and actions:  # the next page: run the action, wait for its load event
+                    await call("Runtime.evaluate", {"expression": actions.pop(0)}, session=sid)
+                    loaded = False
+                    continue
                 if loaded:
                     out = await call("Runtime.evaluate", {"expression": _CHARTS_JS, "returnByValue": True}, session=sid)
                     info = json.loads(out["result"]["value"])
-                    res.charts, res.rendered, res.title, res.plotly = (
-                        info["charts"], info["rendered"], info["title"], info["plotly"])
-                    if res.rendered >= res.charts or time.monotonic() > deadline - self.timeout_s + settle_s:
+                    res.charts, res.rendered, res.title, res.plotly, res.href = (
+                        info["charts"], info["rendered"], info["title"], info["plotly"], info["href"])
+                    if wait_for is not None:
+                        got = await call("Runtime.evaluate", {"expression": wait_for, "returnByValue": True},
+                                         session=sid)
+                        res.probe = got.get("result", {}).get("value")
+                    done = res.rendered >= res.charts and (wait_for is None or bool(res.probe))
+                    if done or time.monotonic() > deadline - self.timeout_s + settle_s:
                         break
             await asyncio.sleep(0.2)  # late console messages
             while not events.empty():
