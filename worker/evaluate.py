@@ -231,8 +231,8 @@ def ship(result: dict[str, Any], url: str, token: str | None, worker_id: str = "
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("evaluate", help="numeric switches against the plain path and the rerun band")
-    p.add_argument("--preset", default="tiny")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--preset", default="tiny", help="model shape to evaluate (default tiny)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
     p.add_argument("--tp", type=int, default=1, help="evaluate one rank's shard of a TP=N split (its shape)")
     p.add_argument("--switch", action="append", default=None, metavar="NAME",
                    help=f"configurations (default: all): {', '.join([*NUMERIC_SWITCHES, PRODUCTION])}")
@@ -243,11 +243,12 @@ def register(subparsers) -> None:
                    "(14400 = 10 minutes at 24 fps); 0: none unless --only drift")
     p.add_argument("--metric", default="rel_l2", help="rel_l2, max_abs, cosine, or package.module:function")
     p.add_argument("--truth", default=None, help="fp64 | fp32 | bf16 (default: fp64, bf16 for prod57b)")
-    p.add_argument("--perturbation", default="auto", choices=("auto", "input", "nondeterminism"))
+    p.add_argument("--perturbation", default="auto", choices=("auto", "input", "nondeterminism"),
+                   help="what varies between reruns: input noise, or the device's own nondeterminism (auto: the device's on CUDA unless bitwise repeatable, else input)")
     p.add_argument("--k", type=float, default=None, help="teacher-forced: err <= k * err_plain + atol")
-    p.add_argument("--atol", type=float, default=None)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--release", default="dev")
+    p.add_argument("--atol", type=float, default=None, help="teacher-forced: the absolute slack in that bound")
+    p.add_argument("--seed", type=int, default=0, help="random seed of weights and inputs (default 0)")
+    p.add_argument("--release", default="dev", help="release label of the evaluation records (default dev)")
     p.add_argument("--gpu-kind", default=None, help="label (default: the device's name, as workers report it)")
     p.add_argument("--out", default=None, help="write the result as JSON here")
     p.add_argument("--from", dest="from_", default=None, help="a saved result (JSON) instead of measuring")
