@@ -178,6 +178,9 @@ KINDS: tuple[Kind, ...] = (
         integer("decoder_height", 1, 65535, nullable=True, since="040", description="decoded frame height, pixels"),
         integer("decoder_width", 1, 65535, nullable=True, since="040", description="decoded frame width, pixels"),
         integer("chunk_frames", 1, 1024, nullable=True, since="040", description="video frames per chunk (per step)"),
+        ms("ttff_ms", nullable=True, since="090",
+           description="session start to the player's first frame, ms (end phase; null: playback never began)"),
+        integer("preroll", 1, 64, nullable=True, since="090", description="chunks buffered before playback began"),
     )),
     Kind("event", "events", "events", "Something that happened: a switch applied, a rollback, an OOM, a reset, ...", (
         Col("kind", "enum", values=EVENT_KINDS),

@@ -399,7 +399,7 @@ class Session:
                   "cond_tokens": self.cond_tokens, "decoder_height": shape.frame_h, "decoder_width": shape.frame_w,
                   "chunk_frames": shape.frames_per_chunk}  # the shape keys of records.SHAPE_KEYS
         tel.session(phase="start", streamed_s=0.0, frames=0, avg_fps=None, late_chunks=0, stall_ms=0.0,
-                    switches=self.switches.encode(), **common)
+                    preroll=self.playout.prebuffer, switches=self.switches.encode(), **common)
         tel.event("session_start", shape=shape.name, first_forward_tokens=self.ff_tokens,
                   cond_tokens=self.cond_tokens, switches=self.switches.encode(), warm=warm is not None)
         model = w.model
@@ -503,7 +503,8 @@ class Session:
         streamed = sum(tel.stats.period_ms) / 1000
         fps = frames / streamed if streamed > 0 else None
         tel.session(phase="end", streamed_s=streamed, frames=frames, avg_fps=fps, late_chunks=pl.late_chunks,
-                    stall_ms=pl.stall_s * 1e3, switches=self.switches.encode(), **common)
+                    stall_ms=pl.stall_s * 1e3, switches=self.switches.encode(), ttff_ms=self.ttff_ms,
+                    preroll=pl.prebuffer, **common)
         tel.event("session_end", frames=frames, avg_fps=fps, late_chunks=pl.late_chunks)
         if tel.dropped:  # records the worker's own path lost (failed to build or put); the client
             # reports the rows it dropped itself, in its own telemetry_dropped events (where=client)
