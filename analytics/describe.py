@@ -61,7 +61,7 @@ def _fps(row, ev) -> str:
 def _memory(row, ev) -> str:
     if row["metric"] == "processes_growing_per_shape":
         return (f"{_num(row['value'])} of {_num(row['baseline'])} processes of this release reserve more memory "
-                f"with every new prompt shape")
+                f"with every new {ev.get('explained_by') or 'prompt'} shape")
     per_shape = f"{row['value'] / 1e9:.3g} GB" if row["value"] is not None else "?"
     eff = row.get("effect")
     buffers = "" if eff is None else f" ({eff:+.2g} fused-kernel buffer{'' if eff == 1 else 's'} per shape)"
@@ -70,7 +70,9 @@ def _memory(row, ev) -> str:
     tto = ev.get("hours_to_oom")
     oom = (f"; out of memory in ~{_hours(tto)} at this rate"
            if isinstance(tto, int | float) and not isinstance(tto, bool) else "")
-    return f"{per_shape} reserved per new prompt shape{buffers}{shapes}{start}{oom}"
+    unit = {"per session": "session served", "over time": "hour"}.get(ev.get("explained_by"),
+                                                                        f"new {ev.get('explained_by') or 'prompt'} shape")
+    return f"{per_shape} reserved per {unit}{buffers}{shapes}{start}{oom}"
 
 
 def _regression(row, ev) -> str:

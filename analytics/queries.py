@@ -22,6 +22,8 @@ from typing import Any
 
 import polars as pl
 
+from collector import records
+
 FPS_BUDGET = 24.0
 FPS_LOW = 23.5
 FRAMES_PER_STEP = 4
@@ -342,17 +344,21 @@ def release_first_seen(store, end: datetime) -> pl.DataFrame:
     )
 
 
+_SHAPE_COLUMNS = tuple(dict.fromkeys(c for cols in records.SHAPE_KEYS.values() for c in cols))
+
+
 def memory_sessions(store, start: datetime, end: datetime) -> pl.DataFrame:
-    """Per session, for memory analysis: worker, release, start, first-forward tokens (from the
-    ``sessions`` table), peak reserved memory and buffer count (from ``session_stats``), switches."""
+    """Per session, for memory analysis: worker, release, start, the shape columns
+    (``records.SHAPE_KEYS``, from the ``sessions`` table: null from older workers), peak reserved
+    memory and buffer count (from ``session_stats``), switches."""
     params: dict[str, Any] = {"start": start, "end": end}
     sql = f"""
     SELECT s.release AS release, s.gpu_kind AS gpu_kind, s.worker_id AS worker_id, s.session_id AS session_id,
            s.start_ts AS start_ts, s.mem_reserved_max AS mem_reserved_max, s.buffers_max AS buffers_max,
-           s.switch_state AS switch_state, t.first_forward_tokens AS first_forward_tokens
+           s.switch_state AS switch_state, {", ".join(f"t.{c} AS {c}" for c in _SHAPE_COLUMNS)}
     FROM ({_sessions_sql("")}) AS s
     INNER JOIN (
-        SELECT session_id, any(first_forward_tokens) AS first_forward_tokens
+        SELECT session_id, {", ".join(f"any({c}) AS {c}" for c in _SHAPE_COLUMNS)}
         FROM sessions
         WHERE ts >= {{start:DateTime64(3, 'UTC')}} - INTERVAL 1 DAY AND ts < {{end:DateTime64(3, 'UTC')}}
         GROUP BY session_id

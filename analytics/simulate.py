@@ -18,6 +18,22 @@ Incidents, each a new release (``incidents=["august", ("sync", 10), "benign"]``,
 - ``sync``: one host-device sync per step (the ``.item()`` bug): step time +65%.
 - ``benign``: a release with no real change.
 - ``fix``: fuse only the steady-state shape (ends the leak) and drop the sync.
+- ``leak_resolution``: every worker keeps +180 MB per new decoder output resolution (14 in rotation,
+  one drawn per session); a leak keyed on a shape that is not the prompt.
+- ``leak_prompt``: every worker keeps +24 MB per new first-forward length (the fused kernel's real
+  buffer, m x d_model x 2 bytes, is 15-30 MB per prompt length on the H200); ``leak_prompt_tight``:
+  the same leak on a release whose steady reserved memory sits ``TIGHT_HEADROOM`` below capacity.
+- ``leak_session``: every worker keeps +40 MB per session served (whatever its shape).
+- ``drift``: cache upkeep grows 0.5% a day, compounded from the release's start (no release boundary).
+- ``variance``: step-time spread (session to session and step to step) x sqrt(2): twice the variance,
+  the same median.
+An incident takes a scope after a colon: a GPU kind (``"sync:h100"``) or a switch (``"sync:compile"``,
+only workers running it); it then changes only those workers (a leak, a sync, a drift, a variance).
+
+Every session also carries the contract's other shape columns (``collector.records.SHAPE_KEYS``):
+conditioning tokens (first-forward tokens less the chunk's), a decoder resolution drawn from
+``RESOLUTIONS``, frames per chunk and TP size. These draws use their own random stream, so every
+other column is what it was before they existed.
 
 FP8 saturation (``fp8_saturated``, sampled on the steps a GPU worker probes: every 64th from step 64;
 every worker runs ``static_scales``): healthy sessions stay at zero or isolated outliers (< 1e-6). ``fp8_drift=("august",
@@ -49,7 +65,22 @@ LATE_MS = 200.0  # the playout buffer absorbs jitter up to here (reset steps are
 NEW_TOKENS = 757
 GIB = 2**30
 LEAK_BYTES_PER_TOKEN = 1 << 20  # the leaked fused buffer: ~1 MiB per first-forward token
-INCIDENTS: tuple[str, ...] = ("august", "sync", "benign", "fix")
+INCIDENTS: tuple[str, ...] = ("august", "sync", "benign", "fix", "leak_resolution", "leak_prompt", "leak_prompt_tight",
+                               "leak_session", "drift", "variance")
+# incident -> (shape key the leak is keyed on, bytes per new value); "session": per session served
+LEAKS: dict[str, tuple[str, float]] = {
+    "leak_resolution": ("decoder_resolution", 180e6),
+    "leak_prompt": ("first_forward_tokens", 24e6),
+    "leak_prompt_tight": ("first_forward_tokens", 24e6),
+    "leak_session": ("session", 40e6),
+}
+TIGHT_HEADROOM = 0.6e9  # leak_prompt_tight: steady reserved memory this far below capacity
+DRIFT_PER_DAY = 0.005  # drift: cache upkeep x 1.005 per day since the release started
+VARIANCE_FACTOR = 2.0  # variance: step-time variance x 2
+# decoder output resolutions (height, width) in rotation: 14, one drawn per session
+RESOLUTIONS: tuple[tuple[int, int], ...] = tuple(
+    (h, w) for h, w in ((360, 640), (432, 768), (480, 854), (540, 960), (576, 1024), (640, 1138), (704, 1088),
+                        (720, 1280), (768, 1366), (810, 1440), (864, 1536), (900, 1600), (960, 1706), (1080, 1920)))
 _BASE_SWITCHES = ("ring_cache", "rope_at_write", "fp8_cache", "delta_rotation", "triton_kernels", "decoder_own_gpu",
                   "static_scales")
 # fp8_saturated is sampled where a GPU worker probes: step % 64 == 0 and step > 0 (step 0 calibrates
@@ -88,6 +119,15 @@ class SimRelease:
     rollout_days: float
     leak: bool = False
     sync: bool = False
+    leak_key: str | None = None  # LEAKS: a leak on every worker in scope, keyed on this shape key
+    leak_bytes: float = 0.0
+    tight: bool = False  # steady reserved memory TIGHT_HEADROOM below capacity
+    drift_per_day: float = 0.0
+    variance: float = 1.0
+    scope: str = ""  # "" (every worker), a GPU kind or a switch: the workers this release's incident hits
+
+    def hits(self, w: SimWorker) -> bool:
+        return not self.scope or self.scope == w.gpu_kind or self.scope in w.switches
 
 
 @dataclass(frozen=True)
@@ -190,18 +230,26 @@ def plan_releases(
     parsed = []
     for i, inc in enumerate(incidents):
         name, day = (inc, None) if isinstance(inc, str) else inc
-        if name not in INCIDENTS:
+        base, _, scope = name.partition(":")
+        if base not in INCIDENTS:
             raise SimulationError(f"unknown incident {name!r}; valid incidents: {', '.join(INCIDENTS)}")
+        if scope and scope not in GPU_KINDS and scope not in records.SWITCH_NAMES:
+            raise SimulationError(f"incident scope {scope!r} is not valid: a GPU kind ({', '.join(GPU_KINDS)}) "
+                                  f"or a switch ({', '.join(records.SWITCH_NAMES)})")
         if day is None:
             day = round(days * (i + 1) / (len(incidents) + 1), 2)
         if not 0 <= day < days:
             raise SimulationError(f"incident {name!r} day {day} is outside the simulated 0..{days} days")
         parsed.append((day, name))
-    for n, (day, name) in enumerate(sorted(parsed), start=1):
+    for n, (day, full) in enumerate(sorted(parsed), start=1):
         prev = out[-1]
+        name, _, scope = full.partition(":")
         leak = prev.leak if name in ("sync", "benign") else name == "august"
         sync = prev.sync if name in ("august", "benign") else name == "sync"
-        out.append(SimRelease(f"v1.{n}", name, start + timedelta(days=day), rollout_days, leak, sync))
+        key, per = LEAKS.get(name, (None, 0.0))
+        out.append(SimRelease(f"v1.{n}", name, start + timedelta(days=day), rollout_days, leak, sync, key, per,
+                              name == "leak_prompt_tight", DRIFT_PER_DAY if name == "drift" else 0.0,
+                              VARIANCE_FACTOR if name == "variance" else 1.0, scope))
     return out
 
 
@@ -227,12 +275,15 @@ class _Process:
     shapes: set[int] = field(default_factory=set)
     leaked: int = 0
     leak_bytes: float = 0.0
+    keyed: set = field(default_factory=set)  # values of the release's leak key seen (SimRelease.leak_key)
+    keyed_bytes: float = 0.0
 
 
 class _Plans:
     """Column buffers for planned sessions (one entry per session)."""
 
-    cols = ("worker", "release", "start_ms", "n_steps", "period_ms", "reserved", "buffers", "tokens", "sync")
+    cols = ("worker", "release", "start_ms", "n_steps", "period_ms", "reserved", "buffers", "tokens", "sync",
+            "resolution", "upkeep", "spread")
 
     def __init__(self):
         for c in self.cols:
@@ -296,6 +347,7 @@ def simulate_fleet(
     oom_rows: list[dict] = []
     for wi, w in enumerate(fleet):
         wrng = np.random.default_rng([seed, 1, wi])
+        srng = np.random.default_rng([seed, 4, wi])  # the newer shape columns' own stream
         kind = GPU_KINDS[w.gpu_kind]
         t_ms = start_ms + int(wrng.exponential(mean_idle_s) * 1000)
         proc: _Process | None = None
@@ -306,6 +358,8 @@ def simulate_fleet(
             rel = releases[ri]
             if proc is None or proc.release is not rel:  # a deploy restarts the worker process
                 proc = _Process(rel, kind.reserved_bytes * float(np.exp(wrng.normal(0, 0.01))))
+                if rel.tight and rel.hits(w):
+                    proc.reserved = kind.memory_bytes - TIGHT_HEADROOM
             if wrng.random() < 0.02:  # gone within a second (connection dropped)
                 duration_s = float(wrng.uniform(0.2, 1.5))
             else:
@@ -314,6 +368,7 @@ def simulate_fleet(
             tokens = NEW_TOKENS + int(np.clip(wrng.lognormal(np.log(120), 0.7), 4, 2048))
             if t_ms + duration_s * 1000 * 1.2 >= end_ms:
                 break
+            res = int(srng.integers(len(RESOLUTIONS)))
             seq += 1
             sid = f"s{seed}-{w.worker_id}-{seq:06d}"
             leaking = rel.leak and "fused_allreduce" in w.switches
@@ -327,6 +382,17 @@ def simulate_fleet(
                 proc.leaked += 1
                 proc.leak_bytes += add
             proc.shapes.add(tokens)
+            if rel.leak_key and rel.hits(w):
+                value = {"decoder_resolution": res, "first_forward_tokens": tokens, "session": seq}[rel.leak_key]
+                if value not in proc.keyed:
+                    if proc.reserved + proc.leak_bytes + proc.keyed_bytes + rel.leak_bytes > kind.memory_bytes:
+                        oom_rows.append(_oom_row(w, rel, sid, t_ms, proc, rel.leak_bytes, kind, tokens))
+                        proc = None
+                        t_ms += int(wrng.uniform(30, 90) * 1000)
+                        continue
+                    proc.keyed.add(value)
+                    proc.keyed_bytes += rel.leak_bytes
+            hit = rel.hits(w)
             base_buffers = 1 if "fused_allreduce" in w.switches else 0
             period = (
                 kind.period_ms
@@ -335,11 +401,19 @@ def simulate_fleet(
                 * float(np.exp(wrng.normal(0, 0.012)))  # session-to-session spread
                 * (1.0 if "fused_allreduce" in w.switches else 1.01)
                 * (1.0 if "cuda_graphs" in w.switches else 1.005)
-                * (1.65 if rel.sync else 1.0)
+                * (1.65 if rel.sync and hit else 1.0)
                 * (1.0 + 0.002 * proc.leaked)  # fragmentation as leaked buffers pile up
             )
-            reserved = proc.reserved * float(np.exp(wrng.normal(0, 0.004))) + proc.leak_bytes
-            writer.add_session(sid, wi, ri, t_ms, n_steps, period, reserved, base_buffers + proc.leaked, tokens)
+            reserved = proc.reserved * float(np.exp(wrng.normal(0, 0.004))) + proc.leak_bytes + proc.keyed_bytes
+            if rel.tight and hit:
+                reserved = min(reserved, kind.memory_bytes - 1.0)
+            age_days = (t_ms - rel.start.timestamp() * 1000) / 86_400_000
+            upkeep = (1.0 + rel.drift_per_day) ** max(age_days, 0.0) if hit else 1.0
+            spread = float(np.sqrt(rel.variance)) if hit else 1.0
+            if spread != 1.0:  # the session-to-session draw above, widened around the same median
+                period *= float(np.exp(srng.normal(0, 0.012 * np.sqrt(spread**2 - 1))))
+            writer.add_session(sid, wi, ri, t_ms, n_steps, period, reserved, base_buffers + proc.leaked, tokens,
+                               res, upkeep, spread)
             gap_s = 5.0 + wrng.exponential(mean_idle_s)
             t_ms += int((duration_s + gap_s) * 1000)
     writer.flush()
@@ -407,10 +481,12 @@ class _BlockWriter:
         self.drift_release = np.array([fp8_drift is not None and r.kind == fp8_drift[0] for r in releases])
         self.drift_kind = np.array([fp8_drift is not None and w.gpu_kind == fp8_drift[1] for w in fleet])
 
-    def add_session(self, sid, wi, ri, t_ms, n_steps, period, reserved, buffers, tokens):
+    def add_session(self, sid, wi, ri, t_ms, n_steps, period, reserved, buffers, tokens, res=6, upkeep=1.0,
+                    spread=1.0):
         p = self.plans
         p.session_ids.append(sid)
-        for c, v in zip(p.cols, (wi, ri, t_ms, n_steps, period, reserved, buffers, tokens, self.releases[ri].sync)):
+        sync = self.releases[ri].sync and self.releases[ri].hits(self.fleet[wi])
+        for c, v in zip(p.cols, (wi, ri, t_ms, n_steps, period, reserved, buffers, tokens, sync, res, upkeep, spread)):
             getattr(p, c).append(v)
         self.pending += n_steps
         if self.pending >= self.block_steps:
@@ -446,13 +522,14 @@ class _BlockWriter:
         mean = np.asarray(p.period_ms)[si]
         reset = (step > 0) & (step % RESET_EVERY == 0)
         spike = rng.random(total) < 0.01
-        period = mean * np.exp(rng.normal(0, 0.03, total)) * np.where(spike, 1.3, 1.0)
+        spread = np.asarray(p.spread)[si]
+        period = mean * np.exp(rng.normal(0, 0.03, total) * spread) * np.where(spike, 1.3, 1.0)
         period = np.where(reset, mean * 1.65, period)
         cs = np.cumsum(period)
         ts_ms = np.asarray(p.start_ms, dtype=np.int64)[si] + (cs - (cs[offsets] - period[offsets])[si]).astype(np.int64)
         sync = np.asarray(p.sync)[si]
         diffusion = period - 1.6 + rng.normal(0, 0.3, total)
-        upkeep = 6.2 * np.exp(rng.normal(0, 0.05, total)) + np.where(reset, 97.0, 0.0)
+        upkeep = (6.2 * np.exp(rng.normal(0, 0.05, total)) + np.where(reset, 97.0, 0.0)) * np.asarray(p.upkeep)[si]
         fused = self.fused[worker]
         allreduce = np.where(fused, 36.9, 50.0) * np.exp(rng.normal(0, 0.04, total))
         late = (period > LATE_MS) & ~reset
@@ -498,6 +575,10 @@ class _BlockWriter:
                 **self._common(idx, w[idx], rel[idx], np.where(is_end, end_ms[idx], start_ms[idx]), p.session_ids),
                 "phase": pa.DictionaryArray.from_arrays(pa.array(is_end.astype(np.int32)), pa.array(["start", "end"])),
                 "first_forward_tokens": np.asarray(p.tokens, dtype=np.int64)[idx],
+                "cond_tokens": np.asarray(p.tokens, dtype=np.int64)[idx] - NEW_TOKENS,
+                "decoder_height": np.array([RESOLUTIONS[r][0] for r in p.resolution], np.int64)[idx],
+                "decoder_width": np.array([RESOLUTIONS[r][1] for r in p.resolution], np.int64)[idx],
+                "chunk_frames": np.full(len(idx), 4, np.int64),
                 "streamed_s": np.where(is_end, streamed_s[idx], 0.0),
                 "frames": frames,
                 "avg_fps": pa.array(frames / np.maximum(streamed_s[idx], 1e-9), mask=~is_end),
@@ -508,7 +589,7 @@ class _BlockWriter:
                 "switches": pa.DictionaryArray.from_arrays(pa.array(self.switch_of[w[idx]]), self.switch_strs),
             }
         )
-        return steps, sessions
+        return steps, sessions.select(records.ARROW_SCHEMAS["session"].names)
 
     def _fp8_saturated(self, step, si, worker, rel) -> pa.Array:
         """Sampled steps' saturated fraction (null elsewhere and without static scales); ``si`` per step,
