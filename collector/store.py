@@ -148,9 +148,13 @@ class Store:
         """Insert an Arrow table; ``dedup_token`` makes a retried batch land once.
 
         The materialized views fed by ``table`` are deduplicated with it (a retried batch must not
-        count twice in ``session_stats``): every MV target table carries the dedup window too.
+        count twice in ``session_stats``): every MV target table carries the dedup window too. On a
+        cluster (sql/cluster/: ``table`` is Distributed) the insert returns once every shard stored
+        its rows (``insert_distributed_sync``), so the writer's ack means stored, as on one node
+        (where the setting does nothing).
         """
-        settings: dict[str, Any] = {"deduplicate_blocks_in_dependent_materialized_views": 1}
+        settings: dict[str, Any] = {"deduplicate_blocks_in_dependent_materialized_views": 1,
+                                    "insert_distributed_sync": 1}
         if dedup_token:
             settings["insert_deduplication_token"] = dedup_token
         self.client().insert_arrow(table, data, settings=settings)

@@ -1,6 +1,7 @@
 """``GET /v1/health``: is the store reachable, how deep is the spool, how far behind is the writer.
 
 200 when the store answers, 503 (same body) when it does not; never needs a token (load balancers).
+The body names the process's role and livestep version (checked during a rolling upgrade).
 """
 
 from __future__ import annotations
@@ -12,12 +13,15 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
+from collector.version import __version__
+
 router = APIRouter(tags=["health"])
 
 
 class Health(BaseModel):
     status: str  # ok | degraded
     role: str
+    version: str  # this process's livestep (upgrades: docs/DEPLOY.md)
     store: dict
     spool: dict | None
     writer: dict | None
@@ -38,6 +42,6 @@ async def health(request: Request):
         last = writer.pop("last_insert_at")
         writer["since_last_insert_s"] = round(time.time() - last, 3) if last else None
     ok = reachable and (writer is None or (writer["alive"] and writer["last_error"] is None))
-    body = Health(status="ok" if ok else "degraded", role=st.settings.role, store=store_info, spool=spool,
-                  writer=writer, scheduler=getattr(st, "scheduler", None) is not None)
+    body = Health(status="ok" if ok else "degraded", role=st.settings.role, version=__version__, store=store_info,
+                  spool=spool, writer=writer, scheduler=getattr(st, "scheduler", None) is not None)
     return JSONResponse(body.model_dump(), status_code=200 if reachable else 503)

@@ -114,6 +114,14 @@ def test_the_cookie_is_httponly_strict_and_reads_only(site):
         app.state.settings = settings
 
 
+def test_logout_drops_the_cookie(site):
+    base = site[0]
+    r = httpx.get(f"{base}/logout")
+    assert r.status_code == 303 and r.headers["location"] == "/login"
+    attrs = [a.strip().lower() for a in r.headers["set-cookie"].split(";")]
+    assert attrs[0] == f'{COOKIE}=""' and "max-age=0" in attrs and "httponly" in attrs
+
+
 @pytest.mark.parametrize("target", ["//evil.example/x", "https://evil.example/", "/\\evil.example", "dashboard"])
 def test_next_never_leaves_the_site(site, target):
     assert _sign_in(site[0], next_url=target).headers["location"] == "/dashboard/"

@@ -62,6 +62,7 @@ def test_the_wheel_ships_the_schema_and_declares_roles(wheel):
     torch = [r for r in requires if r.startswith("torch")]
     assert torch and all('extra == "worker"' in r for r in torch), torch
     assert all("extra ==" in r for r in requires if r.startswith(("chdb", "fastapi", "polars")))
+    assert 'livestep[server,worker]; extra == "dev"' in requires  # ./dev installs .[dev]: every role
     assert not any(n.startswith(("tests/", "bench/", "sql/")) for n in names)
 
 
@@ -149,6 +150,7 @@ def test_migrate_serve_ingest_read_back(venv, tmp_path):
             assert time.monotonic() < deadline, r.text[:500]
             time.sleep(0.3)
         assert sorted(row["step"] for row in r.json()["steps"]) == list(range(50))
+        assert httpx.get(f"{base}/v1/health", timeout=10).json()["version"] == __version__
     finally:
         proc.terminate()
         proc.wait(30)
