@@ -589,7 +589,8 @@ class _BlockWriter:
                 "switches": pa.DictionaryArray.from_arrays(pa.array(self.switch_of[w[idx]]), self.switch_strs),
             }
         )
-        return steps, sessions.select(records.ARROW_SCHEMAS["session"].names)
+        names = [n for n in records.ARROW_SCHEMAS["session"].names if n in sessions.column_names]
+        return steps, records.conform("session", sessions.select(names))  # columns added since: null
 
     def _fp8_saturated(self, step, si, worker, rel) -> pa.Array:
         """Sampled steps' saturated fraction (null elsewhere and without static scales); ``si`` per step,
