@@ -10,6 +10,7 @@ plotly.js the plotly package ships, served by the app at /static/plotly.min.js (
 from __future__ import annotations
 
 import html
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,7 @@ box-shadow:0 1px 2px #0002} h2{font-size:1.05rem;margin:.2rem 0 .6rem} table{bor
 td,th{border-bottom:1px solid #e3e6ea;padding:.25rem .6rem;text-align:left;vertical-align:top}
 td{max-width:36rem;overflow-wrap:anywhere} .muted{color:#6b7280}
 .on{color:#0a7a2f;font-weight:600} .off{color:#b42318;font-weight:600}
+form.range{margin:0 0 1rem;font-size:.9rem} form.range a{margin:0 .3rem}
 """
 
 
@@ -58,7 +60,7 @@ def table(rows: list[dict[str, Any]], columns: Iterable[str] | None = None, empt
         return f'<p class="muted">{esc(empty)}</p>'
     cols = list(columns or rows[0].keys())
     head = "".join(f"<th>{esc(c)}</th>" for c in cols)
-    body = "".join("<tr>" + "".join(f"<td>{_cell(r.get(c))}</td>" for c in cols) + "</tr>" for r in rows)
+    body = "".join("<tr>" + "".join(f"<td>{_cell(r.get(c), c)}</td>" for c in cols) + "</tr>" for r in rows)
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
@@ -77,11 +79,59 @@ def session_links(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                                      str(r["session_id"]))} for r in rows]
 
 
-def _cell(v: Any) -> str:
+def unit_of(column: str) -> str:
+    """The unit a column's name implies (``*_ms``, ``*_bytes``, ``fps``, ``share``/``frac``/``rate``, ...)."""
+    c = column.lower()
+    for suffix, unit in (("_ms", "ms"), ("_s", "s"), ("_bytes", "bytes"), ("_w", "W"), ("_mhz", "MHz"),
+                         ("_mj", "mJ"), ("_c", "°C")):
+        if c.endswith(suffix):
+            return unit
+    if "fps" in c and not c.startswith(("frac", "le_", "n_")):
+        return "fps"
+    if any(w in c for w in ("share", "frac", "rate", "ratio", "change", "effect")) or c.startswith("le_"):
+        return "ratio"
+    return ""
+
+
+def human(v: Any, unit: str = "") -> str:
+    """The one number formatter of the dashboards and reports: a value in its unit, scaled for reading
+    (166.7 ms, 1.5 s, 3.2 GiB, 1.98 GHz, 2.4 %, 23.9 fps)."""
+    if v is None:
+        return ""
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return str(v)
+    x = float(v)
+    if not math.isfinite(x):
+        return "n/a"
+    if unit == "ms":
+        return f"{x / 1000:.3g} s" if abs(x) >= 10_000 else f"{x:.4g} ms"
+    if unit == "s":
+        return f"{x * 1000:.3g} ms" if abs(x) < 1 else (f"{x:.4g} s" if abs(x) < 600 else f"{x / 60:.3g} min")
+    if unit == "bytes":
+        for i, name in enumerate(("B", "KiB", "MiB", "GiB", "TiB")):
+            if abs(x) < 1024 ** (i + 1) or name == "TiB":
+                return f"{x / 1024**i:.3g} {name}" if i else f"{int(x)} B"
+    if unit == "MHz":
+        return f"{x / 1000:.3g} GHz" if abs(x) >= 1000 else f"{x:.4g} MHz"
+    if unit == "mJ":
+        return f"{x / 1000:.3g} J" if abs(x) >= 1000 else f"{x:.4g} mJ"
+    if unit == "ratio":
+        return f"{x * 100:.3g} %"
+    if unit in ("fps", "W", "°C"):
+        return f"{x:.3g} {unit}" if unit != "fps" else f"{x:.4g} fps"
+    return f"{x:.4g}" if isinstance(v, float) else str(v)
+
+
+# plotly axis formats per unit (the same units as ``human``)
+_AXIS = {"ms": {"ticksuffix": " ms"}, "ratio": {"tickformat": ".1%"}, "fps": {"ticksuffix": " fps"},
+         "W": {"ticksuffix": " W"}, "MHz": {"ticksuffix": " MHz"}, "bytes": {"tickformat": ".3s", "ticksuffix": "B"}}
+
+
+def _cell(v: Any, column: str = "") -> str:
     if isinstance(v, bool):
         return f'<span class="{"on" if v else "off"}">{"on" if v else "off"}</span>'
-    if isinstance(v, float):
-        return esc(f"{v:.4g}")
+    if isinstance(v, float) or (isinstance(v, int) and unit_of(column) in ("bytes", "ms")):
+        return esc(human(v, unit_of(column)))
     if isinstance(v, Link):
         return f'<a href="{esc(v.href)}">{esc(v.text)}</a>'
     return esc(v)
@@ -180,3 +230,70 @@ def fig_fp8_steps(x: list, y: list[float], saturated_above: float) -> go.Figure:
                             "steps)", xaxis_title="step",
                       yaxis={"title": "fraction", "exponentformat": "e", "rangemode": "tozero"}, showlegend=False)
     return fig
+
+
+# -- time series, their annotations, the range picker -------------------------------------------------
+
+_MARK_COLORS = {"rollout": "#1f4fd1", "switch": "#b45309", "incident_open": "#b42318", "incident_close": "#0a7a2f"}
+
+
+def add_marks(fig: go.Figure, marks: list, xs: Any = None) -> go.Figure:
+    """Vertical lines (shape ``name`` = the mark's kind) with their text, for events on a time (or step)
+    axis; ``marks`` are ``api.timeseries.Mark`` or (x, kind, text) tuples."""
+    for i, m in enumerate(marks):
+        x, kind, text = (m.ts, m.kind, m.text) if hasattr(m, "ts") else m
+        color = _MARK_COLORS.get(kind, "#6b7280")
+        fig.add_shape(type="line", x0=x, x1=x, yref="paper", y0=0, y1=1, name=kind,
+                      line={"color": color, "width": 1, "dash": "dot"})
+        fig.add_annotation(x=x, yref="paper", y=1 - 0.07 * (i % 4), text=esc(text)[:80], showarrow=False,
+                           xanchor="left", font={"size": 10, "color": color}, name=kind)
+    return fig
+
+
+def add_threshold(fig: go.Figure, y: float, label: str) -> go.Figure:
+    fig.add_shape(type="line", xref="paper", x0=0, x1=1, y0=y, y1=y, name="threshold",
+                  line={"color": "#b42318", "width": 1.5, "dash": "dash"})
+    fig.add_annotation(xref="paper", x=0, y=y, text=esc(label), showarrow=False, yanchor="bottom", xanchor="left",
+                       font={"size": 10, "color": "#b42318"}, name="threshold")
+    return fig
+
+
+def fig_timeseries(df: pl.DataFrame, series, marks: list) -> go.Figure:
+    """One line per release and plotted column of ``series`` (api.timeseries.Series) over days, the
+    series' threshold line, and the marks; hover text in human units."""
+    fig = go.Figure()
+    if df.height:
+        for (rel,), g in df.sort("day").group_by(["release"], maintain_order=True):
+            for col in series.columns:
+                ys = g[col].to_list()
+                fig.add_trace(go.Scatter(
+                    x=g["day"].to_list(), y=ys, mode="lines+markers", name=f"{rel} {col}" if len(series.columns) > 1
+                    else str(rel), text=[human(v, series.unit) for v in ys],
+                    hovertemplate="%{x|%Y-%m-%d}: %{text}<extra>%{fullData.name}</extra>"))
+    if series.threshold is not None:
+        add_threshold(fig, series.threshold, series.threshold_label)
+    add_marks(fig, marks)
+    fig.update_layout(title=series.title, yaxis={"rangemode": "tozero", **_AXIS.get(series.unit, {})},
+                      xaxis={"type": "date"}, legend={"orientation": "h"})
+    return fig
+
+
+RANGES = (("24 h", 1), ("7 d", 7), ("28 d", 28), ("56 d", 56), ("90 d", 90))
+
+
+def range_picker(path: str, start, end, params: dict[str, Any] | None = None) -> str:
+    """A time-range form (start / end, UTC) with preset links ending now; other query parameters kept."""
+    from datetime import UTC, datetime, timedelta
+    from urllib.parse import urlencode
+
+    keep = {k: v for k, v in (params or {}).items() if v not in (None, "") and k not in ("start", "end")}
+    now = datetime.now(UTC).replace(second=0, microsecond=0) + timedelta(minutes=5)
+    links = " ".join(
+        f'<a href="{esc(path)}?{esc(urlencode({**keep, "start": (now - timedelta(days=d)).isoformat(), "end": now.isoformat()}))}">'
+        f"{esc(label)}</a>" for label, d in RANGES)
+    hidden = "".join(f'<input type="hidden" name="{esc(k)}" value="{esc(v)}">' for k, v in keep.items())
+    fmt = "%Y-%m-%dT%H:%M"
+    return (f'<form class="range" method="get" action="{esc(path)}">range (UTC): '
+            f'<input type="datetime-local" name="start" value="{start:{fmt}}"> to '
+            f'<input type="datetime-local" name="end" value="{end:{fmt}}"> {hidden}'
+            f'<button type="submit">show</button> <span class="muted">last</span> {links}</form>')

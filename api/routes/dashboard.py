@@ -1,10 +1,13 @@
 """Dashboard pages (HTML, plotly) and the plotly.js they load, served locally (no network).
 
-    /dashboard/                 fleet overview: fps fractions per week and release, FP8 saturation per release
-                                x GPU kind, switch state
-    /dashboard/releases         release comparison: per-session distributions per release
+    /dashboard/                 fleet overview: step period p50/p99, late chunks and fps fractions per day (with
+                                rollouts, switch changes, incidents and the deadline drawn on them), fps fractions
+                                per week and release, FP8 saturation per release x GPU kind, switch state
+    /dashboard/releases         release comparison (default: the newest release against the one rolled out before
+                                it), the same time series for the two, per-session distributions per release
     /dashboard/sessions         sessions: the fps histogram and the slowest sessions (links)
-    /dashboard/sessions/{id}    one session: step time, upkeep, memory, sampled FP8 saturation per step, events
+    /dashboard/sessions/{id}    one session: step time against the deadline with its switch changes, GPU samples
+                                (power, SM clock, throttle reasons), memory, sampled FP8 saturation per step, events
     /dashboard/memory           memory against distinct shapes (the August leak's signature)
     /dashboard/findings         findings of every kind
     /dashboard/switches         switch rules, canaries and the audit trail
@@ -41,6 +44,22 @@ def dashboard_root() -> RedirectResponse:
     return RedirectResponse("/dashboard/")
 
 
+def timeseries_sections(store, tr: TimeRange, gpu_kind: str | None, releases: list[str] | None, prefix: str) -> list[str]:
+    """One chart per ``api.timeseries.SERIES`` (per day and release) with the rollouts, switch changes
+    and incidents of the range drawn on it, and the deadline on the step-period chart."""
+    from api import timeseries as ts
+
+    marks = ts.annotations(store, tr.start, tr.end, releases)
+    out = []
+    for s in ts.SERIES:
+        df = ts.series_frame(store, s, tr.start, tr.end, gpu_kind=gpu_kind, releases=releases)
+        out.append(d.section(s.title, d.chart(d.fig_timeseries(df, s, marks), f"{prefix}-{s.name}", 340),
+                             note="dotted lines: release rollouts (blue), switch changes (orange), incidents "
+                                  "opened (red) and closed (green)" if marks else "no rollout, switch change or "
+                                  "incident in this range"))
+    return out
+
+
 @router.get("/dashboard/", response_class=HTMLResponse)
 def fleet_page(store: StoreDep, tr: TimeRangeDep, gpu_kind: Label = None) -> str:
     weeks = qr.fps_table(store, tr.start, tr.end, ["week", "release"], gpu_kind=gpu_kind)
@@ -51,6 +70,8 @@ def fleet_page(store: StoreDep, tr: TimeRangeDep, gpu_kind: Label = None) -> str
     fig_kind = d.fig_counts(kinds["gpu_kind"].to_list() if kinds.height else [],
                             kinds["mean_fps"].to_list() if kinds.height else [], "mean session fps per GPU kind")
     return d.page("Fleet overview", [
+        d.range_picker("/dashboard/", tr.start, tr.end, {"gpu_kind": gpu_kind}),
+        *timeseries_sections(store, tr, gpu_kind, None, "fleet"),
         d.section("Sessions at or below 24 fps, per week and release",
                   d.chart(d.fig_fps_weeks(weeks, "frac_le_24fps", "fraction of sessions <= 24 fps"), "fps-weeks"),
                   note=f"sessions that streamed >= 1 s, {tr.start:%Y-%m-%d} to {tr.end:%Y-%m-%d}"),
@@ -102,10 +123,13 @@ def fp8_saturation_section(store, tr: TimeRange, gpu_kind: str | None) -> str:
 @router.get("/dashboard/releases", response_class=HTMLResponse)
 def releases_page(store: StoreDep, tr: TimeRangeDep, gpu_kind: Label = None, baseline: Label = None,
                   candidate: Label = None) -> str:
+    from api.timeseries import default_pair
+
     df = qr.sessions_in(store, tr.start, tr.end, gpu_kind=gpu_kind)
     seen = sorted(set(df["release"].to_list())) if df.height else []
-    base = baseline or (seen[-2] if len(seen) >= 2 else None)
-    cand = candidate or (seen[-1] if seen else None)
+    by_rollout = default_pair(store, tr.end, seen)  # the newest release and the one rolled out before it
+    cand = candidate or by_rollout[1]
+    base = baseline or (by_rollout[0] if cand == by_rollout[1] else None)
     compare_rows = []
     per_metric = {m.value: {r["release"]: r for r in qr.quantile_rows(df, m.value)} for m in qr.Metric}
     if base and cand:
@@ -113,9 +137,13 @@ def releases_page(store: StoreDep, tr: TimeRangeDep, gpu_kind: Label = None, bas
             b, c = by.get(base), by.get(cand)
             compare_rows.append({"metric": m, f"{base} p50": b and b["p50"], f"{cand} p50": c and c["p50"],
                                  "median change": (c["p50"] / b["p50"] - 1) if b and c and b["p50"] else None})
-    sections = [d.section(f"{cand} against {base}" if base and cand else "Comparison",
+    sections = [d.range_picker("/dashboard/releases", tr.start, tr.end,
+                               {"gpu_kind": gpu_kind, "baseline": baseline, "candidate": candidate}),
+                d.section(f"{cand} against {base}" if base and cand else "Comparison",
                           d.table(compare_rows, empty="needs two releases with sessions in the range"),
-                          note="choose with ?baseline=&candidate=; medians of per-session values")]
+                          note="choose with ?baseline=&candidate=; by default the newest release against the "
+                               "one rolled out before it; medians of per-session values"),
+                *timeseries_sections(store, tr, gpu_kind, [r for r in (base, cand) if r] or None, "release")]
     for i, m in enumerate(qr.Metric):
         qrows = list(per_metric[m.value].values())
         sections.append(d.section(m.value, d.chart(d.fig_quantiles(qrows, m.value), f"dist-{i}", 320)
@@ -155,16 +183,57 @@ def session_page(store: StoreDep, session_id: Annotated[str, Path(min_length=1, 
     def col(c: str) -> list:
         return steps[c].to_list() if steps.height else []
 
+    from api import timeseries as ts
+
     times = d.fig_series(x, {"step period": col("step_period_ms"), "diffusion": col("diffusion_ms"),
                              "cache upkeep": col("cache_upkeep_ms")}, "step time", "ms")
+    d.add_threshold(times, ts.DEADLINE_MS, "deadline 166.7 ms")
+    changes = ts.session_switch_changes(steps)
+    d.add_marks(times, [(step, "switch", f"switches {what}") for step, what in changes])
+    times.update_layout(yaxis={"ticksuffix": " ms", "rangemode": "tozero"})
     mem = d.fig_series(x, {"reserved": [v / 2**30 for v in col("mem_reserved_bytes")],
                            "allocated": [v / 2**30 for v in col("mem_allocated_bytes")]}, "memory", "GiB")
     return d.page(f"Session {session_id}", [
-        d.section("Step time", d.chart(times, "session-times")),
+        d.section("Step time", d.chart(times, "session-times"),
+                  note=f"{len(changes)} switch change(s) in this session; the dashed line is the 166.7 ms deadline"),
+        session_gpu_section(store, session_id),
         d.section("Memory", d.chart(mem, "session-memory")),
         session_fp8_section(steps),
         d.section("Events", d.table(qr.rows(events), empty="no events")),
     ])
+
+
+def session_gpu_section(store, session_id: str) -> str:
+    """The session's NVML samples: power and SM clock over time, throttle reasons where any was set."""
+    import plotly.graph_objects as go
+
+    from api import timeseries as ts
+
+    title = "GPU (NVML samples)"
+    df = ts.session_gpu_samples(store, session_id)
+    if df.height == 0:
+        return d.section(title, '<p class="muted">No GPU samples for this session: it ran on a CPU, without NVML '
+                                "(no driver), or its worker sent none.</p>")
+    fig = go.Figure()
+    for (gpu,), g in df.group_by(["gpu_index"], maintain_order=True):
+        fig.add_trace(go.Scatter(x=g["ts"].to_list(), y=g["power_w"].to_list(), mode="lines", name=f"GPU {gpu} power",
+                                 text=[d.human(v, "W") for v in g["power_w"].to_list()], hovertemplate="%{text}"))
+        fig.add_trace(go.Scatter(x=g["ts"].to_list(), y=g["sm_clock_mhz"].to_list(), mode="lines", yaxis="y2",
+                                 name=f"GPU {gpu} SM clock", text=[d.human(v, "MHz") for v in g["sm_clock_mhz"].to_list()],
+                                 hovertemplate="%{text}", line={"dash": "dot"}))
+        hit = g.filter(pl.col("throttle_reasons").fill_null(0) > 1)  # 1 = idle only: not a slowdown
+        if hit.height:
+            fig.add_trace(go.Scatter(x=hit["ts"].to_list(), y=hit["power_w"].to_list(), mode="markers",
+                                     name=f"GPU {gpu} throttled", marker={"symbol": "x", "size": 8, "color": "#b42318"},
+                                     text=[ts.throttle_names(int(b)) for b in hit["throttle_reasons"].to_list()],
+                                     hovertemplate="%{x}: %{text}<extra>throttle reasons</extra>"))
+    fig.update_layout(title="power and SM clock; x: clock event (throttle) reasons", xaxis={"type": "date"},
+                      yaxis={"title": "power", "ticksuffix": " W", "rangemode": "tozero"},
+                      yaxis2={"title": "SM clock", "ticksuffix": " MHz", "overlaying": "y", "side": "right",
+                              "rangemode": "tozero"}, legend={"orientation": "h"})
+    reasons = sorted({ts.throttle_names(int(b)) for b in df["throttle_reasons"].drop_nulls().to_list() if b and b > 1})
+    return d.section(title, d.chart(fig, "session-gpu", 320),
+                     note=f"{df.height} samples; throttle reasons seen: {'; '.join(reasons) or 'none'}")
 
 
 def session_fp8_section(steps: pl.DataFrame) -> str:
