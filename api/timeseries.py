@@ -112,46 +112,56 @@ def _tables(store) -> set[str]:
     return {r[0] for r in store.query_rows("SELECT name FROM system.tables WHERE database = currentDatabase()")}
 
 
+# Each returns (time, text) for one kind of mark in [{s}, {e}); the incidents table, where it exists,
+# replaces the critical findings (api/grafana.py uses these for its annotations too).
+_T = "{s:DateTime64(3, 'UTC')}", "{e:DateTime64(3, 'UTC')}"
+ANNOTATION_SQL: dict[str, str] = {
+    "rollout": "SELECT min(first_ts) AS time, concat('rollout ', release) AS text FROM session_stats "
+               f"GROUP BY release HAVING time >= {_T[0]} AND time < {_T[1]} ORDER BY time LIMIT 200",
+    "switch": "SELECT ts AS time, concat(name, ' ', if(isNull(new_value), 'cleared', if(new_value, 'on', 'off')), "
+              "' (', if(scope = '', 'fleet', scope), ') by ', actor) AS text FROM switch_audit "
+              f"WHERE changed AND cohort = '' AND ts >= {_T[0]} AND ts < {_T[1]} ORDER BY ts LIMIT 200",
+    "incident_open": "SELECT first_seen AS time, concat('incident opened: ', kind, ' ', scope, "
+                     "if(attribution = '', '', concat(' (', attribution, ')'))) AS text FROM findings FINAL "
+                     f"WHERE severity = 'critical' AND first_seen >= {_T[0]} AND first_seen < {_T[1]} "
+                     "ORDER BY time LIMIT 200",
+    "incident_close": "SELECT updated_at AS time, concat('incident closed: ', kind, ' ', scope, "
+                      "if(attribution = '', '', concat(' (', attribution, ')'))) AS text FROM findings FINAL "
+                      f"WHERE severity = 'critical' AND status = 'resolved' AND updated_at >= {_T[0]} "
+                      f"AND updated_at < {_T[1]} ORDER BY time LIMIT 200",
+}
+
+
+def _incident_sql(store) -> dict[str, str]:
+    """The incidents table's open / close marks, where that table exists (its time columns by name)."""
+    cols = {r[0] for r in store.query_rows("SELECT name FROM system.columns WHERE database = currentDatabase() "
+                                           "AND table = 'incidents'")}
+    label = next((c for c in ("title", "kind", "id") if c in cols), None)
+    out = {}
+    for kind, names, verb in (("incident_open", ("opened_at", "first_seen", "started_at"), "opened"),
+                              ("incident_close", ("closed_at", "resolved_at"), "closed")):
+        col = next((c for c in names if c in cols), None)
+        if col and label:
+            out[kind] = (f"SELECT {col} AS time, concat('incident {verb}: ', toString({label})) AS text FROM incidents "
+                         f"FINAL WHERE {col} IS NOT NULL AND {col} >= {_T[0]} AND {col} < {_T[1]} ORDER BY time LIMIT 200")
+    return out
+
+
 def annotations(store, start: datetime, end: datetime, releases: list[str] | None = None) -> list[Mark]:
     """Release rollouts, switch changes (applied decisions of the control plane) and incidents opened /
-    closed in [start, end): from the incidents table where it exists, else critical findings."""
-    p = {"s": start, "e": end}
-    marks = [Mark(t, "rollout", f"rollout {r}") for r, t in releases_by_rollout(store, end)
-             if t >= start and (not releases or r in releases)]
-    for ts, name, scope, new, actor in store.query_rows(
-            "SELECT ts, name, scope, new_value, actor FROM switch_audit WHERE changed AND cohort = '' "
-            "AND ts >= {s:DateTime64(3, 'UTC')} AND ts < {e:DateTime64(3, 'UTC')} ORDER BY ts LIMIT 200", p):
-        state = "on" if new else ("off" if new is not None else "cleared")
-        marks.append(Mark(_utc(ts), "switch", f"{name} {state} ({scope or 'fleet'}) by {actor}"))
-    tables = _tables(store)
-    if "incidents" in tables:
-        cols = {r[0] for r in store.query_rows("SELECT name FROM system.columns WHERE database = currentDatabase() "
-                                               "AND table = 'incidents'")}
-        opened = next((c for c in ("opened_at", "first_seen", "started_at") if c in cols), None)
-        closed = next((c for c in ("closed_at", "resolved_at") if c in cols), None)
-        label = next((c for c in ("kind", "title", "id") if c in cols), None)
-        if opened and label:
-            for ts, text in store.query_rows(
-                    f"SELECT {opened}, toString({label}) FROM incidents FINAL WHERE {opened} >= {{s:DateTime64(3, 'UTC')}} "
-                    f"AND {opened} < {{e:DateTime64(3, 'UTC')}} ORDER BY {opened} LIMIT 200", p):
-                marks.append(Mark(_utc(ts), "incident_open", f"incident opened: {text}"))
-        if closed and label:
-            for ts, text in store.query_rows(
-                    f"SELECT {closed}, toString({label}) FROM incidents FINAL WHERE {closed} IS NOT NULL AND "
-                    f"{closed} >= {{s:DateTime64(3, 'UTC')}} AND {closed} < {{e:DateTime64(3, 'UTC')}} "
-                    f"ORDER BY {closed} LIMIT 200", p):
-                marks.append(Mark(_utc(ts), "incident_close", f"incident closed: {text}"))
-    else:
-        for first, updated, status, kind, scope, attribution in store.query_rows(
-                "SELECT first_seen, updated_at, status, kind, scope, attribution FROM findings FINAL "
-                "WHERE severity = 'critical' AND updated_at >= {s:DateTime64(3, 'UTC')} "
-                "AND first_seen < {e:DateTime64(3, 'UTC')} ORDER BY first_seen LIMIT 200", p):
-            what = f"{kind} {scope}" + (f" ({attribution})" if attribution else "")
-            first, updated = _utc(first), _utc(updated)
-            if first >= start:
-                marks.append(Mark(first, "incident_open", f"incident opened: {what}"))
-            if status == "resolved" and updated < end:
-                marks.append(Mark(updated, "incident_close", f"incident closed: {what}"))
+    closed in [start, end) (``releases``: only their rollouts)."""
+    sqls = dict(ANNOTATION_SQL)
+    if "incidents" in _tables(store):
+        incident = _incident_sql(store)
+        if incident:
+            sqls.pop("incident_open"), sqls.pop("incident_close")
+            sqls.update(incident)
+    marks = []
+    for kind, sql in sqls.items():
+        for t, text in store.query_rows(sql, {"s": start, "e": end}):
+            if kind == "rollout" and releases and text.removeprefix("rollout ") not in releases:
+                continue
+            marks.append(Mark(_utc(t), kind, text))
     return sorted(marks, key=lambda m: m.ts)
 
 
