@@ -1,4 +1,4 @@
-"""Change points in daily series: E-Divisive means with a minimum segment length and a noise floor.
+"""Change points in daily series, judged as Apache Otava judges them, plus a floor in the metric's units.
 
     change_points([1.0] * 10 + [2.0] * 10)                 # -> [ChangePoint(index=10, ...)]
     rows = run(store, start, end)                           # findings rows (kind='changepoint')
@@ -7,10 +7,19 @@ Method: E-Divisive with means (Matteson & James, "A Nonparametric Approach for M
 Point Analysis of Multivariate Data", JASA 2014), as used by MongoDB's signal-processing-algorithms
 and Apache Otava (Fleming et al., "Hunter: Using Change Point Detection to Hunt for Performance
 Regressions", ICPE 2023). We call Otava's maintained implementation
-(``otava.analysis.compute_change_points``), then keep only change points that leave at least
-``min_segment`` points on each side and whose relative change of the segment means exceeds
-max(``min_magnitude``, ``noise_k`` x the series' own noise) — the day-to-day spread of the values
-within their segments, i.e. the metric's measured run-to-run noise.
+(``otava.analysis.compute_change_points``: split into windows, then merge by its t-test
+significance and its relative ``min_magnitude``) and keep Otava's significance as the test: a shift
+is real when Otava's t-test of the two segments says so (p < ``max_pvalue``), which already weighs
+it against the standard error of the segment means. Two filters are ours, both documented floors,
+neither a second noise test:
+
+- ``min_segment``: at least that many points (days) on each side of a change;
+- ``min_effect``: the change of the segment means must exceed this, in the metric's own units
+  (``DAILY_METRICS``: the smallest change worth a finding, e.g. 1 ms of step time).
+
+(livestep once also required 3 x the spread of individual points: with daily medians of ~56
+sessions that is ~7 x the noise of a segment mean, and it dropped real 2-4% steps that Otava finds
+at p < 0.001.) With ``min_segment=1`` and ``min_effect=0`` the answers are Otava's own.
 """
 
 from __future__ import annotations
@@ -22,22 +31,26 @@ from datetime import datetime, timedelta
 
 import numpy as np
 import polars as pl
-from otava.analysis import compute_change_points
+from otava.analysis import TTestSignificanceTester, compute_change_points
 
 from analytics import queries
 from analytics.findings import finding
 
-# Daily series the change-point pass watches: metric -> (per-session column, aggregate, floor)
+# Daily series the change-point pass watches: metric -> (per-session column, aggregate, effect floor in
+# the metric's units: the smallest change of the segment means worth a finding)
 DAILY_METRICS: dict[str, tuple[str, str, float]] = {
-    "step_period_ms_p50": ("step_period_ms", "median", 0.03),
-    "diffusion_ms_p50": ("diffusion_ms", "median", 0.03),
-    "cache_upkeep_ms_p50": ("upkeep_ms", "median", 0.10),
-    "energy_per_chunk_mj_p50": ("energy_per_chunk_mj", "median", 0.03),
-    "late_chunk_rate": ("late_rate", "mean", 0.5),
+    "step_period_ms_p50": ("step_period_ms", "median", 1.5),  # ms: ~1% of a step (0.9% of the 166.7 ms budget)
+    "diffusion_ms_p50": ("diffusion_ms", "median", 1.5),  # ms: ~1% of the diffusion
+    "cache_upkeep_ms_p50": ("upkeep_ms", "median", 0.1),  # ms: ~1.2% of a healthy ~8.5 ms mean upkeep
+    "energy_per_chunk_mj_p50": ("energy_per_chunk_mj", "median", 4000.0),  # mJ: ~1% of a 4-GPU chunk
+    "late_chunk_rate": ("late_rate", "mean", 0.005),  # share: half a point of chunks late
 }
-RATE_SHIFT = 0.01  # added to "mean" (rate) series before judging: a change near zero counts relative to 1%
+# Why floors at ~1%: a fleet's day-level spread (load, thermals) moves every session of a day together;
+# three days 1% apart are significant to a t-test yet not a regression anyone would act on.
 MIN_SEGMENT_DAYS = 3
 MIN_SESSIONS_PER_DAY = 20
+MAX_PVALUE = 0.001
+CRITICAL_REL_CHANGE = 0.10  # a change of the means by 10% or more is critical, less a warning
 
 
 @dataclass(frozen=True)
@@ -46,55 +59,59 @@ class ChangePoint:
     mean_before: float
     mean_after: float
     rel_change: float  # mean_after / mean_before - 1
-    threshold: float  # the relative change it had to exceed
-    p_value: float
-
-
-def segment_noise(series: np.ndarray, indexes: Sequence[int]) -> float:
-    """Pooled within-segment standard deviation, relative to the series' mean level."""
-    bounds = [0, *indexes, len(series)]
-    resid = np.concatenate([series[a:b] - series[a:b].mean() for a, b in itertools.pairwise(bounds) if b > a])
-    dof = max(len(series) - len(bounds) + 1, 1)
-    level = float(np.mean(np.abs(series))) or 1.0
-    return float(np.sqrt(np.sum(resid**2) / dof) / level)
+    threshold: float  # the absolute change of the means it had to exceed (min_effect)
+    p_value: float  # Otava's t-test of the two segments
+    stderr: float = 0.0  # standard error of the difference of the segment means (evidence)
 
 
 def change_points(
     series: Sequence[float],
     *,
     min_segment: int = MIN_SEGMENT_DAYS,
-    max_pvalue: float = 0.001,
+    max_pvalue: float = MAX_PVALUE,
     min_magnitude: float = 0.0,
-    noise_k: float = 3.0,
-    noise: float | None = None,
+    min_effect: float = 0.0,
     window_len: int = 50,
 ) -> list[ChangePoint]:
-    """Change points of one series (E-Divisive means via Otava), filtered by segment length and noise.
-
-    ``noise``: the metric's relative run-to-run noise if measured elsewhere; by default the pooled
-    within-segment spread of this series.
-    """
+    """Change points of one series: Otava's (``window_len``, ``max_pvalue``, relative
+    ``min_magnitude``: Otava's parameters), then at least ``min_segment`` points per segment and a
+    change of the means beyond ``min_effect`` (the series' units). A change our filters drop merges
+    its two segments, so its neighbours are re-measured with Otava's own t-test (as Otava's merge
+    step does) and dropped in turn if no longer significant."""
     x = np.asarray(series, dtype=float)
-    if len(x) < 2 * min_segment:
+    if len(x) < 2 * min_segment or len(x) < 2:
         return []
-    found, _ = compute_change_points(list(x), window_len=window_len, max_pvalue=max_pvalue)
-    pvals = {int(c.index): float(c.stats.pvalue) for c in found}
+    found, _ = compute_change_points(list(x), window_len=window_len, max_pvalue=max_pvalue,
+                                     min_magnitude=min_magnitude)
     kept: list[int] = []
-    for i in sorted(pvals):
+    for i in sorted(int(c.index) for c in found):
         if i - (kept[-1] if kept else 0) >= min_segment and len(x) - i >= min_segment:
             kept.append(i)
-    while True:  # drop the weakest change below the noise floor, re-measure, repeat
-        lvl_noise = segment_noise(x, kept) if noise is None else noise
-        threshold = max(min_magnitude, noise_k * lvl_noise)
+    tester = TTestSignificanceTester(max_pvalue)
+    while True:  # re-measure (Otava's t-test) after each drop; drop the weakest that fails, repeat
         bounds = [0, *kept, len(x)]
-        means = [x[a:b].mean() for a, b in itertools.pairwise(bounds)]
-        changes = [(means[k + 1] / means[k] - 1.0) if means[k] else np.inf for k in range(len(kept))]
-        weak = [k for k, c in enumerate(changes) if abs(c) <= threshold]
+        segs = [x[a:b] for a, b in itertools.pairwise(bounds)]
+        means = [float(v.mean()) for v in segs]
+        deltas = [means[k + 1] - means[k] for k in range(len(kept))]
+        pvals = {i: float(tester.compare(segs[k], segs[k + 1]).pvalue) for k, i in enumerate(kept)}
+        weak = [k for k, i in enumerate(kept) if pvals[i] >= max_pvalue]
+        if weak:  # Otava's merge order: the least significant first
+            kept.pop(max(weak, key=lambda k: pvals[kept[k]]))
+            continue
+        weak = [k for k, d in enumerate(deltas) if abs(d) <= min_effect]
         if not weak:
             break
-        kept.pop(min(weak, key=lambda k: abs(changes[k])))
+        kept.pop(min(weak, key=lambda k: abs(deltas[k])))
+
+    def se(k: int) -> float:
+        a, b = segs[k], segs[k + 1]
+        va = a.var(ddof=1) / len(a) if len(a) > 1 else 0.0
+        vb = b.var(ddof=1) / len(b) if len(b) > 1 else 0.0
+        return float(np.sqrt(va + vb))
+
     return [
-        ChangePoint(i, float(means[k]), float(means[k + 1]), float(changes[k]), threshold, pvals[i])
+        ChangePoint(i, means[k], means[k + 1], (means[k + 1] / means[k] - 1.0) if means[k] else float("inf"),
+                    min_effect, pvals[i], se(k))
         for k, i in enumerate(kept)
     ]
 
@@ -121,12 +138,10 @@ def run(store, start: datetime, end: datetime) -> list[dict]:
     for (gpu_kind,), g in daily.group_by("gpu_kind", maintain_order=True):
         g = g.filter(pl.col("sessions") >= MIN_SESSIONS_PER_DAY).sort("day")
         days = g["day"].to_list()
-        for metric, (_, how, floor) in DAILY_METRICS.items():
+        for metric, (_, _how, floor) in DAILY_METRICS.items():
             values = g[metric].fill_null(0.0).to_numpy()
-            shift = RATE_SHIFT if how == "mean" else 0.0  # rates near zero: judged as relative to 1%
-            values = values + shift
-            for cp in change_points(values, min_magnitude=floor):
-                if cp.rel_change <= 0:  # an improvement is not a regression finding
+            for cp in change_points(values, min_effect=floor):
+                if cp.mean_after <= cp.mean_before:  # an improvement is not a regression finding
                     continue
                 before = g["releases"][: cp.index].explode().value_counts(normalize=True)
                 after = g["releases"][cp.index :].explode().value_counts(normalize=True)
@@ -143,17 +158,19 @@ def run(store, start: datetime, end: datetime) -> list[dict]:
                         metric,
                         days[cp.index],
                         days[cp.index] + timedelta(days=1),
-                        value=cp.mean_after - shift,  # the series' own means (the shift only judged)
-                        baseline=cp.mean_before - shift,
+                        value=cp.mean_after,
+                        baseline=cp.mean_before,
                         effect=cp.rel_change,
                         confidence=1.0 - cp.p_value,
-                        severity="critical" if cp.rel_change > 3 * cp.threshold else "warning",
+                        severity="critical" if cp.rel_change >= CRITICAL_REL_CHANGE else "warning",
                         evidence={
                             "method": "E-Divisive means (Matteson & James 2014) via otava.analysis.compute_change_points",
-                            "threshold": cp.threshold,
+                            "p_value": cp.p_value,
+                            "effect_floor": cp.threshold,
+                            "stderr_of_means": cp.stderr,
                             "min_segment_days": MIN_SEGMENT_DAYS,
                             "series_days": [d.date().isoformat() for d in days],
-                            "series": (values - shift).tolist(),
+                            "series": values.tolist(),
                             "release_share_change": mix,
                             "release_gaining": max(mix, key=mix.get) if mix else "",
                         },
