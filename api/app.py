@@ -33,8 +33,8 @@ from fastapi_offline import FastAPIOffline
 import api.routes
 from api.settings import Settings, load_settings
 from collector.migrations import SchemaError, ensure_current
-from collector.version import __version__
 from collector.store import Store, open_store
+from collector.version import __version__
 
 log = logging.getLogger("livestep.api")
 

@@ -26,8 +26,8 @@ from typing import Annotated
 
 from fastapi import Depends, Header, HTTPException, Request
 
-from api.settings import Settings, is_loopback
 from api.browser_auth import browser_reader, login_url, wants_html
+from api.settings import Settings, is_loopback
 from collector.auth import bearer_token, check_bearer
 from collector.store import Store
 

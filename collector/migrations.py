@@ -97,13 +97,15 @@ def statements(path: Path, cluster: str | None = None) -> list[str]:
 
 def _bookkeeping_ddl(cluster: str | None) -> list[str]:
     if cluster is None:
-        return [f"CREATE TABLE IF NOT EXISTS {TABLE} (name String, applied_at DateTime64(3, 'UTC') "
-                "DEFAULT now64(3)) ENGINE = ReplacingMergeTree ORDER BY name",
-                f"ALTER TABLE {TABLE} ADD COLUMN IF NOT EXISTS layout LowCardinality(String) DEFAULT '{SINGLE}'"]
-    return [f"CREATE TABLE IF NOT EXISTS {TABLE} ON CLUSTER '{cluster}' (name String, applied_at "
-            f"DateTime64(3, 'UTC') DEFAULT now64(3), layout LowCardinality(String) DEFAULT '{SINGLE}') "
-            "ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/all/{database}/{table}', '{replica}') "
-            "ORDER BY name"]
+        create = (f"CREATE TABLE IF NOT EXISTS {TABLE} (name String, applied_at DateTime64(3, 'UTC') "
+                  "DEFAULT now64(3)) ENGINE = ReplacingMergeTree ORDER BY name")
+        add_layout = f"ALTER TABLE {TABLE} ADD COLUMN IF NOT EXISTS layout LowCardinality(String) DEFAULT '{SINGLE}'"
+        return [create, add_layout]
+    # replicated to every node (no {shard}), like the other control-plane tables of sql/cluster/
+    return [(f"CREATE TABLE IF NOT EXISTS {TABLE} ON CLUSTER '{cluster}' (name String, applied_at "
+             f"DateTime64(3, 'UTC') DEFAULT now64(3), layout LowCardinality(String) DEFAULT '{SINGLE}') "
+             "ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/all/{database}/{table}', '{replica}') "
+             "ORDER BY name")]
 
 
 def applied(store: Store) -> dict[str, str]:

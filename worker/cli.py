@@ -12,6 +12,7 @@ down costs records (dropped and counted in the summary), never the session.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import runpy
@@ -61,9 +62,8 @@ def register(subparsers) -> None:
 
 def cmd_run(args) -> int:
     from worker.config import ModelShape, Switches, parse_switch_args
-    from worker.session import Worker
-
     from worker.device import check_device
+    from worker.session import Worker
 
     ModelShape.from_name(args.preset)  # a clear error before torch spins up
     check_device(args.device)
@@ -101,6 +101,11 @@ def cmd_bench(args) -> int:
     script = Path(__file__).resolve().parents[1] / "bench" / "worker_step.py"
     if not script.is_file():
         raise BenchError(f"{script} is not here: bench/ ships with a source checkout of livestep, not in the wheel")
+    from worker.device import check_device
+
+    device = argparse.ArgumentParser(add_help=False)
+    device.add_argument("--device")
+    check_device(device.parse_known_args(args.passthrough_args)[0].device)  # one line for cuda without CUDA
     sys.argv = [str(script), *args.passthrough_args]
     try:
         runpy.run_path(str(script), run_name="__main__")

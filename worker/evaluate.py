@@ -264,6 +264,9 @@ def cmd(args) -> int:
         except (OSError, ValueError) as e:
             raise EvaluateError(f"cannot read {args.from_}: {e}") from e
     else:
+        from worker.device import check_device
+
+        check_device(args.device)  # one line, not a traceback, for cuda on a machine without it
         judges = tuple(args.only) if args.only else ("teacher_forced", "free_running")
         result = evaluate(args.preset, args.device, args.switch, steps=args.steps, reruns=args.reruns,
                           drift_steps=args.drift_steps, judges=judges, metric=args.metric, truth=args.truth,

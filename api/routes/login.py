@@ -10,8 +10,8 @@ is followed only to a path of this site.
 
 from __future__ import annotations
 
-import html
 import hmac
+import html
 from urllib.parse import parse_qs
 
 from fastapi import APIRouter, Query, Request

@@ -53,7 +53,7 @@ def test_help_works(path, capsys):
 
 def test_worker_bench_help_is_the_bench_scripts():
     out = subprocess.run([sys.executable, "-m", "api.cli", "worker", "bench", "--help"], cwd=REPO,
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=120, check=False)
     assert out.returncode == 0, out.stderr
     assert "worker_step.py" in out.stdout and "--preset" in out.stdout
 
@@ -81,16 +81,18 @@ def test_unknown_argument_is_a_usage_error(capsys):
     assert e.value.code == 2 and "unrecognized arguments: --bogus" in capsys.readouterr().err
 
 
-def test_cuda_on_a_machine_without_it_is_one_line(capsys):
+@pytest.mark.parametrize("command", [["worker", "run", "--steps", "1"], ["worker", "bench", "--steps", "1"],
+                                     ["evaluate", "--steps", "2"]], ids=["worker run", "worker bench", "evaluate"])
+def test_cuda_on_a_machine_without_it_is_one_line(command, capsys):
     import torch
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    assert cli.main(["worker", "run", "--device", "cuda", "--steps", "1"]) == 2
+    assert cli.main([*command, "--device", "cuda"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "Traceback" not in err
     found = "a CPU build" if torch.version.cuda is None else "sees no GPU"
-    assert err.startswith("livestep worker: --device cuda asked") and found in err and torch.__version__ in err
+    assert err.startswith(f"livestep {command[0]}: --device cuda asked") and found in err and torch.__version__ in err
 
 
 def test_a_bad_device_name_names_the_valid_ones(capsys):

@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def livestep(*args: str, cwd) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "api.cli", *args], cwd=cwd, env=dict(os.environ, PYTHONPATH=str(REPO)),
-                          capture_output=True, text=True, timeout=180)
+                          capture_output=True, text=True, timeout=180, check=False)
 
 
 def tables(store) -> set[str]:

@@ -58,7 +58,7 @@ def test_the_wheel_ships_the_schema_and_declares_roles(wheel):
         for f in schema_files(cluster):
             assert f"collector/sql/{'cluster/' if cluster else ''}{f.name}" in names
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
-    requires = re.findall(r"^Requires-Dist: (.+)$", meta, re.M)
+    requires = re.findall(r"^Requires-Dist: (.+)$", meta, re.MULTILINE)
     torch = [r for r in requires if r.startswith("torch")]
     assert torch and all('extra == "worker"' in r for r in torch), torch
     assert all("extra ==" in r for r in requires if r.startswith(("chdb", "fastapi", "polars")))
@@ -93,7 +93,7 @@ def test_server_extra_installs_without_torch(venv, tmp_path):
     py = str(venv / "bin" / "python")
     probe = subprocess.run([py, "-c", "import importlib.util as u, collector, sys; "
                             "print(u.find_spec('torch') is None, u.find_spec('triton') is None, collector.__file__)"],
-                           cwd=tmp_path, env=_clean_env(), capture_output=True, text=True, timeout=60)
+                           cwd=tmp_path, env=_clean_env(), capture_output=True, text=True, timeout=60, check=False)
     no_torch, no_triton, where = probe.stdout.split()
     assert (no_torch, no_triton) == ("True", "True")
     assert where.startswith(str(venv)), where  # the installed package, not the repo
@@ -140,7 +140,7 @@ def test_migrate_serve_ingest_read_back(venv, tmp_path):
             assert time.monotonic() < deadline and proc.poll() is None, "server did not come up"
             time.sleep(0.2)
         ship = subprocess.run([str(venv / "bin" / "python"), "-c", CLIENT, base], cwd=tmp_path, env=_clean_env(),
-                              capture_output=True, text=True, timeout=120)
+                              capture_output=True, text=True, timeout=120, check=False)
         assert ship.stdout.split() == ["True", "0"], ship.stderr
         deadline = time.monotonic() + 30
         while True:
