@@ -4,8 +4,8 @@
     python bench/metrics_overhead.py                                       # CUDA: prod57b one TP=3 rank
 
 Alternating whole sessions of the real loop (``Worker.run_session``, all production switches of the
-preset, ``realtime=False``: flat out, so any cost shows in the period) on one model: "off" a worker with
-no metrics, "on" a worker with ``WorkerMetrics`` registered, its HTTP endpoint up, and a scraper
+preset, ``realtime=False``: flat out, so any cost shows in the period) on one worker: "off" with no
+metrics, "on" with ``WorkerMetrics`` observing the session, its HTTP endpoint up, and a scraper
 thread GETting ``/metrics`` (OpenMetrics) every ``--scrape-every`` seconds (1.0: the issue's rate).
 The order alternates per round. The figure is the median step period (wall time between chunk
 deliveries) over the steady steps (after the window fill and any graph capture), and the ratio on/off;
@@ -82,6 +82,7 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=4, help="on/off session pairs, order alternating")
     p.add_argument("--scrape-every", type=float, default=1.0, help="seconds between scrapes")
     p.add_argument("--switch", action="append", default=None, help="override the switches (NAME=on|off)")
+    p.add_argument("--warm", action="store_true", help="Worker.warm first (graphs captured once per worker)")
     args = p.parse_args()
     dev = torch.device(args.device)
     preset = args.preset or ("prod57b" if dev.type == "cuda" else "tiny")
@@ -94,26 +95,27 @@ def main() -> int:
     model = DiT(shape, dev)
     cond = shape.cond_tokens[0]
     fill = -(-(shape.window - cond) // shape.new_tokens)
-    w_off = Worker(shape, device=dev, model=model, worker_id="off")
-    w_on = Worker(shape, device=dev, model=model, worker_id="on")
-    metrics = WorkerMetrics(w_on)
-    server = serve(metrics.registry, "127.0.0.1", 0)
-    scraper = _Scraper(f"http://127.0.0.1:{server.server_port}/metrics", args.scrape_every)
-    scraper.start()
-    rec = {True: _Recorder(), False: _Recorder()}
-    w_on.observers.append(rec[True])
-    w_off.observers.append(rec[False])
+    w = Worker(shape, device=dev, model=model)
+    metrics = WorkerMetrics(w)
+    w.observers.remove(metrics)  # observes only the "on" sessions
+    rec = _Recorder()
+    w.observers.append(rec)
 
     def session(on: bool, steps: int) -> tuple[float, int]:
-        w = w_on if on else w_off
+        """One session; "on": the metrics observe it, their endpoint is up and scraped meanwhile."""
         syncs = []
+        server = scraper = None
+        if on:
+            w.observers.append(metrics)
+            server = serve(metrics.registry, "127.0.0.1", 0)
+            scraper = _Scraper(f"http://127.0.0.1:{server.server_port}/metrics", args.scrape_every)
+            scraper.start()
+            scraper.active.set()
 
         def show(message, *a, **k):
             if "synchroniz" in str(message).lower():
                 syncs.append(str(message)[:80])
 
-        if on:
-            scraper.active.set()
         t0 = time.perf_counter()
         try:
             with warnings.catch_warnings():
@@ -122,37 +124,43 @@ def main() -> int:
                 w.run_session(steps=steps, realtime=False, switches=sw, sink=ListSink(), cond_tokens=cond,
                               seed=1, sync_debug="warn" if dev.type == "cuda" else False)
         finally:
-            scraper.active.clear()
+            if on:
+                scraper.stop.set()
+                scraper.join(10)
+                server.shutdown()
+                w.observers.remove(metrics)
+                totals["scrapes"] += scraper.scrapes
+                totals["errors"] += scraper.errors
+                totals["bytes"] += scraper.bytes
         return time.perf_counter() - t0, len(syncs)
+
+    totals = {"scrapes": 0, "errors": 0, "bytes": 0}
 
     steps = args.steps
     if steps is None:  # ~20 s of steps, measured on a short warm-up session
         wall, _ = session(False, fill + 20)
         per = wall / (fill + 20)
         steps = max(fill + 60, int(20 / max(per, 1e-4)))
-        rec[False].stats.clear()
     else:
         session(False, fill + 8)  # warm-up: compile, autotune, allocate
-        rec[False].stats.clear()
+    if args.warm:
+        w.warm(sw, (w.bucket(cond),))  # every graph captured once: sessions only replay (the serving path)
     first = fill + 2  # the capture step's period (cuda_graphs) and the one after it are not steady
     med: dict[bool, list[float]] = {True: [], False: []}
     allp: dict[bool, list[float]] = {True: [], False: []}
     syncs: dict[bool, list[int]] = {True: [], False: []}
-    scrapes0 = 0
     print(f"# {preset} (TP={tp} rank) on {torch.cuda.get_device_name(dev) if dev.type == 'cuda' else 'cpu'}, "
           f"switches [{sw.encode()}], {steps} steps per session, {args.rounds} rounds, scrape every "
           f"{args.scrape_every:g} s", flush=True)
     for r in range(args.rounds):
         for on in ((True, False) if r % 2 == 0 else (False, True)):
             _, n_sync = session(on, steps)
-            periods = rec[on].stats[-1].period_ms[first:]
+            periods = rec.stats[-1].period_ms[first:]
             med[on].append(statistics.median(periods))
             allp[on] += periods
             syncs[on].append(n_sync)
         print(f"round {r}: on {med[True][-1]:.3f} ms, off {med[False][-1]:.3f} ms, "
-              f"ratio {med[True][-1] / med[False][-1]:.4f}; scrapes so far {scraper.scrapes - scrapes0}", flush=True)
-    scraper.stop.set()
-    server.shutdown()
+              f"ratio {med[True][-1] / med[False][-1]:.4f}; scrapes so far {totals['scrapes']}", flush=True)
     on, off = statistics.median(allp[True]), statistics.median(allp[False])
     ratios = [a / b for a, b in zip(med[True], med[False], strict=True)]
     print()
@@ -160,8 +168,8 @@ def main() -> int:
     print("|---|---|---|---|---|")
     print(f"| /metrics off | {off:.3f} | {len(allp[False])} | {syncs[False]} | 0 |")
     print(f"| /metrics served + scraped every {args.scrape_every:g} s | {on:.3f} | {len(allp[True])} | "
-          f"{syncs[True]} | {scraper.scrapes} ({scraper.errors} failed, "
-          f"{scraper.bytes / max(scraper.scrapes, 1):.0f} B each) |")
+          f"{syncs[True]} | {totals['scrapes']} ({totals['errors']} failed, "
+          f"{totals['bytes'] / max(totals['scrapes'], 1):.0f} B each) |")
     print(f"per-round ratios: {', '.join(f'{x:.4f}' for x in ratios)} (range {min(ratios):.4f}-{max(ratios):.4f})")
     print(f"ratio on/off (median step period, same run): {on / off:.4f}")
     return 0

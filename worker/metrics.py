@@ -73,11 +73,15 @@ class WorkerMetrics(Collector):
 
     # -- observer (called by Worker.run_session, between sessions: never in the step loop) ----------
     def session_started(self, session) -> None:
+        if not session.tel.enabled:  # Worker.warm's synthetic sessions (no telemetry): not served to anyone
+            return
         with self._lock:
             self._session, self._cursor, self._session_ms = weakref.ref(session), 0, 0.0
             self._started += 1
 
     def session_ended(self, session, summary) -> None:
+        if not session.tel.enabled:
+            return
         with self._lock:
             self._consume(session)
             pl = session.playout

@@ -64,6 +64,17 @@ def test_names_types_and_values_after_sessions():
     assert total_s == pytest.approx(s1.streamed_s + s2.streamed_s, rel=1e-6)
 
 
+def test_warm_sessions_are_not_counted():
+    w = Worker("tiny", device="cpu")
+    m = WorkerMetrics(w)
+    w.warm(buckets=(w.cond_buckets[-1],))  # synthetic sessions without telemetry
+    assert sample(families(m.registry), "livestep_worker_sessions", "livestep_worker_sessions_total") == 0
+    w.run_session(steps=5, realtime=False, cond_tokens=w.cond_buckets[-1])
+    fams = families(m.registry)
+    assert sample(fams, "livestep_worker_sessions", "livestep_worker_sessions_total") == 1
+    assert sample(fams, "livestep_worker_step_period_seconds", "livestep_worker_step_period_seconds_count") == 5
+
+
 def test_a_running_session_is_read_live_over_http():
     w = Worker("tiny", device="cpu")
     m = WorkerMetrics(w)
