@@ -4,8 +4,8 @@
     body, content_type = exposition(registry, request.headers.get("accept", ""))   # OpenMetrics or text 0.0.4
 
 The collector role exposes collector/metrics.py (ingest counters, spool, writer, fleet counters); the
-api and scheduler roles expose ``StoreState``: open findings (and incidents, where that table exists)
-by kind and severity, open critical ones with the switch and scope they blame, analytics job runs and
+api and scheduler roles expose ``StoreState``: open findings and incidents (where api/incidents.py's
+table exists) by kind and severity, the critical ones with the switch and scope they blame, analytics job runs and
 failures by job, active switch rules by switch, alert-webhook decisions by outcome, and per release
 its rollout time and the switches it turned on against the release before it (by rollout time).
 Store queries run at most once per ``cache_s`` whatever the scrape rate; a store that cannot answer
@@ -37,7 +37,11 @@ _QUERIES = {
     # per release: first session start (its rollout) and the switch states its sessions started with
     "releases": "SELECT release, toUnixTimestamp64Milli(min(ts)) / 1000 AS rollout, groupUniqArray(switches) "
                 "FROM sessions WHERE phase = 'start' GROUP BY release ORDER BY rollout DESC LIMIT 50",
-    "incidents": "SELECT kind, severity, count() FROM incidents FINAL WHERE status = 'open' GROUP BY kind, severity",
+    # incidents (api/incidents.py, where its table exists): open until resolved
+    "incidents": "SELECT kind, severity, state, count() FROM incidents FINAL WHERE state != 'resolved' "
+                 "GROUP BY kind, severity, state",
+    "incidents_critical": "SELECT kind, switch, release, gpu_kind, count() FROM incidents FINAL "
+                          "WHERE state != 'resolved' AND severity = 'critical' GROUP BY kind, switch, release, gpu_kind",
 }
 
 
@@ -102,10 +106,19 @@ class StoreState(Collector):
                 f.add_metric([kind, sev], n)
             yield f
         if "incidents" in rows:
-            f = GaugeMetricFamily("livestep_incidents_open", "Open incidents by kind and severity",
-                                  labels=["kind", "severity"])
-            for kind, sev, n in rows["incidents"]:
-                f.add_metric([kind, sev], n)
+            yield GaugeMetricFamily("livestep_incidents_tracked",
+                                    "1: this server groups findings into incidents (the rules alert on those)", value=1)
+            f = GaugeMetricFamily("livestep_incidents_open", "Incidents not resolved, by kind, severity and state",
+                                  labels=["kind", "severity", "state"])
+            for kind, sev, state, n in rows["incidents"]:
+                f.add_metric([kind, sev, state], n)
+            yield f
+        if "incidents_critical" in rows:
+            f = GaugeMetricFamily("livestep_incidents_open_critical",
+                                  "Critical incidents not resolved, with the switch they blame and their scope",
+                                  labels=["kind", "switch", "release", "gpu_kind"])
+            for kind, switch, release, gpu_kind, n in rows["incidents_critical"]:
+                f.add_metric([kind, switch, release, gpu_kind], n)
             yield f
         if "critical" in rows:
             f = GaugeMetricFamily("livestep_findings_open_critical",

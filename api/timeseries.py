@@ -136,7 +136,8 @@ def _incident_sql(store) -> dict[str, str]:
     """The incidents table's open / close marks, where that table exists (its time columns by name)."""
     cols = {r[0] for r in store.query_rows("SELECT name FROM system.columns WHERE database = currentDatabase() "
                                            "AND table = 'incidents'")}
-    label = next((c for c in ("title", "kind", "id") if c in cols), None)
+    label = ("concat(kind, ' ', scope, if(switch = '', '', concat(' (', switch, ')')))"
+             if {"kind", "scope", "switch"} <= cols else next((c for c in ("title", "kind", "id") if c in cols), None))
     out = {}
     for kind, names, verb in (("incident_open", ("opened_at", "first_seen", "started_at"), "opened"),
                               ("incident_close", ("closed_at", "resolved_at"), "closed")):

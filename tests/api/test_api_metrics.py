@@ -105,3 +105,48 @@ def test_collector_families_only_on_the_collector_role(store, settings):
 
 
 _ = pa  # (pyarrow is what records.to_arrow returns)
+
+
+# the columns of api/incidents.py's table (sql/031) this module reads; created here where that migration
+# is not in this tree yet (IF NOT EXISTS: a no-op once it is)
+INCIDENTS_DDL = """CREATE TABLE IF NOT EXISTS incidents (id String, kind LowCardinality(String), scope String,
+    release String, gpu_kind String, switch String, state LowCardinality(String), severity LowCardinality(String),
+    summary String, opened_at DateTime64(3, 'UTC'), resolved_at Nullable(DateTime64(3, 'UTC')), version UInt64)
+    ENGINE = ReplacingMergeTree(version) ORDER BY id"""
+
+
+def incidents(store, now: datetime) -> None:
+    store.command(INCIDENTS_DDL)
+    rows = [["i1", "memory_growth", "release=v2", "v2", "", "fused_allreduce", "mitigated", "critical", "leak",
+             now - timedelta(hours=3), None, 1],
+            ["i2", "regression", "release=v2", "v2", "h200", "", "opened", "warning", "slower",
+             now - timedelta(hours=2), None, 1],
+            ["i3", "fps_fraction", "release=v1", "v1", "", "static_scales", "resolved", "critical", "fps",
+             now - timedelta(days=2), now - timedelta(hours=1), 1]]
+    store.client().insert("incidents", rows, column_names=["id", "kind", "scope", "release", "gpu_kind", "switch",
+                                                          "state", "severity", "summary", "opened_at",
+                                                          "resolved_at", "version"])
+
+
+def test_incident_families(store, settings):
+    incidents(store, datetime.now(UTC))
+    with TestClient(real_app(store, settings)) as c:
+        fams = scrape(c)
+    assert fams["livestep_incidents_tracked"].samples[0].value == 1
+    assert samples(fams, "livestep_incidents_open") == {
+        (("kind", "memory_growth"), ("severity", "critical"), ("state", "mitigated")): 1,
+        (("kind", "regression"), ("severity", "warning"), ("state", "opened")): 1}
+    assert samples(fams, "livestep_incidents_open_critical") == {
+        (("gpu_kind", ""), ("kind", "memory_growth"), ("release", "v2"), ("switch", "fused_allreduce")): 1}
+
+
+def test_incident_annotations(store):
+    from api.timeseries import annotations
+
+    now = datetime.now(UTC)
+    incidents(store, now)
+    marks = [(m.kind, m.text) for m in annotations(store, now - timedelta(days=1), now + timedelta(minutes=1))]
+    assert ("incident_open", "incident opened: memory_growth release=v2 (fused_allreduce)") in marks
+    assert ("incident_open", "incident opened: regression release=v2") in marks
+    assert ("incident_close", "incident closed: fps_fraction release=v1 (static_scales)") in marks
+    assert not any(k == "incident_open" and "fps_fraction" in t for k, t in marks)  # opened before the range

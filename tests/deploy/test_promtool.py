@@ -39,7 +39,8 @@ def test_every_alert_labels_what_the_webhook_and_routing_need():
         assert "incident" in a["labels"], a["alert"]
         assert a["annotations"]["summary"], a["alert"]
     switched = [a for a in alerts if "switch" in a["expr"] or "switch" in a["labels"]["incident"]]
-    assert {a["alert"] for a in switched} >= {"LivestepLateChunks", "LivestepFpsBelow24", "LivestepCriticalFinding"}
+    assert {a["alert"] for a in switched} >= {"LivestepLateChunks", "LivestepFpsBelow24", "LivestepCriticalFinding",
+                                             "LivestepCriticalIncident"}
     for a in switched:
         assert "release" in a["labels"]["incident"], a["alert"]
     am = yaml.safe_load((DEPLOY / "alertmanager" / "alertmanager.yml").read_text())
