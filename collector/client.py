@@ -6,19 +6,32 @@
     client.close(timeout_s=5.0)                                      # ship what is left, stop
 
 ``put`` appends to a bounded in-memory buffer; when the buffer is full the record is dropped and
-counted in ``dropped`` (a telemetry failure never stops a step). A daemon thread batches rows per
+counted in ``dropped`` (a telemetry failure never stops a step). A record put while ``close`` is
+shipping the rest is shipped with it; only one put after the last batch went out is lost. A daemon thread batches rows per
 record kind by size (``batch_rows``) and age (``flush_interval_s``), encodes each batch as one Arrow
 IPC stream body (``records.to_arrow``, one kind per body) and POSTs it to ``/v1/telemetry`` over a
 keep-alive connection. Each batch gets an ``Idempotency-Key`` before its first attempt; connection
 errors, 5xx and 429 (``Retry-After`` honoured) are retried under that same key with exponential
 backoff and full jitter, until ``give_up_after_s`` or ``max_attempts``; a 4xx other than 429 is never
 retried. Given-up and refused batches count in ``failed_batches`` and their rows in ``dropped``.
-Drops show up in telemetry too: at most every ``report_drops_s`` (and at close) the client ships a
-``telemetry_dropped`` event (labels of the latest record; detail: ``where: "client"``, ``dropped``:
-rows this client dropped since the last one; the worker reports its own losses with ``where: "worker"``).
+Every dropped row is a real loss (never stored by this client) and is counted under its reason
+(``DROP_REASONS``, in ``stats()["dropped_by"]``). Drops show up in telemetry too: at most every
+``report_drops_s`` (and at close) the client ships a ``telemetry_dropped`` event (labels of the
+latest record; detail: ``where: "client"``, ``dropped``: rows lost since the last event,
+``reasons``: those rows per reason, ``last_error``, and the running totals); the worker reports
+its own losses with ``where: "worker"``. Rows lost while the collector cannot be reached at close,
+or put after close, cannot ride an event: they are in the counters only.
 A client still open when the interpreter exits is closed then (atexit, ``AT_EXIT_TIMEOUT_S``).
 
-Imports only pyarrow, httpx, orjson and ``collector.records`` (no server code): the GPU machine has
+Record now, ship later: with ``telemetry_file=PATH`` (``livestep worker run --telemetry-file``) the
+sender thread appends each batch it cannot deliver -- every batch when no URL is given; else one
+given up after retries, one still unsent when ``close`` runs out of time, or one whose token the
+collector refused (401/403) -- to a telemetry file (collector/telemetry_file.py) with the batch's
+Idempotency-Key, counted in ``filed``, not in ``dropped``. ``livestep replay PATH --collector URL``
+ships them later under the same keys (collector/replay.py). Writing the file happens in the sender
+thread only: it never blocks or fails a step (a failed write is a loss, reason ``file_error``).
+
+Imports only pyarrow, httpx, orjson, ``collector.records`` and ``collector.telemetry_file`` (no server code): the GPU machine has
 no fastapi/chdb. ``NullClient`` has the same interface and ships nothing ("no collector").
 """
 
@@ -35,6 +48,7 @@ import uuid
 import weakref
 from collections import deque
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, Self
 from urllib.parse import urlsplit, urlunsplit
 
@@ -42,6 +56,7 @@ import httpx
 import pyarrow as pa
 
 from collector import records
+from collector.telemetry_file import TelemetryFileWriter
 
 log = logging.getLogger("livestep.client")
 
@@ -49,6 +64,23 @@ ARROW_CONTENT_TYPE = "application/vnd.apache.arrow.stream"
 INGEST_PATH = "/v1/telemetry"
 _KINDS = frozenset(records.RECORD_KINDS)
 _LABELS = ("worker_id", "session_id", "release", "gpu_kind")
+
+
+# why a row was lost: the keys of ``stats()["dropped_by"]`` and of a telemetry_dropped event's ``reasons``
+DROP_REASONS: dict[str, str] = {
+    "queue_full": "put while max_queue rows were buffered",
+    "unknown_kind": "not a record kind of the wire contract",
+    "unencodable": "the row does not fit its kind's Arrow schema",
+    "refused": "the collector refused the batch (a 4xx other than 401, 403, 429: not retried)",
+    "unauthorized": "the collector refused the token (401/403: not retried)",
+    "gave_up": "the batch failed after retries (give_up_after_s or max_attempts)",
+    "close_timeout": "still buffered when close() ran out of time",
+    "after_close": "put after close() had shipped the last batch",
+    "file_error": "the batch could not be written to the telemetry file",
+    "internal": "the client failed on the batch (a bug; logged)",
+}
+# lost on the way to the collector, whole and well-formed: kept in the telemetry file when there is one
+_FILED_INSTEAD = frozenset(("gave_up", "close_timeout", "unauthorized", "no_collector"))
 
 
 _LIVE: weakref.WeakSet[TelemetryClient] = weakref.WeakSet()
@@ -108,15 +140,16 @@ def retry_after_s(value: str | None) -> float | None:
 class TelemetryClient:
     """Batches records in a background thread and ships them to the collector (see module doc).
 
-    Counters (rows unless named otherwise): ``sent`` acked by the collector; ``dropped`` never
-    stored (buffer full, unknown kind, unencodable row, batch refused with a 4xx or given up after
-    retries, still buffered at ``close``); ``failed_batches`` batches refused or given up;
-    ``retries`` attempts after the first.
+    ``url`` None: no collector, every batch goes to ``telemetry_file`` (one of the two is needed).
+    Counters (rows unless named otherwise): ``sent`` acked by the collector; ``filed`` written to
+    the telemetry file (to be replayed: not lost); ``dropped`` never
+    stored, per reason in ``stats()["dropped_by"]`` (``DROP_REASONS``); ``failed_batches`` batches
+    refused or given up; ``retries`` attempts after the first.
     """
 
     def __init__(
         self,
-        url: str,
+        url: str | None,
         token: str | None = None,
         batch_rows: int = 1000,
         flush_interval_s: float = 0.5,
@@ -129,6 +162,7 @@ class TelemetryClient:
         backoff_max_s: float = 5.0,
         max_retry_after_s: float = 30.0,
         report_drops_s: float | None = 10.0,
+        telemetry_file: str | Path | None = None,
     ):
         checks = {
             "batch_rows": batch_rows >= 1,
@@ -148,7 +182,9 @@ class TelemetryClient:
                 f"invalid {', '.join(bad)}: batch_rows, max_queue, max_attempts >= 1; flush_interval_s, "
                 f"timeout_s, backoff_base_s > 0; backoff_max_s >= backoff_base_s; others >= 0"
             )
-        self.url = ingest_url(url)
+        if not url and telemetry_file is None:
+            raise ClientConfigError("a collector URL or a telemetry file is needed (or use NullClient)")
+        self.url = ingest_url(url) if url else None
         self.batch_rows = batch_rows
         self.flush_interval_s = flush_interval_s
         self.max_queue = max_queue
@@ -164,6 +200,10 @@ class TelemetryClient:
         if token:
             headers["Authorization"] = f"Bearer {token}"
         self._http = httpx.Client(headers=headers, timeout=timeout_s)
+        try:
+            self._file = TelemetryFileWriter(telemetry_file) if telemetry_file is not None else None
+        except (OSError, ValueError) as e:
+            raise ClientConfigError(f"telemetry file {telemetry_file}: {e}") from e
 
         self._lock = threading.Lock()  # guards the buffer, the counters and the flush waiters
         self._queue: deque[tuple[str, dict[str, Any]]] = deque()
@@ -177,7 +217,11 @@ class TelemetryClient:
         self._logged: set[str] = set()
 
         self._sent = 0
+        self._filed = 0
         self._dropped = 0
+        self._dropped_by: dict[str, int] = {}  # reason -> rows; sums to _dropped
+        self._reported_by: dict[str, int] = {}  # sender thread only: dropped_by at the last drop event
+        self._last_error: str | None = None  # why the latest batch was lost
         self._failed_batches = 0
         self._retries = 0
         self._reported_dropped = 0  # sender thread only
@@ -194,8 +238,12 @@ class TelemetryClient:
         """Queue one record of ``kind`` (a ``records.RECORD_KINDS`` name); drop and count if full."""
         try:
             with self._lock:
-                if self._closing or kind not in _KINDS or self._buffered >= self.max_queue:
-                    self._dropped += 1
+                # accepted until the sender's final sweep (``_stopped``): rows put while close() ships
+                # the rest go out with it (the sampler thread's last samples, the session's end)
+                reason = ("after_close" if self._stopped else "unknown_kind" if kind not in _KINDS
+                          else "queue_full" if self._buffered >= self.max_queue else None)
+                if reason is not None:
+                    self._count_drop(reason, 1)
                     return
                 self._queue.append((kind, row))
                 self._buffered += 1
@@ -208,6 +256,11 @@ class TelemetryClient:
     @property
     def sent(self) -> int:
         return self._sent
+
+    @property
+    def filed(self) -> int:
+        """Rows written to the telemetry file (``livestep replay`` ships them)."""
+        return self._filed
 
     @property
     def dropped(self) -> int:
@@ -226,15 +279,24 @@ class TelemetryClient:
         """Rows put and not yet acked or dropped."""
         return self._buffered
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, Any]:
+        """The counters; ``dropped_by``: rows lost per reason (``DROP_REASONS``), summing to ``dropped``."""
         with self._lock:
             return {
                 "sent": self._sent,
+                "filed": self._filed,
                 "dropped": self._dropped,
                 "failed_batches": self._failed_batches,
                 "retries": self._retries,
                 "buffered": self._buffered,
+                "dropped_by": dict(self._dropped_by),
             }
+
+    def _count_drop(self, reason: str, n: int) -> None:
+        """Rows lost for ``reason``; the caller holds ``_lock``."""
+        if n > 0:
+            self._dropped += n
+            self._dropped_by[reason] = self._dropped_by.get(reason, 0) + n
 
     # -- shutdown -------------------------------------------------------------------------------
     def flush(self, timeout_s: float = 5.0) -> bool:
@@ -260,8 +322,9 @@ class TelemetryClient:
     def close(self, timeout_s: float = 5.0) -> bool:
         """Ship what is buffered (retrying until ``timeout_s`` at most), stop the thread.
 
-        Rows still buffered when the time runs out are counted in ``dropped``. Later ``put``s are
-        dropped and counted. Returns True when every row ever put was acked (``dropped == 0``).
+        Rows put meanwhile (another thread still producing) are shipped too, up to the final sweep;
+        rows still buffered when the time runs out are counted in ``dropped`` (``close_timeout``),
+        as are later ``put``s (``after_close``). Returns True when every row ever put was acked (``dropped == 0``).
         Idempotent; never raises.
         """
         try:
@@ -278,12 +341,17 @@ class TelemetryClient:
             self._thread.join(max(0.0, self._deadline - time.monotonic()) + 0.5)
             with self._lock:
                 if not self._thread.is_alive() and self._buffered:
-                    self._dropped += self._buffered
+                    self._count_drop("close_timeout", self._buffered)
                     self._buffered = 0
                     self._queue.clear()
                 ok = self._buffered == 0 and self._dropped == 0
             if not self._thread.is_alive():
                 self._http.close()
+                if self._file is not None:
+                    try:
+                        self._file.close()
+                    except Exception as e:  # noqa: BLE001 - what was written stays readable (no end marker)
+                        self._log_once("file_close", "telemetry file %s not closed cleanly: %r", self._file.path, e)
             return ok
         except Exception:  # noqa: BLE001
             return False
@@ -339,45 +407,91 @@ class TelemetryClient:
             self._labels = {k: row[k] for k in _LABELS}
             self._labels["simulated"] = bool(row.get("simulated", False))
 
-    def _drop_event_due(self, now: float, force: bool) -> bool:
+    def _drop_event_due(self, now: float, force: bool) -> bool:  # sender thread
         if self.report_drops_s is None or self._labels is None or self._dropped <= self._reported_dropped:
             return False
-        if self._closing and (not self._last_ok or now >= self._deadline):
+        if self._closing and self._file is None and (not self._last_ok or now >= self._deadline):
             return False  # closing with the collector unreachable: the event would be lost as well
         return force or now - self._last_report >= self.report_drops_s
 
     def _drop_event(self) -> dict[str, Any]:
         """A ``telemetry_dropped`` event: rows lost since the last one (it rides the same path)."""
         with self._lock:
-            dropped, failed = self._dropped, self._failed_batches
+            dropped, failed, by = self._dropped, self._failed_batches, dict(self._dropped_by)
             self._buffered += 1
         new = dropped - self._reported_dropped
-        self._reported_dropped, self._last_report = dropped, time.monotonic()
-        detail = {"where": "client", "dropped": new, "dropped_total": dropped, "failed_batches_total": failed}
+        reasons = {k: n - self._reported_by.get(k, 0) for k, n in by.items() if n > self._reported_by.get(k, 0)}
+        self._reported_dropped, self._reported_by, self._last_report = dropped, by, time.monotonic()
+        detail = {"where": "client", "dropped": new, "reasons": reasons, "last_error": self._last_error,
+                  "dropped_total": dropped, "failed_batches_total": failed}
         return {**self._labels, "ts": datetime.now(UTC), "kind": "telemetry_dropped", "detail": detail}
 
     def _ship(self, kind: str, rows: list[dict[str, Any]]) -> None:
         """Send one batch until acked, refused or given up; settle the counters. Never raises."""
-        n = len(rows)
+        n, settled = len(rows), 0
+        key = uuid.uuid4().hex  # the batch's Idempotency-Key, fixed before its first attempt
         try:
             body, n_ok = self._encode(kind, rows)
-            self._last_ok = body is None or self._post(kind, body, n_ok)
-            if self._last_ok:
-                self._settle(sent=n_ok, dropped=n - n_ok)
+            self._settle(dropped=n - n_ok, reason="unencodable")
+            settled = n - n_ok
+            if body is None:
+                return
+            lost = self._post(kind, body, n_ok, key) if self.url else "no_collector"
+            if lost in _FILED_INSTEAD and self._file is not None:
+                lost = self._to_file(key, kind, n_ok, body)
+                if lost is None:
+                    self._last_ok = True
+                    self._settle(filed=n_ok)
+                    settled = n
+                    return
+            self._last_ok = lost is None
+            if lost is None:
+                self._settle(sent=n_ok)
             else:
-                self._settle(sent=0, dropped=n, failed=1)
+                self._settle(dropped=n_ok, reason=lost, failed=1)
+            settled = n
         except Exception as e:  # noqa: BLE001 - the sender thread must survive anything
             self._log_once(
                 f"internal:{type(e).__name__}", "telemetry batch of %d %s rows lost: %r", n, kind, e
             )
-            self._settle(sent=0, dropped=n, failed=1)
+            self._last_error = f"internal: {type(e).__name__}: {e}"[:300]
+            self._settle(dropped=n - settled, reason="internal", failed=1)
 
-    def _settle(self, sent: int, dropped: int, failed: int = 0) -> None:
+    def _settle(self, sent: int = 0, dropped: int = 0, reason: str = "", failed: int = 0, filed: int = 0) -> None:
         with self._lock:
             self._sent += sent
-            self._dropped += dropped
+            self._filed += filed
+            self._count_drop(reason, dropped)
             self._failed_batches += failed
-            self._buffered -= sent + dropped
+            self._buffered -= sent + dropped + filed
+
+    def _to_file(self, key: str, kind: str, n: int, body: bytes) -> str | None:
+        """Append the batch to the telemetry file; None once written, else ``file_error``."""
+        try:
+            self._file.write(key, kind, n, body)
+            return None
+        except Exception as e:  # noqa: BLE001 - disk full, file closed...: a loss, never an exception
+            self._log_once("file_error", "telemetry file %s: batch of %d %s rows lost: %r", self._file.path, n, kind, e)
+            self._last_error = f"telemetry file: {type(e).__name__}: {e}"[:300]
+            return "file_error"
+
+    def post_batch(self, kind: str, body: bytes, rows: int, key: str) -> tuple[str | None, dict | None]:
+        """POST one encoded batch under ``key`` now, in the caller's thread, with this client's retry
+        policy: ``(None, the collector's ack)`` once acked, else ``(why it was lost, None)`` with the
+        error in ``last_error``. For ``livestep replay``; touches no counter but ``retries``."""
+        if self.url is None:
+            return "no_collector", None
+        lost = self._post(kind, body, rows, key)
+        if lost is not None:
+            return lost, None
+        try:
+            return None, self._last_response.json()
+        except ValueError:
+            return None, {}
+
+    @property
+    def last_error(self) -> str | None:
+        return self._last_error
 
     def _encode(self, kind: str, rows: list[dict[str, Any]]) -> tuple[bytes | None, int]:
         """The batch's Arrow body and its row count; rows that cannot be encoded are left out."""
@@ -395,14 +509,16 @@ class TelemetryClient:
                     )
             return (encode_arrow(kind, good), len(good)) if good else (None, 0)
 
-    def _post(self, kind: str, body: bytes, n: int) -> bool:
-        """POST one body under one idempotency key, retrying; True once acked."""
-        key = uuid.uuid4().hex  # fixed before the first attempt: every retry carries it
+    def _post(self, kind: str, body: bytes, n: int, key: str) -> str | None:
+        """POST one body under its idempotency key, retrying; None once acked, else why it was lost
+        (a ``DROP_REASONS`` key; the error itself in ``_last_error``)."""
         started = time.monotonic()
         attempt = 0
+        reason = "no attempt"
         while True:
             if time.monotonic() >= self._deadline:  # close() ran out of time: not even one more try
-                return False
+                self._last_error = f"close() ran out of time after {attempt} attempt(s) ({reason})"
+                return "close_timeout"
             attempt += 1
             end = min(started + self.give_up_after_s, self._deadline)
             retry_after = None
@@ -413,7 +529,8 @@ class TelemetryClient:
                 reason = f"{type(e).__name__}: {e}"
             else:
                 if 200 <= r.status_code < 300:
-                    return True
+                    self._last_response = r
+                    return None
                 if r.status_code == 429 or r.status_code >= 500:
                     reason = f"HTTP {r.status_code}"
                     retry_after = retry_after_s(r.headers.get("Retry-After"))
@@ -428,10 +545,14 @@ class TelemetryClient:
                         r.status_code,
                         r.text[:500],
                     )
-                    return False
+                    self._last_error = f"HTTP {r.status_code}: {r.text[:200]}"
+                    return "unauthorized" if r.status_code in (401, 403) else "refused"
             delay = random.uniform(0.0, min(self.backoff_max_s, self.backoff_base_s * 2 ** (attempt - 1)))
             if retry_after is not None:
                 delay = max(delay, retry_after)
+            if attempt < self.max_attempts and time.monotonic() + delay > end and end == self._deadline:
+                self._last_error = f"close() ran out of time after {attempt} attempt(s) ({reason})"
+                return "close_timeout"  # close()'s deadline came before the give-up time
             if attempt >= self.max_attempts or time.monotonic() + delay > end:
                 self._log_once(
                     "give_up",
@@ -442,7 +563,8 @@ class TelemetryClient:
                     attempt,
                     reason,
                 )
-                return False
+                self._last_error = f"gave up after {attempt} attempt(s): {reason}"[:300]
+                return "gave_up"
             with self._lock:
                 self._retries += 1
             self._sleep(delay)
@@ -468,6 +590,7 @@ class NullClient:
 
     url = None
     sent = 0
+    filed = 0
     dropped = 0
     failed_batches = 0
     retries = 0
@@ -477,7 +600,8 @@ class NullClient:
         pass
 
     def stats(self) -> dict[str, int]:
-        return {"sent": 0, "dropped": 0, "failed_batches": 0, "retries": 0, "buffered": 0}
+        return {"sent": 0, "filed": 0, "dropped": 0, "failed_batches": 0, "retries": 0, "buffered": 0,
+                "dropped_by": {}}
 
     def flush(self, timeout_s: float = 5.0) -> bool:
         return True
@@ -493,5 +617,7 @@ class NullClient:
 
 
 def make_client(url: str | None, token: str | None = None, **kwargs: Any) -> TelemetryClient | NullClient:
-    """A ``TelemetryClient`` for ``url``, or a ``NullClient`` when no collector URL is given."""
-    return TelemetryClient(url, token=token, **kwargs) if url else NullClient()
+    """A ``TelemetryClient`` for ``url`` and/or ``telemetry_file=``, or a ``NullClient`` when neither is given."""
+    if url or kwargs.get("telemetry_file") is not None:
+        return TelemetryClient(url, token=token, **kwargs)
+    return NullClient()

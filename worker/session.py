@@ -240,7 +240,7 @@ class Session:
                  chunk_period_s: float = CHUNK_PERIOD_S, playout_capacity: int = 4, max_in_flight: int = 3,
                  client_kwargs: dict | None = None, sync_debug: bool | str = False, detail_every: int | None = None,
                  saturation_every: int | None = None, turns: TurnInbox | None = None,
-                 playout_policy: str = "keep", preroll: int = PREROLL):
+                 playout_policy: str = "keep", preroll: int = PREROLL, power_source=None):
         self.w = worker
         # any host sync in the loop raises (True / "error") or warns ("warn": the bench counts them)
         self.sync_mode = "error" if sync_debug is True else (sync_debug or None)
@@ -279,7 +279,7 @@ class Session:
         gpus = sorted({i for i in (worker.device.index or 0, torch.cuda.device_count() - 1)
                        if worker.device.type == "cuda"})
         self.tel = Telemetry(self.sink, self.labels, worker.device, self.playout, gpus, enabled=telemetry,
-                             detail_every=detail_every)
+                             detail_every=detail_every, power_source=power_source)
         self.tel.cpu_mem = weak_method(self._cpu_mem, (0, 0))  # no cycle session <-> telemetry
         self.saturation_every = (SATURATION_EVERY.get(worker.device.type, 8) if saturation_every is None
                                  else saturation_every)
@@ -495,6 +495,7 @@ class Session:
 
     def _finish(self, t_wall0: float, common: dict) -> SessionSummary:
         tel, pl = self.tel, self.playout
+        tel.close()  # the sampler's last sample is put now, before the end records and the sink's close
         frames = pl.delivered * self.w.shape.frames_per_chunk
         # streamed seconds and fps as the store computes them (session_stats): from the worker's own
         # chunk periods (telemetry._period_ms), so fps says what the worker can sustain; the player's
@@ -513,7 +514,6 @@ class Session:
             self.sink.close(timeout_s=2.0)  # ships what it can; the rest counts as dropped
         else:
             self.sink.flush(timeout_s=2.0)
-        tel.close()
         st = tel.stats
         return SessionSummary(
             session_id=self.session_id, shape=self.w.shape.name, steps=st.steps, frames=frames,

@@ -166,10 +166,55 @@ class CpuTimer:
 # NVML: power sampler thread and the energy counter.
 
 
-class PowerSampler:
-    """~10 Hz NVML readings of the session's GPUs: gpu_sample records + an energy history."""
+class NvmlSource:
+    """The NVML readings of some GPUs (nvidia-ml-py); raises at construction without a driver."""
 
-    def __init__(self, gpu_indices: list[int], emit, interval_s: float = 0.1):
+    def __init__(self, gpu_indices: list[int]):
+        import pynvml
+
+        pynvml.nvmlInit()
+        self._nv = pynvml
+        self._handles = [(i, pynvml.nvmlDeviceGetHandleByIndex(i)) for i in gpu_indices]
+        self.gpus = tuple(i for i, _ in self._handles)
+
+    @staticmethod
+    def _read(h, fn, *args):
+        try:
+            return fn(h, *args)
+        except Exception:  # noqa: BLE001
+            return None
+
+    def read(self) -> list[tuple[int, dict[str, Any]]]:
+        """Per GPU: (index, the ``gpu_sample`` fields); a reading NVML refuses is None."""
+        nv, rd = self._nv, self._read
+        throttle = (nv.nvmlDeviceGetCurrentClocksEventReasons if hasattr(nv, "nvmlDeviceGetCurrentClocksEventReasons")
+                    else nv.nvmlDeviceGetCurrentClocksThrottleReasons)
+        out = []
+        for idx, h in self._handles:
+            energy = rd(h, nv.nvmlDeviceGetTotalEnergyConsumption)
+            power = rd(h, nv.nvmlDeviceGetPowerUsage)
+            mem = rd(h, nv.nvmlDeviceGetMemoryInfo)
+            out.append((idx, {
+                "power_w": None if power is None else power / 1000.0,
+                "energy_mj": None if energy is None else float(energy),
+                "sm_clock_mhz": rd(h, nv.nvmlDeviceGetClockInfo, nv.NVML_CLOCK_SM),
+                "mem_used_bytes": None if mem is None else int(mem.used),
+                "temp_c": _float(rd(h, nv.nvmlDeviceGetTemperature, nv.NVML_TEMPERATURE_GPU)),
+                "throttle_reasons": rd(h, throttle),
+            }))
+        return out
+
+
+class PowerSampler:
+    """~10 Hz readings of the session's GPUs: gpu_sample records + an energy history.
+
+    ``source``: what is read (``.gpus``, ``.read()`` as ``NvmlSource``, and optionally its own
+    ``interval_s``); default NVML on ``gpu_indices``. ``close()`` stops the thread and joins it,
+    so its last sample is put before the caller's next record (the session's end) and before the
+    sink closes.
+    """
+
+    def __init__(self, gpu_indices: list[int], emit, interval_s: float = 0.1, source=None):
         self.available = False
         self.error: str | None = None
         self._hist: deque[tuple[float, float]] = deque(maxlen=4096)  # (perf_counter, energy mJ summed)
@@ -178,45 +223,27 @@ class PowerSampler:
         self.interval_s = interval_s
         self._stop = threading.Event()
         try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            self._nvml = pynvml
-            self._handles = [(i, pynvml.nvmlDeviceGetHandleByIndex(i)) for i in gpu_indices]
-            self.available = bool(self._handles)
+            self._source = source if source is not None else NvmlSource(gpu_indices)
+            self.interval_s = getattr(self._source, "interval_s", interval_s)
+            self.available = bool(self._source.gpus)
         except Exception as e:  # noqa: BLE001 - NVMLError_LibraryNotFound (no driver), module missing, ...: power is null
             self.error = f"{type(e).__name__}: {e}"
             return
         self._thread = threading.Thread(target=self._run, name="livestep-nvml", daemon=True)
         self._thread.start()
 
-    def _read(self, h, fn, *args):
-        try:
-            return fn(h, *args)
-        except Exception:  # noqa: BLE001
-            return None
-
     def _run(self) -> None:
-        nv = self._nvml
         while not self._stop.is_set():
             t = time.perf_counter()
             total = 0.0
-            for idx, h in self._handles:
-                energy = self._read(h, nv.nvmlDeviceGetTotalEnergyConsumption)
-                power = self._read(h, nv.nvmlDeviceGetPowerUsage)
-                mem = self._read(h, nv.nvmlDeviceGetMemoryInfo)
-                total += float(energy or 0)
-                self.latest[idx] = row = {
-                    "gpu_index": idx,
-                    "power_w": None if power is None else power / 1000.0,
-                    "energy_mj": None if energy is None else float(energy),
-                    "sm_clock_mhz": self._read(h, nv.nvmlDeviceGetClockInfo, nv.NVML_CLOCK_SM),
-                    "mem_used_bytes": None if mem is None else int(mem.used),
-                    "temp_c": _float(self._read(h, nv.nvmlDeviceGetTemperature, nv.NVML_TEMPERATURE_GPU)),
-                    "throttle_reasons": self._read(h, nv.nvmlDeviceGetCurrentClocksEventReasons)
-                    if hasattr(nv, "nvmlDeviceGetCurrentClocksEventReasons")
-                    else self._read(h, nv.nvmlDeviceGetCurrentClocksThrottleReasons),
-                }
+            try:
+                readings = self._source.read()
+            except Exception as e:  # noqa: BLE001 - a failing reading never ends the thread
+                log.debug("GPU reading failed: %s", e)
+                readings = []
+            for idx, fields in readings:
+                total += float(fields.get("energy_mj") or 0)
+                self.latest[idx] = row = {"gpu_index": idx, **fields}
                 self._emit("gpu_sample", row)
             self._hist.append((t, total))
             self._stop.wait(self.interval_s)
@@ -235,7 +262,7 @@ class PowerSampler:
     def close(self) -> None:
         self._stop.set()
         if self.available:
-            self._thread.join(timeout=1.0)
+            self._thread.join(timeout=max(1.0, 10 * self.interval_s))
 
 
 def _float(v):
@@ -350,7 +377,8 @@ class Telemetry:
     """Turns the step loop's marks into step/session/event records, without blocking the loop."""
 
     def __init__(self, sink, labels: dict[str, str], device, playout: Playout, gpu_indices=(),
-                 enabled: bool = True, sample_power: bool = True, detail_every: int | None = None):
+                 enabled: bool = True, sample_power: bool = True, detail_every: int | None = None,
+                 power_source=None):
         self.sink = sink
         self.labels = dict(labels)
         self.device = torch.device(device)
@@ -374,7 +402,9 @@ class Telemetry:
         self._refs: dict[int, tuple[torch.cuda.Event, float]] = {}  # GPU index -> (event, perf_counter)
         self._step_start: Any = None
         self.step = -1
-        self.power = PowerSampler(list(gpu_indices), weak_method(self._put)) if (sample_power and self.cuda) else None
+        # ``power_source``: GPU readings other than this process's NVML (PowerSampler's ``source``)
+        self.power = (PowerSampler(list(gpu_indices), weak_method(self._put), source=power_source)
+                      if power_source is not None or (sample_power and self.cuda) else None)
         self.cpu_mem = lambda: (0, 0)
 
     # -- clocks --------------------------------------------------------------------------------
@@ -571,6 +601,8 @@ class Telemetry:
         return self.cpu_mem()
 
     def close(self) -> None:
+        """Stop the sampler thread (joined: its last sample is put now). Idempotent. Call it before
+        the session's last records and before the sink closes: nothing of ours is put after that."""
         if self.power:
             self.power.close()
 

@@ -248,6 +248,7 @@ def test_4xx_is_not_retried_and_counted(fake_collector, status, caplog):
         assert not c.flush(10.0)
     assert len(fake_collector.received) == 2  # two batches, one attempt each
     assert (c.sent, c.dropped, c.failed_batches, c.retries) == (0, 20, 2, 0)
+    assert c.stats()["dropped_by"] == {"unauthorized" if status in (401, 403) else "refused": 20}
     assert sum(f"HTTP {status}" in m for m in caplog.messages) == 1  # logged once
     c.put("step", step_row(99))
     assert c.flush(10.0)
@@ -264,6 +265,7 @@ def test_gives_up_after_max_attempts_and_counts(fake_collector):
     assert len(fake_collector.received) == 3
     assert len({r.headers["Idempotency-Key"] for r in fake_collector.received}) == 1
     assert (c.sent, c.dropped, c.failed_batches, c.retries, c.buffered) == (0, 10, 1, 2, 0)
+    assert c.stats()["dropped_by"] == {"gave_up": 10}
     c.close()
 
 
@@ -321,6 +323,7 @@ def test_full_buffer_drops_new_records_and_put_returns(fake_collector):
     for i in range(200):
         c.put("step", step_row(i))  # must return although nothing drains
     assert c.dropped == 150 and c.buffered == 50
+    assert c.stats()["dropped_by"] == {"queue_full": 150}
     fake_collector.hold.set()
     assert c.flush(10.0)
     assert (c.sent, c.dropped, c.buffered) == (50, 150, 0)
@@ -345,6 +348,8 @@ def test_drops_are_reported_as_a_telemetry_dropped_event(fake_collector):
     rows = pa.concat_tables(events).to_pylist()
     assert {r["kind"] for r in rows} == {"telemetry_dropped"}
     assert sum(orjson.loads(r["detail"])["dropped"] for r in rows) == 15
+    reasons = [orjson.loads(r["detail"])["reasons"] for r in rows]
+    assert sum(r.get("queue_full", 0) for r in reasons) == 15 and all(set(r) == {"queue_full"} for r in reasons)
     assert {orjson.loads(r["detail"])["where"] for r in rows} == {"client"}  # the records IT dropped
     assert all({k: r[k] for k in _LABELS} == _LABELS for r in rows)
     assert c.sent == 5 + len(rows) and c.dropped == 15
@@ -358,6 +363,7 @@ def test_put_never_raises_on_bad_input(fake_collector):
     c.put("step", step_row(2))
     assert c.flush(10.0)
     assert c.sent == 1 and c.dropped == 3
+    assert c.stats()["dropped_by"] == {"unknown_kind": 1, "unencodable": 2}
     assert fake_collector.acked()[0].table.column("step").to_pylist() == [2]
     c.close()
 
@@ -370,6 +376,7 @@ def test_close_ships_what_is_left_and_later_puts_are_dropped(fake_collector):
     assert fake_collector.acked_rows() == 7
     c.put("step", step_row(8))
     assert (c.sent, c.dropped) == (7, 1)
+    assert c.stats()["dropped_by"] == {"after_close": 1}
     assert c.close(1.0) is False  # idempotent, never raises
     assert not c._thread.is_alive()
 
@@ -385,6 +392,49 @@ def test_close_with_collector_down_is_bounded_and_counts_the_rest():
     assert c.close(timeout_s=0.5) is False
     assert not c._thread.is_alive()
     assert (c.sent, c.dropped, c.buffered) == (0, 44, 0)
+    assert c.stats()["dropped_by"] == {"close_timeout": 44}
+
+
+def test_rows_put_while_close_ships_the_rest_are_shipped_not_dropped(fake_collector):
+    """A producer thread still putting while close() flushes (the GPU sampler at a session's end):
+    every row it put before close() returned is shipped; none counts as dropped."""
+    fake_collector.hold.clear()  # the collector is slow: close() is still flushing
+    c = new_client(fake_collector, batch_rows=1000)
+    for i in range(5):
+        c.put("step", step_row(i))
+    closer = threading.Thread(target=lambda: c.close(10.0))
+    closer.start()
+    assert fake_collector.wait_requests(0) and _wait(lambda: c._closing)
+    for i in range(5, 8):
+        c.put("step", step_row(i))  # close() has begun: still accepted
+    fake_collector.hold.set()
+    closer.join(15)
+    assert (c.sent, c.dropped, c.buffered) == (8, 0, 0)
+    assert sorted(pa.concat_tables([r.table for r in fake_collector.acked()]).column("step").to_pylist()) == list(
+        range(8))
+
+
+def test_a_batch_given_up_is_reported_with_its_reason(fake_collector):
+    fake_collector.answer(503, 503)
+    c = new_client(fake_collector, max_attempts=2, report_drops_s=0.01)
+    for i in range(10):
+        c.put("step", step_row(i))
+    assert not c.flush(10.0)
+    c.put("step", step_row(10))  # the collector is back: the drop event rides with the next batch
+    assert c.close(10.0) is False
+    events = [r.table for r in fake_collector.acked() if r.table.schema.metadata[b"livestep.kind"] == b"event"]
+    (detail,) = [orjson.loads(d) for d in pa.concat_tables(events).column("detail").to_pylist()]
+    assert detail["where"] == "client" and detail["dropped"] == 10 and detail["reasons"] == {"gave_up": 10}
+    assert "HTTP 503" in detail["last_error"] and detail["failed_batches_total"] == 1
+
+
+def _wait(cond, timeout_s: float = 10.0) -> bool:
+    end = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.005)
+    return True
 
 
 def test_concurrent_puts_are_all_accounted_for(fake_collector):
