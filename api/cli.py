@@ -30,6 +30,7 @@ COMMANDS: dict[str, str] = {
     "analyze": "analytics.cli",
     "evaluate": "worker.evaluate",
     "migrate": "api.migrate",
+    "replay": "collector.replay",
 }
 
 

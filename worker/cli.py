@@ -3,11 +3,14 @@
     livestep worker run --preset tiny --seconds 30 --collector http://127.0.0.1:8000 --token T \\
         --switch ring_cache=on --switch rope_at_write=on --release v7 --worker-id w1
     livestep worker run --preset tiny --sessions 5 --switch-source http://127.0.0.1:8000   # control plane
+    livestep worker run --preset tiny --sessions 3 --telemetry-file run.arrows   # ship later: livestep replay
     livestep worker bench --preset prod57b --tp 3            # bench/worker_step.py (GPU)
 
 Unknown presets, switch names and invalid combinations raise typed errors (``ShapeError``,
 ``SwitchError``) that api/cli.py prints as one line naming the valid values. A collector that is
-down costs records (dropped and counted in the summary), never the session.
+down costs records (dropped and counted in the summary), never the session; with
+``--telemetry-file`` what cannot be delivered is filed for ``livestep replay`` instead. One
+shipping client serves every session of the run; each summary counts that session's records.
 """
 
 from __future__ import annotations
@@ -33,6 +36,10 @@ def register(subparsers) -> None:
     run.add_argument("--sessions", type=int, default=1, help="sessions, one after another, on one worker")
     run.add_argument("--collector", default=None, help="collector URL (http://host:port); none = no shipping")
     run.add_argument("--token", default=None, help="ingest bearer token")
+    run.add_argument("--telemetry-file", default=None, metavar="PATH",
+                     help="Arrow IPC file for the records: alone, every record; with --collector, those it "
+                          "cannot take (collector down or out of time at the end). Ship it later with "
+                          "`livestep replay PATH --collector URL`; appended to if it exists")
     run.add_argument("--switch", action="append", default=[], metavar="NAME=on|off",
                      help=f"initial switch values; names: {', '.join(SWITCH_NAMES)}")
     run.add_argument("--switch-source", default=None,
@@ -78,23 +85,63 @@ def cmd_run(args) -> int:
 
         server = serve(WorkerMetrics(w).registry, args.metrics_host, args.metrics_port, args.metrics_token)
         print(f"metrics: http://{args.metrics_host}:{server.server_port}/metrics", flush=True)
-    for _ in range(args.sessions):
-        s = w.run_session(seconds=args.seconds, steps=args.steps, collector_url=args.collector, token=args.token,
-                          switches=switches, switch_source=args.switch_source, cond_tokens=args.cond_tokens,
-                          realtime=not args.no_realtime)
-        if args.json:
-            print(json.dumps(asdict(s)))
-        else:
-            fps = f"{s.avg_fps:.2f}" if s.avg_fps is not None else "-"
-            print(f"session {s.session_id}: {s.steps} steps, {s.frames} frames, {fps} fps, "
-                  f"{s.late_chunks} late, first forward {s.first_forward_tokens} tokens, "
-                  f"diffusion {s.mean_diffusion_ms or 0:.2f} ms/step, switches [{s.switches}], "
-                  f"{len(s.switch_events)} switch changes, records sent {s.telemetry_sent} "
-                  f"dropped {s.telemetry_dropped}"
-                  + (f", FP8 inputs at +-448 at most {s.max_fp8_saturated:.2e} over {s.probed_steps} probed steps"
-                     if s.max_fp8_saturated is not None else ""))
-        switches = Switches.decode(s.switches)  # the next session starts where the control plane left it
+    client = telemetry_client(args)
+    try:
+        for _ in range(args.sessions):
+            before = client.stats() if client is not None else None
+            s = w.run_session(seconds=args.seconds, steps=args.steps, token=args.token, sink=client,
+                              switches=switches, switch_source=args.switch_source, cond_tokens=args.cond_tokens,
+                              realtime=not args.no_realtime)
+            session_counts(s, before, client)
+            _print_session(s, args.json)
+            switches = Switches.decode(s.switches)  # the next session starts where the control plane left it
+    finally:
+        close_telemetry(client, args)
     return 0
+
+
+def telemetry_client(args, decodes: bool = True):
+    """The run's one shipping client (``--collector`` and/or ``--telemetry-file``), or None."""
+    if not decodes or not (args.collector or args.telemetry_file):
+        return None
+    from collector.client import TelemetryClient  # lazily: only with a collector or a file
+
+    return TelemetryClient(args.collector, token=args.token, telemetry_file=args.telemetry_file)
+
+
+def session_counts(s, before: dict | None, client) -> None:
+    """The shared client's counters -> this session's share, in its summary (sent: acked or filed)."""
+    if client is None:
+        return
+    after = client.stats()
+    s.telemetry_sent = after["sent"] + after["filed"] - before["sent"] - before["filed"]
+    s.telemetry_dropped -= before["dropped"]  # the session's own path's losses stay in
+    s.telemetry_failed_batches = after["failed_batches"] - before["failed_batches"]
+
+
+def close_telemetry(client, args) -> None:
+    if client is None:
+        return
+    client.close(timeout_s=10.0)
+    st = client.stats()
+    where = " and ".join(x for x in (args.collector and f"collector {args.collector}",
+                                     args.telemetry_file and f"file {args.telemetry_file}") if x)
+    print(f"telemetry to {where}: sent {st['sent']}, filed {st['filed']}, dropped {st['dropped']}"
+          + (f" {st['dropped_by']}" if st["dropped"] else ""), file=sys.stderr)
+
+
+def _print_session(s, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(asdict(s)))
+        return
+    fps = f"{s.avg_fps:.2f}" if s.avg_fps is not None else "-"
+    print(f"session {s.session_id}: {s.steps} steps, {s.frames} frames, {fps} fps, "
+          f"{s.late_chunks} late, first forward {s.first_forward_tokens} tokens, "
+          f"diffusion {s.mean_diffusion_ms or 0:.2f} ms/step, switches [{s.switches}], "
+          f"{len(s.switch_events)} switch changes, records sent {s.telemetry_sent} "
+          f"dropped {s.telemetry_dropped}"
+          + (f", FP8 inputs at +-448 at most {s.max_fp8_saturated:.2e} over {s.probed_steps} probed steps"
+             if s.max_fp8_saturated is not None else ""))
 
 
 def cmd_bench(args) -> int:

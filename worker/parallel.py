@@ -363,11 +363,16 @@ def run_cli(args) -> int:
         raise ParallelError(f"--tp {args.tp} but torchrun started {place.tp} ranks; start --nproc-per-node={args.tp}")
     w = TPWorker(args.preset, place, group, device=device, control=control, worker_id=args.worker_id,
                  release=args.release)  # fmt: skip
+    from worker.cli import close_telemetry, session_counts, telemetry_client
+
+    client = telemetry_client(args, decodes=place.decodes)  # the rank that ships (worker/cli.py)
     try:
         for _ in range(args.sessions):
-            s = w.run_session(seconds=args.seconds, steps=args.steps, collector_url=args.collector,
+            before = client.stats() if client is not None else None
+            s = w.run_session(seconds=args.seconds, steps=args.steps, sink=client,
                               token=args.token, switches=sw, switch_source=args.switch_source,
                               cond_tokens=args.cond_tokens, realtime=not args.no_realtime)  # fmt: skip
+            session_counts(s, before, client)
             if place.decodes:
                 print(f"session {s.session_id} tp={place.tp}: {s.steps} steps, {s.frames} frames, "
                       f"avg_fps {s.avg_fps}, late {s.late_chunks}, diffusion {s.mean_diffusion_ms} ms/step, "
@@ -375,6 +380,7 @@ def run_cli(args) -> int:
                       f"nccl calls {w.tp.calls['nccl']}", flush=True)
             sw = switches_from_bits(switch_bits(Switches.decode(s.switches)))
     finally:
+        close_telemetry(client, args)
         if dist.is_initialized():
             dist.destroy_process_group()
     return 0
