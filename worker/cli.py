@@ -9,8 +9,8 @@
 Unknown presets, switch names and invalid combinations raise typed errors (``ShapeError``,
 ``SwitchError``) that api/cli.py prints as one line naming the valid values. A collector that is
 down costs records (dropped and counted in the summary), never the session; with
-``--telemetry-file`` what cannot be delivered is filed for ``livestep replay`` instead. One
-shipping client serves every session of the run; each summary counts that session's records.
+``--telemetry-file`` what cannot be delivered is filed for ``livestep replay`` instead (each
+session's client appends its own Arrow IPC stream to the file, fsync'd when the session ends).
 """
 
 from __future__ import annotations
@@ -85,49 +85,18 @@ def cmd_run(args) -> int:
 
         server = serve(WorkerMetrics(w).registry, args.metrics_host, args.metrics_port, args.metrics_token)
         print(f"metrics: http://{args.metrics_host}:{server.server_port}/metrics", flush=True)
-    client = telemetry_client(args)
-    try:
-        for _ in range(args.sessions):
-            before = client.stats() if client is not None else None
-            s = w.run_session(seconds=args.seconds, steps=args.steps, token=args.token, sink=client,
-                              switches=switches, switch_source=args.switch_source, cond_tokens=args.cond_tokens,
-                              realtime=not args.no_realtime)
-            session_counts(s, before, client)
-            _print_session(s, args.json)
-            switches = Switches.decode(s.switches)  # the next session starts where the control plane left it
-    finally:
-        close_telemetry(client, args)
+    for _ in range(args.sessions):
+        s = w.run_session(seconds=args.seconds, steps=args.steps, collector_url=args.collector, token=args.token,
+                          switches=switches, switch_source=args.switch_source, cond_tokens=args.cond_tokens,
+                          realtime=not args.no_realtime, client_kwargs=client_kwargs(args))
+        _print_session(s, args.json)
+        switches = Switches.decode(s.switches)  # the next session starts where the control plane left it
     return 0
 
 
-def telemetry_client(args, decodes: bool = True):
-    """The run's one shipping client (``--collector`` and/or ``--telemetry-file``), or None."""
-    if not decodes or not (args.collector or args.telemetry_file):
-        return None
-    from collector.client import TelemetryClient  # lazily: only with a collector or a file
-
-    return TelemetryClient(args.collector, token=args.token, telemetry_file=args.telemetry_file)
-
-
-def session_counts(s, before: dict | None, client) -> None:
-    """The shared client's counters -> this session's share, in its summary (sent: acked or filed)."""
-    if client is None:
-        return
-    after = client.stats()
-    s.telemetry_sent = after["sent"] + after["filed"] - before["sent"] - before["filed"]
-    s.telemetry_dropped -= before["dropped"]  # the session's own path's losses stay in
-    s.telemetry_failed_batches = after["failed_batches"] - before["failed_batches"]
-
-
-def close_telemetry(client, args) -> None:
-    if client is None:
-        return
-    client.close(timeout_s=10.0)
-    st = client.stats()
-    where = " and ".join(x for x in (args.collector and f"collector {args.collector}",
-                                     args.telemetry_file and f"file {args.telemetry_file}") if x)
-    print(f"telemetry to {where}: sent {st['sent']}, filed {st['filed']}, dropped {st['dropped']}"
-          + (f" {st['dropped_by']}" if st["dropped"] else ""), file=sys.stderr)
+def client_kwargs(args) -> dict | None:
+    """The session's shipping client's options from the command line (``--telemetry-file``)."""
+    return {"telemetry_file": args.telemetry_file} if args.telemetry_file else None
 
 
 def _print_session(s, as_json: bool) -> None:
@@ -139,7 +108,7 @@ def _print_session(s, as_json: bool) -> None:
           f"{s.late_chunks} late, first forward {s.first_forward_tokens} tokens, "
           f"diffusion {s.mean_diffusion_ms or 0:.2f} ms/step, switches [{s.switches}], "
           f"{len(s.switch_events)} switch changes, records sent {s.telemetry_sent} "
-          f"dropped {s.telemetry_dropped}"
+          + (f"filed {s.telemetry_filed} " if s.telemetry_filed else "") + f"dropped {s.telemetry_dropped}"
           + (f", FP8 inputs at +-448 at most {s.max_fp8_saturated:.2e} over {s.probed_steps} probed steps"
              if s.max_fp8_saturated is not None else ""))
 

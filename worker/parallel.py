@@ -311,7 +311,7 @@ class TPWorker(Worker):
             dist.broadcast_object_list(box, 0, group=self.control)
             kw["session_id"] = box[0]
         if not self.place.decodes:
-            kw.update(collector_url=None, switch_source=None, telemetry=False)
+            kw.update(collector_url=None, client_kwargs=None, switch_source=None, telemetry=False)
         summary = TPSession(self, **kw).run()
         self._rewarm(summary)  # every rank ends on the same switches (broadcast): all re-warm alike
         return summary
@@ -355,6 +355,7 @@ def run_cli(args) -> int:
     if not launched_by_torchrun():
         cmd = launch_command(args.tp, sys.argv[1:])
         os.execv(cmd[0], cmd)
+    from worker.cli import client_kwargs
     from worker.config import parse_switch_args
 
     sw = parse_switch_args(args.switch)
@@ -363,16 +364,12 @@ def run_cli(args) -> int:
         raise ParallelError(f"--tp {args.tp} but torchrun started {place.tp} ranks; start --nproc-per-node={args.tp}")
     w = TPWorker(args.preset, place, group, device=device, control=control, worker_id=args.worker_id,
                  release=args.release)  # fmt: skip
-    from worker.cli import close_telemetry, session_counts, telemetry_client
-
-    client = telemetry_client(args, decodes=place.decodes)  # the rank that ships (worker/cli.py)
     try:
         for _ in range(args.sessions):
-            before = client.stats() if client is not None else None
-            s = w.run_session(seconds=args.seconds, steps=args.steps, sink=client,
+            s = w.run_session(seconds=args.seconds, steps=args.steps, collector_url=args.collector,
                               token=args.token, switches=sw, switch_source=args.switch_source,
-                              cond_tokens=args.cond_tokens, realtime=not args.no_realtime)  # fmt: skip
-            session_counts(s, before, client)
+                              cond_tokens=args.cond_tokens, realtime=not args.no_realtime,
+                              client_kwargs=client_kwargs(args))  # fmt: skip
             if place.decodes:
                 print(f"session {s.session_id} tp={place.tp}: {s.steps} steps, {s.frames} frames, "
                       f"avg_fps {s.avg_fps}, late {s.late_chunks}, diffusion {s.mean_diffusion_ms} ms/step, "
@@ -380,7 +377,6 @@ def run_cli(args) -> int:
                       f"nccl calls {w.tp.calls['nccl']}", flush=True)
             sw = switches_from_bits(switch_bits(Switches.decode(s.switches)))
     finally:
-        close_telemetry(client, args)
         if dist.is_initialized():
             dist.destroy_process_group()
     return 0

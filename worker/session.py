@@ -74,6 +74,7 @@ class SessionSummary:
     buffers_registered: int = 0
     records: dict[str, int] = field(default_factory=dict)
     telemetry_sent: int = 0
+    telemetry_filed: int = 0  # written to the client's telemetry file, for `livestep replay` (not lost)
     telemetry_dropped: int = 0
     telemetry_failed_batches: int = 0
     wall_s: float = 0.0
@@ -264,7 +265,7 @@ class Session:
         self.labels = {"worker_id": worker.worker_id, "session_id": self.session_id,
                        "release": worker.release, "gpu_kind": worker.gpu_kind}
         self._own_sink = sink is None
-        if sink is None and collector_url:
+        if sink is None and (collector_url or (client_kwargs or {}).get("telemetry_file")):
             from collector.client import TelemetryClient  # lazily: only with a collector
 
             sink = TelemetryClient(collector_url, token=token, **(client_kwargs or {}))
@@ -521,7 +522,7 @@ class Session:
             first_forward_tokens=self.ff_tokens, switches=self.switches.encode(),
             switch_events=self.switch_events, resets=self.cache.book.resets, wraps=self.cache.book.wraps,
             buffers_registered=len(self.w.registry), records=dict(tel.emitted),
-            telemetry_sent=int(getattr(self.sink, "sent", 0)),
+            telemetry_sent=int(getattr(self.sink, "sent", 0)), telemetry_filed=int(getattr(self.sink, "filed", 0)),
             telemetry_dropped=int(getattr(self.sink, "dropped", 0)) + tel.dropped,
             telemetry_failed_batches=int(getattr(self.sink, "failed_batches", 0)),
             wall_s=time.perf_counter() - t_wall0, loop_s=self.loop_s, mean_diffusion_ms=_mean(st.diffusion_ms),
