@@ -222,6 +222,7 @@ class TelemetryClient:
         self._dropped_by: dict[str, int] = {}  # reason -> rows; sums to _dropped
         self._reported_by: dict[str, int] = {}  # sender thread only: dropped_by at the last drop event
         self._last_error: str | None = None  # why the latest batch was lost
+        self._abandoned = 0  # rows in flight that close() counted as close_timeout (see close)
         self._failed_batches = 0
         self._retries = 0
         self._reported_dropped = 0  # sender thread only
@@ -324,8 +325,11 @@ class TelemetryClient:
 
         Rows put meanwhile (another thread still producing) are shipped too, up to the final sweep;
         rows still buffered when the time runs out are counted in ``dropped`` (``close_timeout``),
-        as are later ``put``s (``after_close``). Returns True when every row ever put was acked (``dropped == 0``).
-        Idempotent; never raises.
+        as are later ``put``s (``after_close``). A request already in flight when the time runs out
+        is not cut short: its rows count as ``close_timeout`` now, and move back to ``sent`` (or
+        ``filed``) if the collector acks them after all -- the counters never leave a row uncounted.
+        Returns True when every row ever put was acked or filed (``dropped == 0``). Idempotent;
+        never raises.
         """
         try:
             with self._lock:
@@ -340,18 +344,14 @@ class TelemetryClient:
             self._wake.set()
             self._thread.join(max(0.0, self._deadline - time.monotonic()) + 0.5)
             with self._lock:
-                if not self._thread.is_alive() and self._buffered:
-                    self._count_drop("close_timeout", self._buffered)
-                    self._buffered = 0
-                    self._queue.clear()
+                if self._buffered:
+                    if self._thread.is_alive():  # a request outlived the deadline: lost unless acked later
+                        self._abandoned = self._buffered
+                    else:
+                        self._queue.clear()
+                        self._buffered = 0
+                    self._count_drop("close_timeout", self._buffered or self._abandoned)
                 ok = self._buffered == 0 and self._dropped == 0
-            if not self._thread.is_alive():
-                self._http.close()
-                if self._file is not None:
-                    try:
-                        self._file.close()
-                    except Exception as e:  # noqa: BLE001 - what was written stays readable (no end marker)
-                        self._log_once("file_close", "telemetry file %s not closed cleanly: %r", self._file.path, e)
             return ok
         except Exception:  # noqa: BLE001
             return False
@@ -364,6 +364,17 @@ class TelemetryClient:
 
     # -- the sender thread -------------------------------------------------------------------------
     def _run(self) -> None:
+        try:
+            self._loop()
+        finally:  # the sender's own resources: it is the file's only writer
+            self._http.close()
+            if self._file is not None:
+                try:
+                    self._file.close()
+                except Exception as e:  # noqa: BLE001 - what was written stays readable (no end marker)
+                    self._log_once("file_close", "telemetry file %s not closed cleanly: %r", self._file.path, e)
+
+    def _loop(self) -> None:
         pending: dict[str, list[dict[str, Any]]] = {k: [] for k in records.RECORD_KINDS}
         first_at: dict[str, float] = {}
         while True:
@@ -459,6 +470,13 @@ class TelemetryClient:
 
     def _settle(self, sent: int = 0, dropped: int = 0, reason: str = "", failed: int = 0, filed: int = 0) -> None:
         with self._lock:
+            if self._abandoned:  # rows close() counted as close_timeout while in flight: their real fate
+                k = min(self._abandoned, sent + filed + dropped)
+                self._abandoned -= k
+                self._dropped -= k
+                self._dropped_by["close_timeout"] -= k
+                if not self._dropped_by["close_timeout"]:
+                    del self._dropped_by["close_timeout"]
             self._sent += sent
             self._filed += filed
             self._count_drop(reason, dropped)

@@ -414,6 +414,21 @@ def test_rows_put_while_close_ships_the_rest_are_shipped_not_dropped(fake_collec
         range(8))
 
 
+def test_a_request_in_flight_past_close_is_counted_then_settled_by_its_real_fate(fake_collector):
+    fake_collector.hold.clear()  # the collector takes longer than close() may wait
+    c = new_client(fake_collector, batch_rows=1000, timeout_s=10.0)
+    for i in range(5):
+        c.put("step", step_row(i))
+    assert not c.flush(0.2)  # the batch is in flight
+    assert c.close(0.2) is False
+    st = c.stats()
+    assert (st["sent"], st["dropped"], st["dropped_by"], st["buffered"]) == (0, 5, {"close_timeout": 5}, 5)
+    fake_collector.hold.set()  # ... and acks it after all
+    c._thread.join(10)
+    st = c.stats()
+    assert (st["sent"], st["dropped"], st["dropped_by"], st["buffered"]) == (5, 0, {}, 0)
+
+
 def test_a_batch_given_up_is_reported_with_its_reason(fake_collector):
     fake_collector.answer(503, 503)
     c = new_client(fake_collector, max_attempts=2, report_drops_s=0.01)
