@@ -103,24 +103,26 @@ def main() -> int:
     gc.disable()
     client = None
     try:
-        if args.telemetry_file:
-            from collector.client import TelemetryClient
+        from collector.client import NullClient, TelemetryClient
 
+        if args.telemetry_file:
             client = TelemetryClient(None, telemetry_file=args.telemetry_file)
         for n in range(1, args.sessions + 1):
             seconds = rng.uniform(args.min_seconds, args.max_seconds)
             L = rng.randint(*shape.cond_tokens)
-            sink = client if client is not None else ListSink(max_rows=0)
-            sent0 = getattr(sink, "sent", 0)
-            dropped0 = getattr(sink, "dropped", 0)
+            sink = client if client is not None else NullClient()  # NullClient: keeps nothing, loses nothing
+            before = sink.stats()
             s = w.run_session(seconds=seconds, switches=sw, cond_tokens=L, sink=sink, preroll=args.preroll,
                               session_id=f"soak-{args.seed}-{n:04d}")
             if cuda:
                 torch.cuda.synchronize()
             alloc, res = mem()
             rows.append({"n": n, "steps": s.steps, "cond": L, "ff": s.first_forward_tokens, "alloc": alloc, "res": res,
-                             "late": s.late_chunks, "ttff": s.ttff_ms, "sent": getattr(sink, "sent", 0) - sent0,
-                             "dropped": getattr(sink, "dropped", 0) - dropped0 + s.telemetry_dropped,
+                             "late": s.late_chunks, "ttff": s.ttff_ms,
+                             # sent: acked or filed; the summary's dropped is the shared client's total so far
+                             # plus the session's own path's: this session's share is the difference
+                             "sent": sink.stats()["sent"] + sink.stats()["filed"] - before["sent"] - before["filed"],
+                             "dropped": s.telemetry_dropped - before["dropped"],
                              "captures": s.graph_captures, "misses": s.graph_misses, "warm": s.warm})
             r = rows[-1]
             print(f"{n:4d} {r['steps']:5d} {L:5d} {r['ff']:5d} {alloc / 2**30:9.3f} {res / 2**30:9.3f} "
