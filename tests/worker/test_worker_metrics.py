@@ -12,7 +12,6 @@ import threading
 import time
 import weakref
 
-import httpx
 import pytest
 import torch
 from prometheus_client import generate_latest
@@ -76,6 +75,8 @@ def test_warm_sessions_are_not_counted():
 
 
 def test_a_running_session_is_read_live_over_http():
+    import httpx  # (the GPU test below runs where only the worker's dependencies are)
+
     w = Worker("tiny", device="cpu")
     m = WorkerMetrics(w)
     server = serve(m.registry, "127.0.0.1", 0)
@@ -122,6 +123,8 @@ def test_sessions_are_held_weakly():
 
 
 def test_token_rule():
+    import httpx
+
     w = Worker("tiny", device="cpu")
     reg = WorkerMetrics(w).registry
     with pytest.raises(MetricsTokenError, match="--metrics-token"):
@@ -137,6 +140,8 @@ def test_token_rule():
 
 
 def test_live_worker_cli_passes_promtool_check_metrics():
+    import httpx
+
     promtool = shutil.which("promtool")
     if promtool is None:
         pytest.skip("promtool is not installed: apt-get install prometheus (./dev test installs it when run as root)")
