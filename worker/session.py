@@ -510,7 +510,7 @@ class Session:
         tel.event("session_end", frames=frames, avg_fps=fps, late_chunks=pl.late_chunks)
         if tel.dropped:  # records the worker's own path lost (failed to build or put); the client
             # reports the rows it dropped itself, in its own telemetry_dropped events (where=client)
-            tel.event("telemetry_dropped", where="worker", dropped=tel.dropped)
+            tel.event("telemetry_dropped", where="worker", dropped=tel.dropped, reasons=dict(tel.dropped_by))
         if self._own_sink:
             self.sink.close(timeout_s=2.0)  # ships what it can; the rest counts as dropped
         else:

@@ -18,7 +18,9 @@ the NVML cumulative-energy counter (``nvmlDeviceGetTotalEnergyConsumption``), sa
 by a thread that also ships ``gpu_sample`` records, interpolated at each step's start and end;
 without NVML (no driver: ``NVMLError_LibraryNotFound``) energy and power are null. ``fp8_saturated``
 (probed steps only, see worker/session.py) is read from pinned memory once the step's events are done.
-A telemetry failure never stops a step: the record is dropped and counted (``dropped``).
+A telemetry failure never stops a step: the record is dropped and counted (``dropped``, and per
+reason in ``dropped_by``: ``put_failed`` the sink raised, ``record_failed`` a step record could
+not be built from its events).
 """
 
 from __future__ import annotations
@@ -389,6 +391,7 @@ class Telemetry:
         # step at prod shape): on CUDA they are recorded on every 8th step, other steps report null
         self.detail_every = detail_every or (8 if self.cuda else 1)
         self.dropped = 0
+        self.dropped_by: dict[str, int] = {}  # reason -> records this path lost (see the module doc)
         self.emitted: dict[str, int] = {"step": 0, "session": 0, "event": 0, "gpu_sample": 0, "turn": 0}
         self.stats = StepStats()
         self._pending: deque[_Pending] = deque()
@@ -442,8 +445,12 @@ class Telemetry:
             self.sink.put(kind, {**self.labels, "ts": row.pop("ts", None) or self.now_dt(), **row})
             self.emitted[kind] += 1
         except Exception as e:  # noqa: BLE001 - never let telemetry fail a step
-            self.dropped += 1
+            self._lost("put_failed")
             log.debug("telemetry record dropped: %s", e)
+
+    def _lost(self, reason: str) -> None:
+        self.dropped += 1
+        self.dropped_by[reason] = self.dropped_by.get(reason, 0) + 1
 
     def event(self, kind: str, **detail: Any) -> None:
         self._put("event", {"kind": kind, "detail": detail})
@@ -503,7 +510,7 @@ class Telemetry:
             try:
                 self._emit_step(p)
             except Exception as e:  # noqa: BLE001
-                self.dropped += 1
+                self._lost("record_failed")
                 log.warning("step %d record dropped: %s", p.step, e)
             n += 1
         return n

@@ -178,5 +178,5 @@ def test_session_reports_only_the_drops_of_the_worker_path():
 
     sink = _SinkWithDrops(refuse=2)
     s = run_session("tiny", steps=4, realtime=False, sink=sink)
-    assert _drop_events(sink) == [{"where": "worker", "dropped": 2}]
+    assert _drop_events(sink) == [{"where": "worker", "dropped": 2, "reasons": {"put_failed": 2}}]
     assert s.telemetry_dropped == 7 + 2
