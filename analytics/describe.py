@@ -111,6 +111,21 @@ def _saturation(row, ev) -> str:
             f"(95% CI {_pct(ci[0])}-{_pct(ci[1])}; tolerated {_pct(row['baseline'])})")
 
 
+def _drift(row, ev) -> str:
+    m = row["metric"]
+    days = f" over {ev['days']} days" if ev.get("days") is not None else ""
+    pct = f" ({row['effect'] * 100:+.3g}% a week)" if row.get("effect") is not None else ""
+    return f"{m} drifts by {_measure(m, row['value'])} a day from {_measure(m, row['baseline'])}{pct}{days}"
+
+
+def _variance(row, ev) -> str:
+    base = f" than on {ev['baseline_release']}" if ev.get("baseline_release") else " than its baseline"
+    ratio = f" ({row['effect'] + 1:.2g}x)" if row.get("effect") is not None else ""
+    m = row["metric"].removesuffix("_spread")
+    return (f"{m} spreads wider{base}: {_measure(m, row['value'])} against {_measure(m, row['baseline'])}"
+            f"{ratio}, same median (a note, not a regression)")
+
+
 _BY_KIND: dict[str, Callable[[Mapping[str, Any], dict[str, Any]], str]] = {
     "fps_fraction": _fps,
     "memory_growth": _memory,
@@ -118,6 +133,8 @@ _BY_KIND: dict[str, Callable[[Mapping[str, Any], dict[str, Any]], str]] = {
     "changepoint": _changepoint,
     "canary": _canary,
     "fp8_saturation": _saturation,
+    "drift": _drift,
+    "variance": _variance,
 }
 
 

@@ -6,7 +6,7 @@
     add_findings_listener(fn)                     # fn(list of finding dicts) after a job wrote some
 
 Schedule (UTC): weekly fps fractions and the weekly report each Monday for the past ISO week;
-memory growth and FP8 saturation hourly; regressions and change points daily; a cheap release watch every few
+memory growth and FP8 saturation hourly; regressions, change points, drift and variance daily; a cheap release watch every few
 minutes runs the regression detector as soon as a new release shows up; the fleet roll-up
 (``queries.rollup``: closed days into ``fleet_daily`` for the dashboard) every 10 minutes. A failing job is logged,
 recorded in ``job_runs`` (status 'failed', the error), retried with backoff up to
@@ -29,7 +29,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
-from analytics import changepoints, fps, memory, queries, regressions, saturation
+from analytics import changepoints, drift, fps, memory, queries, regressions, saturation, variance
 from analytics.findings import write_findings
 
 log = logging.getLogger("livestep.analytics")
@@ -39,6 +39,7 @@ RETRY_BASE_S = 60.0
 MEMORY_WINDOW = timedelta(days=7)
 REGRESSION_WINDOW = timedelta(days=28)
 CHANGEPOINT_WINDOW = timedelta(days=42)
+DRIFT_WINDOW = timedelta(days=28)
 # recent sessions only: a drift past the calibrated range is acted on within hours, and two days hold
 # enough sampled sessions per release x GPU kind on a small fleet (saturation.MIN_SESSIONS)
 SATURATION_WINDOW = timedelta(days=2)
@@ -127,6 +128,14 @@ def _changepoints(store, start, end, **_):
     return changepoints.run(store, start, end)
 
 
+def _drift(store, start, end, **_):
+    return drift.run(store, start, end)
+
+
+def _variance(store, start, end, releases=None, **_):
+    return variance.run(store, start, end, releases=releases)
+
+
 def _rollup(store, start, end, **_):
     queries.rollup(store, now=end)
     # no findings of its own: returns None
@@ -150,6 +159,8 @@ JOBS: dict[str, Callable[..., list[dict] | None]] = {
     "fp8_saturation": _fp8_saturation,
     "regressions": _regressions,
     "changepoints": _changepoints,
+    "drift": _drift,
+    "variance": _variance,
     "weekly_report": _weekly_report,
     "rollup": _rollup,
 }
@@ -165,7 +176,7 @@ def window(name: str, now: datetime | None = None, week: str | None = None, star
         return queries.iso_week_bounds(week or past_iso_week(now))
     end = end or now
     span = {"memory": MEMORY_WINDOW, "fp8_saturation": SATURATION_WINDOW, "regressions": REGRESSION_WINDOW, "changepoints": CHANGEPOINT_WINDOW,
-            "rollup": timedelta(days=1)}
+            "drift": DRIFT_WINDOW, "variance": REGRESSION_WINDOW, "rollup": timedelta(days=1)}
     start = start or end - span.get(name, timedelta(days=7))
     if start >= end:
         raise JobError(f"job window start {start} is not before end {end}; valid: start < end")
@@ -203,7 +214,7 @@ def run_all(store, now: datetime | None = None, weeks: int = 4) -> list[dict]:
     for k in range(weeks, -1, -1):
         out += run_job("weekly_fps", store, week=queries.iso_week_of(now - timedelta(days=7 * k)))
     run_job("rollup", store, now=now)
-    for name in ("memory", "fp8_saturation", "regressions", "changepoints"):
+    for name in ("memory", "fp8_saturation", "regressions", "changepoints", "drift", "variance"):
         out += run_job(name, store, now=now)
     if _report_available():
         try:
@@ -310,6 +321,10 @@ def start_scheduler(store, *, timezone=UTC, reports_dir: Path | None = None) -> 
         id="regressions", replace_existing=True)
     add(scheduled, CronTrigger(hour=2, minute=20, timezone=timezone), args=[s, "changepoints", store],
         id="changepoints", replace_existing=True)
+    add(scheduled, CronTrigger(hour=2, minute=30, timezone=timezone), args=[s, "drift", store],
+        id="drift", replace_existing=True)
+    add(scheduled, CronTrigger(hour=2, minute=40, timezone=timezone), args=[s, "variance", store],
+        id="variance", replace_existing=True)
     add(scheduled, IntervalTrigger(minutes=10, timezone=timezone), args=[s, "rollup", store], id="rollup",
         replace_existing=True, next_run_time=datetime.now(timezone))
     watch = ReleaseWatch()

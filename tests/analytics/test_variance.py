@@ -1,0 +1,36 @@
+"""Variance changes (analytics/variance.py): Brown-Forsythe on literal samples with known answers, and a
+simulated release with twice the step-time variance and the same median: an info note, never a
+regression or a rollback."""
+
+import numpy as np
+
+from analytics import regressions, variance
+from analytics.simulate import simulate_fleet
+
+
+def test_twice_the_variance_is_wider_the_same_is_not():
+    rng = np.random.default_rng(5)
+    base = rng.normal(150, 2.0, 600)
+    assert variance.spread_change(rng.normal(150, 2.0 * np.sqrt(2), 600), base).wider
+    assert not variance.spread_change(rng.normal(150, 2.0, 600), base).wider
+    assert not variance.spread_change(base, rng.normal(150, 2.0 * np.sqrt(2), 600)).wider  # narrower: no note
+
+
+def test_a_significant_but_tiny_widening_is_under_the_floor():
+    rng = np.random.default_rng(6)
+    j = variance.spread_change(rng.normal(150, 2.2, 20000), rng.normal(150, 2.0, 20000))
+    assert j.p_value < 1e-6 and not j.wider and 1.05 < j.ratio < 1.15
+
+
+def test_a_wider_release_gets_an_info_note_and_no_regression(store, small):
+    sim = simulate_fleet(store, weeks=1, incidents=[("variance", 3)], seed=31, **small)
+    rel = sim.release("variance")
+    notes = variance.run(store, sim.start, sim.end)
+    assert notes and all(r["severity"] == "info" and f"release={rel.name}" in r["scope"] for r in notes)
+    assert any(r["metric"] == "step_period_ms_spread" for r in notes)
+    assert [r for r in regressions.run(store, sim.start, sim.end) if r["metric"].startswith("step_period")] == []
+
+
+def test_a_benign_release_gets_no_note(store, small):
+    sim = simulate_fleet(store, weeks=1, incidents=[("benign", 3)], seed=32, **small)
+    assert variance.run(store, sim.start, sim.end) == []
