@@ -30,6 +30,7 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kernels import gemm_allreduce as ga
+from worker.parallel import gemm_allreduce
 
 SHAPES = {  # name: (N, K) of one TP=3 rank of prod57b
     "qkv": (3 * 2560, 7680),
@@ -71,11 +72,11 @@ def measure(name: str, m: int, n: int, k: int) -> dict:
         row[f"mm_{tag}"] = gpu_us(
             lambda fast=fast: torch._scaled_mm(a, w.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16,
                                                use_fast_accum=fast))  # fmt: skip
-        row[f"k_{tag}"] = gpu_us(lambda fast=fast: ga.gemm_allreduce(a, w.t(), sa, sb, None, fast_accum=fast))
+        row[f"k_{tag}"] = gpu_us(lambda fast=fast: gemm_allreduce(a, w.t(), sa, sb, None, fast_accum=fast))
         row[f"cfg_{tag}"] = cfg
-    row["eager"] = eager_us(lambda: ga.gemm_allreduce(a, w.t(), sa, sb, None))
+    row["eager"] = eager_us(lambda: gemm_allreduce(a, w.t(), sa, sb, None))
     row["eager_mm"] = eager_us(lambda: torch._scaled_mm(a, w.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16))
-    out = ga.gemm_allreduce(a, w.t(), sa, sb, None).double()
+    out = gemm_allreduce(a, w.t(), sa, sb, None).double()
     ref = ga.gemm_allreduce_ref(a, w.t(), sa, sb).double()
     row["err"] = ((out - ref).abs().max() / ref.abs().max()).item()
     return row

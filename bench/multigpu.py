@@ -28,8 +28,10 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kernels import gemm_allreduce as ga
 from worker import parallel
+from worker.buffers import BufferRegistry
 from worker.cache import make_cache
 from worker.config import ModelShape, Switches
+from worker.parallel import gemm_allreduce
 from worker.telemetry import ListSink
 
 
@@ -92,7 +94,7 @@ def _per_call_one(name: str, m: int, n: int, k: int, group, iters: int) -> dict:
     w = torch.randn(n, k, device="cuda").to(ga.FP8)
     sa = torch.tensor(0.02, device="cuda")
     sb = torch.tensor(0.03, device="cuda")
-    reg = ga.BufferRegistry(group=group, steady_m=m)
+    reg = BufferRegistry(group=group, steady_m=m)
     out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
 
     def mm():
@@ -108,9 +110,9 @@ def _per_call_one(name: str, m: int, n: int, k: int, group, iters: int) -> dict:
             dist.all_reduce(out, group=group)
 
     def fused():
-        ga.gemm_allreduce(a, w.t(), sa, sb, group, registry=reg)
+        gemm_allreduce(a, w.t(), sa, sb, group, registry=reg)
 
-    got = ga.gemm_allreduce(a, w.t(), sa, sb, group, registry=reg).float()
+    got = gemm_allreduce(a, w.t(), sa, sb, group, registry=reg).float()
     ref = ga.gemm_allreduce_ref(a, w.t(), sa, sb, group).float()
     err = ((got - ref).abs().max() / ref.abs().max()).item()
     def ours():
@@ -132,7 +134,7 @@ def registry_growth(place, worker, shape: ModelShape, lengths: list[int]) -> lis
     out = []
     for fault in (False, True):
         sw = Switches.all_on(cuda_graphs=False, compile=False).with_(buffer_per_shape=fault)
-        tp.registry = ga.BufferRegistry(group=tp.group, steady_m=shape.new_tokens)  # a fresh one per phase
+        tp.registry = BufferRegistry(group=tp.group, steady_m=shape.new_tokens)  # a fresh one per phase
         tp.apply_switches(sw)
         sizes, used = [], []
         g = torch.Generator(device=model.device).manual_seed(0)
@@ -152,7 +154,7 @@ def registry_growth(place, worker, shape: ModelShape, lengths: list[int]) -> lis
         out.append({"buffer_per_shape": fault, "lengths": len(set(lengths)), "size_first": sizes[0],
                     "size_last": sizes[-1], "size_max": max(sizes), "gpu_used_growth_mb": (used[-1] - used[0]) / 2**20,
                     "registry_mb": tp.registry.nbytes / 2**20})  # fmt: skip
-    tp.registry = ga.BufferRegistry(group=tp.group, steady_m=shape.new_tokens)
+    tp.registry = BufferRegistry(group=tp.group, steady_m=shape.new_tokens)
     return out
 
 

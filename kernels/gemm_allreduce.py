@@ -1,6 +1,7 @@
 """FP8 GEMM fused with the tensor-parallel all-reduce over plain peer-to-peer symmetric memory.
 
-    out = gemm_allreduce(a_fp8, w_fp8.t(), a_scale, w_scale, group)   # bf16 [M, N], summed over group
+    ws = symmetric_workspace(group, m, n)                        # one per steady shape (worker/buffers.py)
+    out = fused_gemm_allreduce(ws, a_fp8, w_fp8.t(), a_scale, w_scale)   # bf16 [M, N], summed over group
     ref = gemm_allreduce_ref(a_fp8, w_fp8.t(), a_scale, w_scale, group)
 
 Each rank computes its partial ``(a @ b) * scales`` tile by tile (Triton, e4m3 operands, fp32
@@ -13,21 +14,18 @@ any world size works, odd ones included. No multicast object is ever created: sy
 set up with ``TORCH_SYMM_MEM_DISABLE_MULTICAST=1`` (NVLS stays off). The epoch lives in device memory
 (bumped by a tiny torch op after each call), so the path holds no host state per call and no sync.
 
-Buffers come from a bounded `BufferRegistry` keyed by the steady-state shape (M, N, dtype): calls of
-any other M (first forwards: the prompt length varies per session) take GEMM + NCCL ``all_reduce``
-and never allocate. The fault switch ``buffer_per_shape`` reproduces the August incident: a buffer
-per distinct M, unbounded. ``len(registry)`` is the telemetry field ``buffers_registered``.
-World size 1 (or ``group=None``) is a plain FP8 GEMM (`fp8_gemm`). A `TileConfig` picks the classic
-kernel (one program per tile, pointer loads) or the variant kernel (persistent, stream-K, TMA loads,
-`occupancy` CTAs per SM); `tune` times the candidates per steady shape, the fused path keeps
-`FUSED_CONFIG`.
+Which calls take the fused path is decided by the worker's bounded ``BufferRegistry``
+(worker/buffers.py; ``worker.parallel.gemm_allreduce`` for raw operands). World size 1 is a plain
+FP8 GEMM (`fp8_gemm`). A `TileConfig` picks the classic kernel (one program per tile, pointer loads)
+or the variant kernel (persistent, stream-K, TMA loads, `occupancy` CTAs per SM); `tune` times the
+candidates per steady shape, the fused path keeps `FUSED_CONFIG`.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -907,93 +905,3 @@ def fused_gemm_allreduce(ws: SymmetricWorkspace, a, b, a_scale, b_scale, config=
     """Both phases on one rank (the real multi-GPU path: every rank calls it for the same call)."""
     cfg = push_partials(ws, a, b, a_scale, b_scale, config, fast_accum)
     return reduce_tiles(ws, cfg)
-
-
-@dataclass
-class BufferRegistry:
-    """Symmetric buffers of the fused path, keyed by (M, N, dtype); bounded to steady-state shapes.
-
-    `steady_m` is the steady-state token count (new tokens per step); calls with another M (first
-    forwards) get None and take NCCL. With `buffer_per_shape` (the fault switch) every M gets its
-    own buffer and nothing is ever evicted: the August leak. `len(registry)` = buffers_registered.
-    """
-
-    group: object = None
-    steady_m: int | None = None
-    capacity: int = 4
-    buffer_per_shape: bool = False
-    entries: dict = field(default_factory=dict)
-
-    def __len__(self) -> int:
-        return len(self.entries)
-
-    @property
-    def nbytes(self) -> int:
-        return sum(getattr(e, "nbytes", 0) for e in self.entries.values())
-
-    def admits(self, m: int) -> bool:
-        return self.buffer_per_shape or (self.steady_m is not None and m == self.steady_m)
-
-    def lookup(self, m: int, n: int, dtype=torch.bfloat16, device=None):
-        """The workspace for (M, N, dtype), created on first use; None when M is not admitted."""
-        if not self.admits(m):
-            return None
-        key = (m, n, dtype)
-        ws = self.entries.get(key)
-        if ws is None:
-            if not self.buffer_per_shape and len(self.entries) >= self.capacity:
-                raise GemmAllReduceError(
-                    f"buffer registry full ({self.capacity} steady-state shapes: "
-                    f"{sorted(k[:2] for k in self.entries)}); only steady_m={self.steady_m} is admitted"
-                )
-            ws = self._create(m, n, device)
-            self.entries[key] = ws
-        return ws
-
-    def _create(self, m: int, n: int, device):
-        world = dist.get_world_size(self.group) if self.group is not None else 1
-        if device is not None and torch.device(device).type == "cuda" and world > 1:
-            try:
-                return symmetric_workspace(self.group, m, n)
-            except RuntimeError as e:  # no P2P here: keep the plain path (every rank fails alike)
-                log.warning("symmetric memory unavailable (%s): this shape takes NCCL", e)
-        # no peer-to-peer memory here (CPU/gloo): a local stand-in of the same size, so the registry's
-        # growth is real memory; the call itself takes GEMM + all_reduce
-        return emulated_workspaces(1, m * world, n, device or "cpu", _MIN_TILE)[0]
-
-    def clear(self) -> None:
-        self.entries.clear()
-
-
-_REGISTRIES: dict[object, BufferRegistry] = {}
-
-
-def registry_for(group) -> BufferRegistry:
-    """The process-wide registry of a group (created empty, no steady shape admitted until set)."""
-    reg = _REGISTRIES.get(group)
-    if reg is None:
-        reg = _REGISTRIES[group] = BufferRegistry(group=group)
-    return reg
-
-
-def gemm_allreduce(
-    a_fp8: torch.Tensor, b_fp8: torch.Tensor, a_scale: torch.Tensor, b_scale: torch.Tensor, group=None,
-    *, registry: BufferRegistry | None = None, fast_accum: bool = False,
-) -> torch.Tensor:  # fmt: skip
-    """bf16 [M, N] = sum over `group` of ``(a @ b) * a_scale * b_scale``.
-
-    a_fp8: [M, K] e4m3; b_fp8: [K, N] (or an [N, K] weight, transposed when unambiguous; pass
-    ``w.t()`` for a square weight); scales fp32, per tensor or a_scale [M] / b_scale [N].
-    Steady-state shapes with peer memory take the fused path; other shapes GEMM + NCCL all_reduce.
-    """
-    world = dist.get_world_size(group) if group is not None else 1
-    if world == 1:
-        return fp8_gemm(a_fp8, b_fp8, a_scale, b_scale, fast_accum=fast_accum)
-    reg = registry if registry is not None else registry_for(group)
-    a, b, sa, sb, m, n, _ = _operands(a_fp8, b_fp8, a_scale, b_scale)
-    ws = reg.lookup(m, n, torch.bfloat16, a.device)
-    if ws is not None and a.is_cuda and ws.world == world:
-        return fused_gemm_allreduce(ws, a, b, sa, sb, fast_accum=fast_accum)
-    out = fp8_gemm(a, b, sa, sb, fast_accum=fast_accum)
-    dist.all_reduce(out, group=group)
-    return out

@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from kernels.gemm_allreduce import BufferRegistry, fused_gemm_allreduce
+from kernels.gemm_allreduce import _operands, fp8_gemm, fused_gemm_allreduce
+from worker.buffers import BufferRegistry, registry_for
 from worker.config import SWITCH_NAMES, ModelShape, Switches, tp_rank_of
 from worker.decoder import DecodeJob
 from worker.session import Session, Worker
@@ -198,8 +199,8 @@ class TensorParallel:
             return lin(x)
         if self.fused:
             # steady shape -> a registered symmetric workspace; first forwards (other M) -> None
-            ws = self.registry.lookup(x.shape[0], lin.w.shape[0], torch.bfloat16, x.device)
-            if ws is not None and x.is_cuda and lin.scale is not None and ws.world == self.world:
+            ws = self.registry.fused_workspace(x.shape[0], lin.w.shape[0], x.device, self.world)
+            if ws is not None and lin.scale is not None:
                 with block.timer.span("allreduce"):
                     xq, xs = _quantize_act(x)
                     self.calls["fused"] += 1
@@ -225,6 +226,30 @@ class _BoundRowParallel:
 
     def __call__(self, x: torch.Tensor, lin) -> torch.Tensor:
         return self.tp.row_parallel(self.block, x, lin)
+
+
+def gemm_allreduce(
+    a_fp8: torch.Tensor, b_fp8: torch.Tensor, a_scale: torch.Tensor, b_scale: torch.Tensor, group=None,
+    *, registry: BufferRegistry | None = None, fast_accum: bool = False,
+) -> torch.Tensor:  # fmt: skip
+    """bf16 [M, N] = sum over `group` of ``(a @ b) * a_scale * b_scale`` for pre-quantized operands
+    (the benches and kernel tests; the model's linears go through ``TensorParallel.row_parallel``).
+
+    a_fp8: [M, K] e4m3; b_fp8: [K, N] (or an [N, K] weight, transposed when unambiguous; pass
+    ``w.t()`` for a square weight); scales fp32, per tensor or a_scale [M] / b_scale [N].
+    Steady-state shapes with peer memory take the fused path; other shapes GEMM + NCCL all_reduce.
+    """
+    world = dist.get_world_size(group) if group is not None else 1
+    if world == 1:
+        return fp8_gemm(a_fp8, b_fp8, a_scale, b_scale, fast_accum=fast_accum)
+    reg = registry if registry is not None else registry_for(group)
+    a, b, sa, sb, m, n, _ = _operands(a_fp8, b_fp8, a_scale, b_scale)
+    ws = reg.fused_workspace(m, n, a.device, world)
+    if ws is not None:
+        return fused_gemm_allreduce(ws, a, b, sa, sb, fast_accum=fast_accum)
+    out = fp8_gemm(a, b, sa, sb, fast_accum=fast_accum)
+    dist.all_reduce(out, group=group)
+    return out
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from collector.switch_names import SWITCH_NAMES
-from kernels.gemm_allreduce import BufferRegistry
+from worker.buffers import BufferRegistry
 from worker.cache import CACHE_SWITCHES, KVCache, make_cache, rebuild_cache
 from worker.config import ModelShape, ShapeError, SwitchError, Switches, parse_switch_args, tp_rank_of
 from worker.decoder import Decoder
@@ -199,7 +199,7 @@ class Worker:
 
     @property
     def registry(self) -> BufferRegistry:
-        """The fused all-reduce's buffer registry (kernels/gemm_allreduce.py): at world size 1 a local
+        """The fused all-reduce's buffer registry (worker/buffers.py): at world size 1 a local
         stand-in of the same size, so the fault switch's leak shows without a TP group."""
         return self._registry
 
