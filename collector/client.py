@@ -6,16 +6,18 @@
     client.close(timeout_s=5.0)                                      # ship what is left, stop
 
 ``put`` appends to a bounded in-memory buffer; when the buffer is full the record is dropped and
-counted in ``dropped`` (a telemetry failure never stops a step). A record put while ``close`` is
-shipping the rest is shipped with it; only one put after the last batch went out is lost. A daemon thread batches rows per
+counted in ``dropped`` (a telemetry failure never stops a step). A daemon thread batches rows per
 record kind by size (``batch_rows``) and age (``flush_interval_s``), encodes each batch as one Arrow
 IPC stream body (``records.to_arrow``, one kind per body) and POSTs it to ``/v1/telemetry`` over a
 keep-alive connection. Each batch gets an ``Idempotency-Key`` before its first attempt; connection
 errors, 5xx and 429 (``Retry-After`` honoured) are retried under that same key with exponential
 backoff and full jitter, until ``give_up_after_s`` or ``max_attempts``; a 4xx other than 429 is never
 retried. Given-up and refused batches count in ``failed_batches`` and their rows in ``dropped``.
-Every dropped row is a real loss (never stored by this client) and is counted under its reason
-(``DROP_REASONS``, in ``stats()["dropped_by"]``). Drops show up in telemetry too: at most every
+``close`` still takes records while it ships the rest (a sampler thread's last samples go out with
+them); only a record put after its final sweep is lost.
+
+Every dropped row is a real loss (never stored by this client), counted under its reason
+(``DROP_REASONS``; ``stats()["dropped_by"]``). Drops show up in telemetry too: at most every
 ``report_drops_s`` (and at close) the client ships a ``telemetry_dropped`` event (labels of the
 latest record; detail: ``where: "client"``, ``dropped``: rows lost since the last event,
 ``reasons``: those rows per reason, ``last_error``, and the running totals); the worker reports
@@ -31,8 +33,8 @@ Idempotency-Key, counted in ``filed``, not in ``dropped``. ``livestep replay PAT
 ships them later under the same keys (collector/replay.py). Writing the file happens in the sender
 thread only: it never blocks or fails a step (a failed write is a loss, reason ``file_error``).
 
-Imports only pyarrow, httpx, orjson, ``collector.records`` and ``collector.telemetry_file`` (no server code): the GPU machine has
-no fastapi/chdb. ``NullClient`` has the same interface and ships nothing ("no collector").
+Imports only pyarrow, httpx, orjson, ``collector.records`` and ``collector.telemetry_file`` (no
+server code): the GPU machine has no fastapi/chdb. ``NullClient`` has the same interface and ships nothing ("no collector").
 """
 
 from __future__ import annotations
@@ -75,7 +77,7 @@ DROP_REASONS: dict[str, str] = {
     "unauthorized": "the collector refused the token (401/403: not retried)",
     "gave_up": "the batch failed after retries (give_up_after_s or max_attempts)",
     "close_timeout": "still buffered when close() ran out of time",
-    "after_close": "put after close() had shipped the last batch",
+    "after_close": "put after close()'s final sweep",
     "file_error": "the batch could not be written to the telemetry file",
     "internal": "the client failed on the batch (a bug; logged)",
 }
@@ -142,9 +144,9 @@ class TelemetryClient:
 
     ``url`` None: no collector, every batch goes to ``telemetry_file`` (one of the two is needed).
     Counters (rows unless named otherwise): ``sent`` acked by the collector; ``filed`` written to
-    the telemetry file (to be replayed: not lost); ``dropped`` never
-    stored, per reason in ``stats()["dropped_by"]`` (``DROP_REASONS``); ``failed_batches`` batches
-    refused or given up; ``retries`` attempts after the first.
+    the telemetry file (to be replayed: not lost); ``dropped`` never stored, per reason in
+    ``stats()["dropped_by"]`` (``DROP_REASONS``); ``failed_batches`` batches lost (refused, given
+    up); ``retries`` attempts after the first.
     """
 
     def __init__(
@@ -196,18 +198,18 @@ class TelemetryClient:
         self.max_retry_after_s = max_retry_after_s
         self.report_drops_s = report_drops_s
 
-        headers = {"Content-Type": ARROW_CONTENT_TYPE, "User-Agent": "livestep-client/1"}
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
-        self._http = httpx.Client(headers=headers, timeout=timeout_s)
         try:
             self._file = TelemetryFileWriter(telemetry_file) if telemetry_file is not None else None
         except (OSError, ValueError) as e:
             raise ClientConfigError(f"telemetry file {telemetry_file}: {e}") from e
+        headers = {"Content-Type": ARROW_CONTENT_TYPE, "User-Agent": "livestep-client/1"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        self._http = httpx.Client(headers=headers, timeout=timeout_s)
 
         self._lock = threading.Lock()  # guards the buffer, the counters and the flush waiters
         self._queue: deque[tuple[str, dict[str, Any]]] = deque()
-        self._buffered = 0  # rows put and not yet acked/dropped (queued + batched + in flight)
+        self._buffered = 0  # rows put and not yet acked/filed/dropped (queued + batched + in flight)
         self._flush_waiters: list[threading.Event] = []
         self._wake = threading.Event()  # the sender has work (a full batch, a flush, close)
         self._interrupt = threading.Event()  # close() cuts a backoff sleep short
@@ -223,6 +225,7 @@ class TelemetryClient:
         self._reported_by: dict[str, int] = {}  # sender thread only: dropped_by at the last drop event
         self._last_error: str | None = None  # why the latest batch was lost
         self._abandoned = 0  # rows in flight that close() counted as close_timeout (see close)
+        self._last_response: httpx.Response | None = None  # the latest 2xx (post_batch reads its ack)
         self._failed_batches = 0
         self._retries = 0
         self._reported_dropped = 0  # sender thread only
@@ -277,7 +280,7 @@ class TelemetryClient:
 
     @property
     def buffered(self) -> int:
-        """Rows put and not yet acked or dropped."""
+        """Rows put and not yet acked, filed or dropped."""
         return self._buffered
 
     def stats(self) -> dict[str, Any]:
