@@ -55,6 +55,10 @@ def main() -> int:
     ap.add_argument("--sessions", type=int, default=100)
     ap.add_argument("--min-seconds", type=float, default=10.0, help="shortest session (streamed seconds)")
     ap.add_argument("--max-seconds", type=float, default=60.0, help="longest session (streamed seconds)")
+    ap.add_argument("--long-every", type=int, default=0,
+                    help="every Nth session lasts --long-seconds instead (0: none), so short soaks still cross "
+                         "position resets (one every reset_every steps)")
+    ap.add_argument("--long-seconds", type=float, default=8.0, help="length of those sessions")
     ap.add_argument("--ab-rounds", type=int, default=2, help="steady-step comparison rounds (0: skip)")
     ap.add_argument("--ab-steps", type=int, default=40, help="steady steps per comparison session")
     ap.add_argument("--preroll", type=int, default=2, help="chunks buffered before playback starts")
@@ -109,6 +113,8 @@ def main() -> int:
             client = TelemetryClient(None, telemetry_file=args.telemetry_file)
         for n in range(1, args.sessions + 1):
             seconds = rng.uniform(args.min_seconds, args.max_seconds)
+            if args.long_every and n % args.long_every == 0:
+                seconds = args.long_seconds
             L = rng.randint(*shape.cond_tokens)
             sink = client if client is not None else NullClient()  # NullClient: keeps nothing, loses nothing
             before = sink.stats()
@@ -123,7 +129,7 @@ def main() -> int:
                              # plus the session's own path's: this session's share is the difference
                              "sent": sink.stats()["sent"] + sink.stats()["filed"] - before["sent"] - before["filed"],
                              "dropped": s.telemetry_dropped - before["dropped"],
-                             "captures": s.graph_captures, "misses": s.graph_misses, "warm": s.warm})
+                             "resets": s.resets, "captures": s.graph_captures, "misses": s.graph_misses, "warm": s.warm})
             r = rows[-1]
             print(f"{n:4d} {r['steps']:5d} {L:5d} {r['ff']:5d} {alloc / 2**30:9.3f} {res / 2**30:9.3f} "
                   f"{r['late']:4d} {r['ttff'] or float('nan'):8.1f} {r['sent']:7d} {r['dropped']:4d} "
@@ -143,7 +149,8 @@ def main() -> int:
           f"(+{(aN - a5) / 2**20:.1f} MiB; goal <= +256 MiB)")
     print(f"reserved after session {k}: {rows[k - 1]['res'] / 2**30:.3f} GiB; after {len(rows)}: "
           f"{rows[-1]['res'] / 2**30:.3f} GiB")
-    print(f"late chunks: {sum(r['late'] for r in rows)} in {len(rows)} sessions (from the first played chunk on)")
+    print(f"late chunks: {sum(r['late'] for r in rows)} in {len(rows)} sessions (from the first played chunk on; "
+          f"{sum(r['resets'] for r in rows)} position resets among their steps)")
     print(f"time to first frame: p50 {p(0.5):.1f} ms, p95 {p(0.95):.1f} ms, max {ttff[-1] if ttff else float('nan'):.1f} ms")
     print(f"records sent {sum(r['sent'] for r in rows)}, dropped {sum(r['dropped'] for r in rows)}; "
           f"graphs captured during sessions {sum(r['captures'] for r in rows)}, misses {sum(r['misses'] for r in rows)}")
