@@ -129,12 +129,18 @@ def read_findings(
 
 
 def write_findings(
-    store, job: str, start: datetime, end: datetime, rows: list[dict[str, Any]], now: datetime | None = None
+    store, job: str, start: datetime, end: datetime, rows: list[dict[str, Any]], now: datetime | None = None,
+    *, current: bool = False,
 ) -> list[dict[str, Any]]:
     """Write ``rows`` (from ``finding``) for ``job`` over [start, end); resolve what it no longer finds.
 
-    Keeps ``first_seen`` of keys seen before; a new key of a ``CONTINUING_KINDS`` kind takes the
-    earliest ``first_seen`` of its series' open rows. Returns the rows written as open findings.
+    ``current``: the run is the job's whole judgement of now (a trailing-window detector: memory, FP8
+    saturation, change points, every release's regressions), so each open row of the job it did not
+    write again is resolved, whatever its window (one that slid out of the window is no longer seen).
+    Otherwise only the rows inside [start, end) or of a re-found (kind, scope, metric) are (a weekly
+    job's past weeks stay as they were). Keeps ``first_seen`` of keys seen before; a new key of a
+    ``CONTINUING_KINDS`` kind takes the earliest ``first_seen`` of its series' open rows. Returns the
+    rows written as open findings.
     """
     now = _utc(now or datetime.now(UTC))
     for r in rows:
@@ -155,7 +161,7 @@ def write_findings(
         if k[0] in CONTINUING_KINDS and old["first_seen"] is not None:
             series_first[k[:3]] = min(series_first.get(k[:3], old["first_seen"]), old["first_seen"])
         in_window = s <= _utc(old["window_start"]) < e
-        if k not in new_keys and (in_window or k[:3] in new_series):
+        if k not in new_keys and (current or in_window or k[:3] in new_series):
             stale.append({**old, "status": "resolved", "updated_at": now})
     out = []
     for r in rows:

@@ -3,7 +3,8 @@
     scheduler = start_scheduler(store)            # started; the app's lifespan shuts it down
     rows = run_job("memory", store)               # on demand; window kwargs: start, end, week, now
     rows = run_all(store, now=...)                # every job once (the demo), returns the findings
-    add_findings_listener(fn)                     # fn(list of finding dicts) after a job wrote some
+    add_findings_listener(fn)                     # fn(list of finding dicts) after every detector run
+                                                  # (api/incidents.py's hand-off; [] when it found nothing)
 
 Schedule (UTC): weekly fps fractions and the weekly report each Monday for the past ISO week;
 memory growth and FP8 saturation hourly; regressions, change points, drift and variance daily; a cheap release watch every few
@@ -44,6 +45,8 @@ DRIFT_WINDOW = timedelta(days=28)
 # enough sampled sessions per release x GPU kind on a small fleet (saturation.MIN_SESSIONS)
 SATURATION_WINDOW = timedelta(days=2)
 RELEASE_POLL = timedelta(minutes=5)
+# trailing-window detectors: each run is the whole current judgement (findings.write_findings current=True)
+CURRENT_JOBS = frozenset({"memory", "fp8_saturation", "regressions", "changepoints"})
 
 _listeners: list[Callable[[list[dict]], None]] = []
 _listeners_lock = threading.Lock()
@@ -54,7 +57,9 @@ class JobError(Exception):
 
 
 def add_findings_listener(fn: Callable[[list[dict]], None]) -> None:
-    """Call ``fn(findings)`` after each job that wrote findings (the api posts critical ones to the webhook)."""
+    """Call ``fn(findings)`` after each detector run, with the open findings it wrote ([] when none: what it
+    no longer finds was resolved). api/incidents.py's hand-off listens: findings go to the incident logic
+    by a call in this process, never through the server's own webhook."""
     with _listeners_lock:
         if fn not in _listeners:
             _listeners.append(fn)
@@ -195,12 +200,13 @@ def run_job(name: str, store, *, trigger: str = "demand", attempt: int = 1, **wi
     started = datetime.now(UTC)
     try:
         rows = JOBS[name](store, start, end, week=win.get("week"), **extra)
-        written = [] if rows is None else write_findings(store, name, start, end, rows)
+        current = name in CURRENT_JOBS and extra.get("releases") is None  # a partial run judges only its part
+        written = [] if rows is None else write_findings(store, name, start, end, rows, current=current)
     except Exception as e:
         _record(store, name, started, "failed", attempt, trigger, start, end, 0, f"{type(e).__name__}: {e}")
         raise
     _record(store, name, started, "ok", attempt, trigger, start, end, len(written), "")
-    if written:
+    if rows is not None:  # every detector run, even one that found nothing: what it no longer finds matters
         _notify(written)
     return written
 

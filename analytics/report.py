@@ -2,7 +2,8 @@
 
     html_path, json_path = build_weekly_report(store, "2026-W47", Path("var/reports"))
 
-Sections: fps fractions against the week before, regressions with their evidence, memory findings,
+Sections: incidents (open during the week, api/incidents.py), fps fractions against the week before,
+regressions with their evidence, memory findings,
 FP8 saturation findings (only in a week that has some), switch changes and rollbacks (the audit trail and the workers' ``switch_applied``/``rollback``
 events), canary decisions. plotly.js is copied once next to the reports and linked relatively, so a
 report opens from disk without a network and is served by ``/v1/reports``.
@@ -54,6 +55,16 @@ def _canaries(store, start: datetime, end: datetime) -> list[dict[str, Any]]:
     return qr.rows(df, json_cols=("evidence",))
 
 
+def _incidents(store, start: datetime, end: datetime) -> list[dict[str, Any]]:
+    """Incidents opened before the week's end that were not resolved before its start (api/incidents.py)."""
+    df = store.query_df(
+        "SELECT id, state, severity, kind, scope, switch, summary, opened_at, mitigated_at, resolved_at, flips, "
+        "notifications FROM incidents FINAL WHERE opened_at < {e:DateTime64(3, 'UTC')} "
+        "AND (resolved_at IS NULL OR resolved_at >= {s:DateTime64(3, 'UTC')}) ORDER BY opened_at, id",
+        {"s": start, "e": end})
+    return qr.rows(df)
+
+
 def weekly_data(store, iso_week: str) -> dict[str, Any]:
     """Everything the report shows, as JSON-ready data."""
     start, end = iso_week_bounds(iso_week)
@@ -72,6 +83,7 @@ def weekly_data(store, iso_week: str) -> dict[str, Any]:
         "fps": {"this_week": this, "week_before": before, "frac_le_24fps_change": change,
                 "by_release": qr.rows(by_release)},
         "step_period_quantiles": qr.quantile_rows(sessions, "step_period_ms"),
+        "incidents": _incidents(store, start, end),
         "regressions": qr.finding_rows(qr.findings_frame(store, kind="regression", start=start, end=end, limit=500)),
         "memory_findings": qr.finding_rows(qr.findings_frame(store, kind="memory_growth", start=start, end=end,
                                                              limit=500)),
@@ -111,6 +123,10 @@ def _html(store, data: dict[str, Any]) -> str:
         "sessions whose largest sampled fraction of FP8 activations at +-448 exceeds the tolerance, per release "
         "and GPU kind; a critical finding turns static_scales off for its scope"))] if saturation else []
     return d.page(f"Weekly report {data['iso_week']}", [
+        d.section("Incidents", d.table(data["incidents"], ["state", "severity", "kind", "scope", "switch", "summary",
+                                                       "opened_at", "mitigated_at", "resolved_at", "flips",
+                                                       "notifications"], empty="no incident this week"),
+                  note="one per root cause; the findings below are their evidence"),
         d.section("fps fractions against the week before", d.table(summary) + d.chart(
             d.fig_fps_weeks(weeks, "frac_le_24fps", "fraction of sessions <= 24 fps"), "r-fps")),
         d.section("Step time per release", d.chart(d.fig_quantiles(data["step_period_quantiles"], "step_period_ms"),

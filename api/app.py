@@ -6,14 +6,14 @@
 The lifespan opens the store and makes its schema current once (``collector.migrations.ensure_current``:
 single-node files applied, a cluster's only checked; a schema that is not current stops the server), opens the spool and starts its block writer
 (role collector), starts the analytics scheduler (role scheduler, if ``analytics.jobs`` imports)
-and, with it, the canary evaluation job (``api.canary.schedule``) and the findings notifier
-(``api.notify.install_for_server``: critical findings to the alert webhook) -- once per app,
+and, with it, the canary evaluation job (``api.canary.schedule``) and the incident hand-off
+(``api.incidents.install``: every job's findings to the incident logic, in process) -- once per app,
 whatever else the role serves -- and shuts them down in reverse order. Every module of ``api/routes/`` that defines ``router`` is
 included (role api; ``health`` and ``metrics`` on every role), plus ``collector.routes.router`` (role
 collector); the collector's metrics (``app.state.ingest_metrics``, ``fleet_counters``) are collector/metrics.py.
 The store is ``app.state.store``, the settings ``app.state.settings`` (read once here; routes get it
-through api/deps.py, the notifier is built from it), the spool ``app.state.spool``,
-the scheduler ``app.state.scheduler`` and the notifier ``app.state.notifier`` (None where not run).
+through api/deps.py, the hand-off is built from it), the spool ``app.state.spool``,
+the scheduler ``app.state.scheduler`` and the hand-off ``app.state.incidents`` (None where not run).
 """
 
 from __future__ import annotations
@@ -59,18 +59,18 @@ def _validation_detail(exc: RequestValidationError) -> str:
 
 
 def _wire_scheduler(settings: Settings, scheduler, store: Store):
-    """What runs beside the analytics jobs: the canary evaluation job and the findings notifier.
-    Returns the notifier (None if it could not be installed; logged, the server still starts)."""
-    from api import canary, notify
+    """What runs beside the analytics jobs: the canary evaluation job and the incident hand-off.
+    Returns the hand-off (None if it could not be installed; logged, the server still starts)."""
+    from api import canary, incidents
 
     try:
         canary.schedule(scheduler, store)
     except Exception:  # a missing side job must not take the scheduler down
         log.exception("canary evaluation job not scheduled")
     try:
-        return notify.install_for_server(settings, store)
-    except Exception:  # a notifier that cannot be installed must not take the scheduler down
-        log.exception("critical findings will not be posted to the alert webhook")
+        return incidents.install(settings, store)
+    except Exception:  # a hand-off that cannot be installed must not take the scheduler down
+        log.exception("findings will not be handed to the incident logic")
         return None
 
 
@@ -97,7 +97,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 raise  # the embedded store cannot be "down", and a stale schema is never served
             app.state.store_error = f"{type(e).__name__}: {e}"[:300]
             log.warning("store unreachable at start, collector keeps spooling: %s", app.state.store_error)
-        spool = writer = scheduler = notifier = None
+        spool = writer = scheduler = handoff = None
         if "collector" in settings.roles:
             from collector.spool import Spool
             from collector.writer import BlockWriter
@@ -120,15 +120,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 log.info("analytics scheduler not started (analytics.jobs unavailable: %s)", e)
             else:
                 scheduler = start_scheduler(app.state.store, reports_dir=Path(settings.reports_dir))
-                notifier = _wire_scheduler(settings, scheduler, app.state.store)
-        app.state.scheduler, app.state.notifier = scheduler, notifier
+                handoff = _wire_scheduler(settings, scheduler, app.state.store)
+        app.state.scheduler, app.state.incidents = scheduler, handoff
         try:
             yield
         finally:
-            if notifier is not None:
-                from api.notify import uninstall
+            if handoff is not None:
+                from api.incidents import uninstall
 
-                uninstall(notifier)
+                uninstall(handoff)
             if scheduler is not None:
                 scheduler.shutdown(wait=False)
             if writer is not None:
@@ -146,7 +146,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     app.state.store = app.state.store_error = app.state.spool = app.state.writer = None
-    app.state.scheduler = app.state.notifier = None
+    app.state.scheduler = app.state.incidents = None
     app.state.ingest_metrics = app.state.fleet_counters = app.state.metrics_registry = None
 
     @app.exception_handler(RequestValidationError)

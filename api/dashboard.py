@@ -23,7 +23,7 @@ import polars as pl
 
 PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
 PLOTLY_URL = "/static/plotly.min.js"
-NAV = (("Fleet", "/dashboard/"), ("Releases", "/dashboard/releases"), ("Sessions", "/dashboard/sessions"),
+NAV = (("Incidents", "/dashboard/incidents"), ("Fleet", "/dashboard/"), ("Releases", "/dashboard/releases"), ("Sessions", "/dashboard/sessions"),
        ("Memory", "/dashboard/memory"),
        ("Findings", "/dashboard/findings"), ("Switches", "/dashboard/switches"), ("Reports", "/dashboard/reports"))
 

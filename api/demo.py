@@ -11,9 +11,11 @@ function: 1. ``stream_session`` — a synthetic ~24 fps session through ``Teleme
 then ``wait_stored`` / ``session_summary``; 2-6. ``rollback_story`` — simulated fleet history through
 the collector (a sync-bug release, then the August incident, whose b200 workers' static FP8 scales
 also drift into saturation), a live tiny worker of the leaking release polling the control plane, the
-analytics jobs, critical findings posted signed to the alert webhook which turns ``fused_allreduce``
-off (and ``static_scales`` for the saturating b200 cohort), the worker applying it at its next step boundary, and
-this week's report; ``print_links`` ends with the dashboard URLs.
+analytics jobs, whose findings the scheduler hands to the incident logic: one incident per root cause
+(the leak's per-process findings are one incident's evidence), one signed notification each to a
+receiver standing in for the on-call's webhook, one flip at the incident's scope (``fused_allreduce``
+off for the leaking release, ``static_scales`` for the saturating b200 cohort), the worker applying it
+at its next step boundary, and this week's report; ``print_links`` ends with the dashboard URLs.
 """
 
 from __future__ import annotations
@@ -83,14 +85,16 @@ class DemoServer:
 
 
 def start_server(
-    dsn: str | None = None, port: int | None = None, spool_dir: str | None = None, timeout_s: float = 30.0
+    dsn: str | None = None, port: int | None = None, spool_dir: str | None = None, timeout_s: float = 30.0,
+    webhook_urls: str | None = None,
 ) -> DemoServer:
     import uvicorn
 
     from api.app import create_app
     from api.settings import load_settings
 
-    settings = load_settings(clickhouse_dsn=dsn, host="127.0.0.1", port=port, spool_dir=spool_dir)
+    settings = load_settings(clickhouse_dsn=dsn, host="127.0.0.1", port=port, spool_dir=spool_dir,
+                             webhook_urls=webhook_urls)
     app = create_app(settings)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning", lifespan="on")
     server = uvicorn.Server(config)
@@ -348,7 +352,8 @@ def run(args: argparse.Namespace) -> int:
     """The whole story (``--quick``: only the first two steps)."""
     started = time.monotonic()
     dsn, spool_dir = fresh_demo_store(args.dsn, args.spool_dir)
-    server = start_server(dsn, args.port, spool_dir)
+    receiver = Receiver.start()  # stands in for the on-call's webhook (Slack, PagerDuty, ...)
+    server = start_server(dsn, args.port, spool_dir, webhook_urls=receiver.url)
     token = _ingest_token(server)
     try:
         print(f"livestep demo: server on {server.url} (collector + api + scheduler, store {dsn})")
@@ -362,7 +367,8 @@ def run(args: argparse.Namespace) -> int:
         if not complete:
             print("  WARNING: not every record was stored (see the counts above)")
         if not args.quick:
-            story = rollback_story(server, token, weeks=args.weeks, live_seconds=args.live_seconds)
+            story = rollback_story(server, token, weeks=args.weeks, live_seconds=args.live_seconds,
+                                   receiver=receiver)
             complete = complete and story["applied"]
         print_links(server.url, quick=args.quick)
         print(f"done in {time.monotonic() - started:.1f} s")
@@ -378,6 +384,42 @@ def run(args: argparse.Namespace) -> int:
         return 0 if complete else 1
     finally:
         server.stop()
+        receiver.stop()
+
+
+class Receiver:
+    """A stdlib HTTP endpoint on 127.0.0.1 that records the incident notifications posted to it."""
+
+    def __init__(self, httpd, thread):
+        self.httpd, self.thread, self.got = httpd, thread, []
+        self.url = f"http://127.0.0.1:{httpd.server_address[1]}/hook"
+
+    @classmethod
+    def start(cls) -> Receiver:
+        import json
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        box: list[Receiver] = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 (http.server's name)
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                box[0].got.append({"signed": bool(self.headers.get("X-Livestep-Signature")), **json.loads(body)})
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args):  # quiet
+                pass
+
+        httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        thread = threading.Thread(target=httpd.serve_forever, name="demo-receiver", daemon=True)
+        thread.start()
+        box.append(cls(httpd, thread))
+        return box[0]
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
 
 
 def fresh_demo_store(dsn: str | None, spool_dir: str | None) -> tuple[str, str]:
@@ -402,9 +444,11 @@ def _title(text: str) -> None:
 
 
 # -- step 6: the loop closed: history, finding, webhook, switch off, a live worker picks it up ---
-def rollback_story(server: DemoServer, token: str | None, weeks: float, live_seconds: float) -> dict[str, Any]:
-    """Simulated history with the August incident -> analytics -> signed webhook -> switch off ->
-    a live tiny worker applies it at its next step boundary -> the week's report shows it."""
+def rollback_story(server: DemoServer, token: str | None, weeks: float, live_seconds: float,
+                   receiver: Receiver | None = None) -> dict[str, Any]:
+    """Simulated history with the August incident -> analytics -> incidents (one per root cause, one
+    signed notification, one flip at its scope) -> a live tiny worker applies the flip at its next step
+    boundary -> the week's report shows it."""
     from analytics.cli import print_findings
     from analytics.jobs import run_all
     from analytics.queries import iso_week_of
@@ -453,9 +497,21 @@ def rollback_story(server: DemoServer, token: str | None, weeks: float, live_sec
               "/dashboard/findings")
     critical = [f for f in findings if f["severity"] == "critical" and f["attribution"]]
 
-    _title("5. critical findings -> signed POST /v1/alerts -> switch off for the affected scope")
-    decided = wait_until(lambda: store.query_rows(
-        "SELECT ts, name, scope, source, actor, reason FROM switch_audit WHERE changed ORDER BY ts"), 15) or []
+    _title("5. findings -> incidents (one per root cause) -> one notification and one flip each")
+    from api.incidents import list_incidents
+
+    for inc in sorted(list_incidents(store), key=lambda i: (i["switch"] == "", i["key"])):
+        act = (f"{inc['switch']} off for {inc['scope']}" if inc["flips"] else
+               "no switch explains it: alert only" if not inc["switch"] else "not critical: alert only")
+        print(f"  [{inc['state']}] {inc['kind']} {inc['scope']}: {inc['evidence_count']} finding(s) as evidence, "
+              f"{inc['notifications']} notification(s), {inc['flips']} flip(s) ({act})")
+        print(f"      {inc['summary'][:160]}")
+    if receiver is not None:
+        print(f"  the receiver ({receiver.url}) got {len(receiver.got)} signed notification(s): "
+              + ", ".join(f"{n['incident']['kind']} {n['incident']['scope']} {n['incident']['state']}"
+                          for n in receiver.got))
+    decided = store.query_rows(
+        "SELECT ts, name, scope, source, actor, reason FROM switch_audit WHERE changed ORDER BY ts") or []
     for ts, name, scope, source_, actor, why in decided:
         print(f"  {ts:%H:%M:%S} {name} off for {scope} (by {actor} via {source_}): {why[:160]}")
     live.join(live_seconds + 60)
@@ -487,7 +543,8 @@ def wait_until(fn, timeout_s: float, every_s: float = 0.1):
 
 def print_links(url: str, quick: bool) -> None:
     _title("look at")
-    pages = [("/dashboard/", "fleet overview: weekly fps fractions, releases"),
+    pages = [("/dashboard/incidents", "incidents: one per root cause, with their findings as evidence"),
+             ("/dashboard/", "fleet overview: weekly fps fractions, releases"),
              ("/dashboard/releases", "release comparison"),
              ("/dashboard/memory", "memory against distinct prompt shapes (the leak)"),
              ("/dashboard/findings", "findings"),

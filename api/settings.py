@@ -54,7 +54,7 @@ def split_senders(v) -> dict[str, str]:
                 pairs[name.strip()] = token.strip()
             v = pairs
     if not isinstance(v, dict):
-        raise ValueError("webhook bearer tokens are 'name=token' pairs, comma-separated")
+        raise ValueError("webhook bearer tokens are 'name=token' pairs, comma-separated")  # noqa: TRY004 (pydantic reports ValueError)
     for name, token in v.items():
         if not isinstance(name, str) or not SENDER_NAME.fullmatch(name):
             raise ValueError(f"sender name {str(name)[:70]!r} is not 1-64 of A-Z a-z 0-9 _ . -")
@@ -106,8 +106,11 @@ class Settings(CollectorSettings):
         "'name=token' pairs, comma-separated, tokens of >= 16 characters; the name goes into the audit. "
         "Never open: with none set, a bearer delivery is 401 on every bind")
     webhook_urls: str = Field(default="", max_length=8192,
-                              description="comma-separated URLs the findings notifier posts critical findings to; "
-                              "empty = this server's own /v1/alerts")
+                              description="comma-separated external receivers of incident notifications "
+                              "(signed with the webhook secret; api/incidents.py); empty = none (recorded only)")
+    incident_repeat_s: float = Field(default=4 * 3600.0, ge=60, le=30 * 86400,
+                                     description="an incident still not resolved is notified again this long "
+                                     "after its last notification (Alertmanager's repeat_interval)")
     webhook_window_s: int = Field(default=300, ge=1, le=86400,
                                   description="replay window of signed webhook deliveries (seconds)")
     switch_cache_s: float = Field(default=0.5, ge=0, le=60, description="how long resolved switch rules are cached")
@@ -155,10 +158,8 @@ class Settings(CollectorSettings):
 
     @property
     def webhook_url_list(self) -> list[str]:
-        """Where the findings notifier posts: ``webhook_urls``, else this server's own ``/v1/alerts``."""
-        urls = [u.strip() for u in self.webhook_urls.split(",") if u.strip()]
-        host = "127.0.0.1" if is_loopback(self.host) or self.host in ("0.0.0.0", "::") else self.host
-        return urls or [f"http://{host}:{self.port}/v1/alerts"]
+        """The external receivers of incident notifications (``webhook_urls``; none by default)."""
+        return [u.strip() for u in self.webhook_urls.split(",") if u.strip()]
 
     @model_validator(mode="after")
     def _refuse_open_server(self) -> Settings:
@@ -177,7 +178,7 @@ class Settings(CollectorSettings):
                 missing.append("LIVESTEP_ADMIN_TOKENS")
             if not secret_ok:
                 missing.append("LIVESTEP_WEBHOOK_SECRET")
-        if "scheduler" in self.roles and not secret_ok:  # the findings notifier signs its posts (rollback)
+        if "scheduler" in self.roles and not secret_ok:  # incident notifications are signed
             missing.append("LIVESTEP_WEBHOOK_SECRET")
         missing = list(dict.fromkeys(missing))
         if missing:

@@ -320,7 +320,8 @@ class Switchboard:
 
     def record(self, d: Decision) -> Decision:
         """Append a decision to the audit table (applied or not); changes also become control-plane
-        events (``rollback`` for an alert's flip, ``canary_*`` for canaries) next to the workers' own."""
+        events (``rollback`` for an alert's or an incident's flip, ``canary_*`` for canaries) next to the
+        workers' own."""
         with self.lock:  # decisions of this process are strictly ordered in time (ms resolution)
             d.ts = d.ts.replace(microsecond=d.ts.microsecond // 1000 * 1000)
             if self._last_ts is not None and d.ts <= self._last_ts:
@@ -332,7 +333,7 @@ class Switchboard:
               d.version, d.actor, d.reason, d.ref, orjson.dumps(d.evidence, default=str).decode()]],
             column_names=_AUDIT_COLS,
         )
-        kind = "rollback" if d.source == "alert" else d.action if d.action.startswith("canary_") else None
+        kind = "rollback" if d.source in ("alert", "incident") else d.action if d.action.startswith("canary_") else None
         if d.changed and kind:
             self._event(kind, d)
         return d

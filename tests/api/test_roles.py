@@ -1,15 +1,17 @@
 """The app factory's roles: any role that runs the analytics scheduler also runs the canary
-evaluation job and the findings notifier, exactly once (role all too); the others run neither."""
+evaluation job and the incident hand-off, exactly once (role all too); the others run neither. The
+hand-off is a function call: nothing is posted to the server's own /v1/alerts."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from fastapi.testclient import TestClient
 
-from api import canary, notify
-from api.notify import Notifier
+from analytics.findings import finding, write_findings
+from api import canary
+from api.incidents import Handoff
 from tests.api.conftest import SECRET
 
 
@@ -22,79 +24,73 @@ def app_for(store, tmp_path, role: str, **kw):
                                webhook_secret=SECRET, **kw))
 
 
-def notifiers() -> list[Notifier]:
+def handoffs() -> list[Handoff]:
     from analytics import jobs
 
-    return [fn for fn in jobs._listeners if isinstance(fn, Notifier)]  # read only: who listens now
+    return [fn for fn in jobs._listeners if isinstance(fn, Handoff)]  # read only: who listens now
 
 
-def critical_finding(scope: str) -> dict:
+def critical_finding(store, scope: str) -> list[dict]:
     now = datetime.now(UTC)
-    return {"kind": "memory_growth", "scope": scope, "metric": "reserved_bytes_per_shape", "window_start": now,
-            "window_end": now, "value": 1.0, "severity": "critical", "status": "open",
-            "attribution": "fused_allreduce", "evidence": "{}"}
+    f = finding("memory_growth", scope, "processes_growing_per_shape", now - timedelta(days=1), now, value=3.0,
+                severity="critical", attribution="fused_allreduce")
+    return write_findings(store, "memory", now - timedelta(days=7), now, [f])
 
 
-def test_scheduler_role_runs_the_canary_job_and_the_notifier(store, tmp_path):
+def test_scheduler_role_runs_the_canary_job_and_the_handoff(store, tmp_path):
     app = app_for(store, tmp_path, "scheduler")
     with TestClient(app) as c:
         assert c.post("/v1/alerts", content=b"{}").status_code == 404  # the webhook is not served here
         job = app.state.scheduler.get_job(canary.JOB_ID)
         assert job is not None and job.func is canary.evaluate_running and job.args == (app.state.store,)
-        n = app.state.notifier
-        assert n is not None and notifiers() == [n]
-        # no URL configured and no webhook served here: a critical finding goes to the webhook's own
-        # handler in this process, signed, and the switch goes off in the shared store
-        assert n.local is not None
-        n([critical_finding("release=v7")])
-        assert n.sent == [{"url": "local", "ok": True, "status": 200, "flipped": 1}]
-        rows = store.query_rows("SELECT name, scope, new_value FROM switch_audit WHERE source = 'alert' AND changed")
-        assert rows == [("fused_allreduce", "release=v7", False)]
-    assert notifiers() == []  # uninstalled at shutdown
+        h = app.state.incidents
+        assert h is not None and handoffs() == [h] and h.notifier is None  # no receiver configured
+        h(critical_finding(store, "release=v7"))  # what the scheduler does after a job
+        rows = store.query_rows("SELECT name, scope, new_value, source FROM switch_audit WHERE changed")
+        assert rows == [("fused_allreduce", "release=v7", False, "incident")]
+    assert handoffs() == []  # uninstalled at shutdown
 
 
 def test_collector_role_runs_neither(store, tmp_path):
     app = app_for(store, tmp_path, "collector")
     with TestClient(app):
-        assert app.state.scheduler is None and app.state.notifier is None
-        assert notifiers() == []
+        assert app.state.scheduler is None and app.state.incidents is None
+        assert handoffs() == []
 
 
 def test_api_role_serves_the_webhook_but_runs_neither(store, tmp_path):
     app = app_for(store, tmp_path, "api")
     with TestClient(app) as c:
-        assert app.state.scheduler is None and app.state.notifier is None and notifiers() == []
+        assert app.state.scheduler is None and app.state.incidents is None and handoffs() == []
         assert c.get("/v1/canaries").status_code == 200
 
 
-@pytest.mark.parametrize("port", [0, 8000])
-def test_role_all_wires_each_once(store, tmp_path, port):
-    app = app_for(store, tmp_path, "all", port=port)
+def test_role_all_wires_each_once(store, tmp_path):
+    app = app_for(store, tmp_path, "all", port=8000)
     with TestClient(app):
         jobs = [j for j in app.state.scheduler.get_jobs() if j.func is canary.evaluate_running]
         assert len(jobs) == 1
-        assert notifiers() == [app.state.notifier]
-        # the webhook is served here: HTTP to our own /v1/alerts unless the port is unknown (0)
-        assert (app.state.notifier.local is not None) == (port == 0)
-        if port == 0:
-            app.state.notifier([critical_finding("release=v8")])
-            n = store.query_rows("SELECT count() FROM switch_audit WHERE source = 'alert' AND scope = 'release=v8'")
-            assert n == [(1,)]  # one delivery: a second notifier would have recorded a duplicate
-    assert notifiers() == []
+        assert handoffs() == [app.state.incidents]
+        app.state.incidents(critical_finding(store, "release=v8"))
+        n = store.query_rows("SELECT count() FROM switch_audit WHERE scope = 'release=v8'")
+        assert n == [(1,)]  # one flip, and no alert delivery: nothing went through /v1/alerts
+        assert store.query_rows("SELECT count() FROM alert_deliveries") == [(0,)]
+    assert handoffs() == []
 
 
 @pytest.fixture
 def webhook_url_env(monkeypatch):
-    monkeypatch.setenv("LIVESTEP_WEBHOOK_URLS", "http://127.0.0.1:9/v1/alerts")  # read by the Settings built next
+    monkeypatch.setenv("LIVESTEP_WEBHOOK_URLS", "http://127.0.0.1:9/hook")  # read by the Settings built next
 
 
-def test_a_configured_webhook_url_is_posted_to_whatever_the_role(store, tmp_path, webhook_url_env):
+def test_a_configured_receiver_gets_the_notifications_whatever_the_role(store, tmp_path, webhook_url_env):
+    from api import incidents
     from api.settings import Settings
 
     s = Settings(clickhouse_dsn=store.dsn.redacted(), role="scheduler", host="127.0.0.1",
                  spool_dir=tmp_path / "spool", webhook_secret=SECRET)
-    n = notify.install_for_server(s, store)
+    h = incidents.install(s, store)
     try:
-        assert n is not None and n.local is None and n.urls == ["http://127.0.0.1:9/v1/alerts"]
+        assert h is not None and h.notifier.urls == ["http://127.0.0.1:9/hook"] and h.notifier.secret == SECRET
     finally:
-        notify.uninstall(n)
+        incidents.uninstall(h)

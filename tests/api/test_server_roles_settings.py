@@ -38,11 +38,12 @@ def test_loopback_falls_back_to_the_development_secret_only_when_unset():
     assert load_settings(host="::1", webhook_secret=SECRET).webhook_secret == SECRET
 
 
-def test_a_scheduler_only_process_off_loopback_runs_its_notifier_with_its_secret(store, tmp_path):
+def test_a_scheduler_only_process_off_loopback_signs_its_notifications_with_its_secret(store, tmp_path):
     from api.app import create_app
 
     s = Settings(clickhouse_dsn=store.dsn.redacted(), role="scheduler", host=OFF, admin_tokens=["a"],
-                 webhook_secret=SECRET, spool_dir=tmp_path / "spool", reports_dir=tmp_path / "reports")
+                 webhook_secret=SECRET, spool_dir=tmp_path / "spool", reports_dir=tmp_path / "reports",
+                 webhook_urls="https://hooks.example/livestep")
     app = create_app(s)
     with TestClient(app):
-        assert app.state.notifier is not None and app.state.notifier.secret == SECRET
+        assert app.state.incidents is not None and app.state.incidents.notifier.secret == SECRET

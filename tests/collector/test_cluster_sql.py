@@ -21,7 +21,7 @@ ALTERS = [(n, i, s) for n, i, s in STATEMENTS if s.startswith("ALTER")]
 
 # Small tables that must be read-after-write consistent: replicated to every node, never sharded.
 REPLICATED_EVERYWHERE = {"job_runs", "fleet_daily", "fleet_daily_marks", "switch_rules", "switch_audit",
-                         "alert_deliveries", "canaries"}
+                         "alert_deliveries", "canaries", "incidents", "incident_log"}
 # Embedded tables with no cluster variant: the migration bookkeeping of one store.
 NOT_CLUSTERED = {"schema_migrations"}
 

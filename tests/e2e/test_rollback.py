@@ -1,9 +1,12 @@
 """The loop closed, end to end on a real uvicorn (collector + api + scheduler, chDB):
 
-simulated history with the August incident -> the memory job's critical finding -> notify posts it,
-signed, to /v1/alerts -> fused_allreduce off for the leaking release -> a live tiny worker polling
-/v1/switches applies it at a step boundary once its poller sees the new version -> its switch_applied
-event (after the flip's audit row; every step from it on without the switch) is stored through the collector -> the report of this week shows the change and the event.
+simulated history with the August incident -> the memory job's findings, handed to the incident logic
+in process -> one incident, one signed notification to an external receiver (a second real uvicorn),
+one flip: fused_allreduce off for the leaking release -> a live tiny worker polling /v1/switches
+applies it at a step boundary once its poller sees the new version -> its switch_applied event (after
+the flip's audit row; every step from it on without the switch) is stored through the collector ->
+the fix: an operator re-enables the switch for the release, which reaches every worker of it -> the
+evidence goes away, the incident resolves (a second notification) -> the week's report shows it all.
 """
 
 from __future__ import annotations
@@ -11,12 +14,13 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import orjson
 import pytest
 
 from tests.api.live import bound_socket, serve
+from tests.api.test_incidents import Receiver
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -33,26 +37,34 @@ def wait_for(fn, timeout_s: float, what: str):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def test_incident_finding_webhook_switch_off_worker_applies_report_shows(tmp_path, chdb_dir):
+def test_incident_notification_flip_worker_applies_fix_re_enable_resolved(tmp_path, chdb_dir):
+    from api.app import create_app
+    from api.settings import Settings
+    from tests.api.conftest import SECRET
+
+    receiver = Receiver()
+    sock = bound_socket()
+    port = sock.getsockname()[1]
+    with serve(receiver.app) as hook_base:
+        settings = Settings(clickhouse_dsn=f"chdb://{chdb_dir}?database=t_{uuid.uuid4().hex[:12]}", role="all",
+                            host="127.0.0.1", port=port, spool_dir=tmp_path / "spool",
+                            reports_dir=tmp_path / "reports", webhook_secret=SECRET, flush_interval_s=0.2,
+                            webhook_urls=f"{hook_base}/hook")
+        _story(create_app(settings), sock, receiver, tmp_path)
+
+
+def _story(app, sock, receiver, tmp_path):
     from analytics.jobs import run_job
     from analytics.queries import iso_week_of
     from analytics.report import build_weekly_report
     from analytics.simulate import simulate_fleet
-    from api.app import create_app
-    from api.settings import Settings
     from worker.config import Switches
     from worker.session import run_session
     from worker.switches import HttpSource
 
-    sock = bound_socket()
-    port = sock.getsockname()[1]
-    settings = Settings(clickhouse_dsn=f"chdb://{chdb_dir}?database=t_{uuid.uuid4().hex[:12]}", role="all", host="127.0.0.1", port=port,
-                        spool_dir=tmp_path / "spool", reports_dir=tmp_path / "reports",
-                        webhook_secret="e2e-webhook-secret-0123456789", flush_interval_s=0.2)
-    app = create_app(settings)
     with serve(app, sock=sock, lifespan="on") as base:
         store = app.state.store
-        assert app.state.notifier is not None, "the webhook notifier was not installed"
+        assert app.state.incidents is not None, "the incident hand-off was not installed"
         assert app.state.scheduler.get_job("canaries") is not None, "the canary job was not scheduled"
         sim = simulate_fleet(store, weeks=1, incidents=[("august", 2)], workers=6, sessions_per_day=24,
                              session_median_s=20, seed=1)
@@ -70,14 +82,14 @@ def test_incident_finding_webhook_switch_off_worker_applies_report_shows(tmp_pat
         wait_for(lambda: store.query_rows("SELECT count() FROM steps WHERE worker_id = 'live-1'")[0][0] > 3, 30,
                  "the live worker's first steps")
 
-        findings = run_job("memory", store)  # the listener posts the critical ones to /v1/alerts
+        findings = run_job("memory", store)  # the scheduler's hand-off: the incident logic, in process
         assert any(f["severity"] == "critical" and f["attribution"] == "fused_allreduce" for f in findings)
-        flips = [d for d in app.state.notifier.sent]
-        assert flips and all(r["ok"] for r in flips), flips
-        decision = wait_for(lambda: store.query_rows(
-            "SELECT ts, version FROM switch_audit WHERE source = 'alert' AND changed AND name = 'fused_allreduce' "
-            "AND scope = {s:String}", {"s": f"release={leaking}"}), 10, "the switch decision")
-        flipped_at, flip_version = decision[0]
+        assert len(receiver.got) == 1 and receiver.got[0]["signed"], receiver.got  # one signed notification
+        assert receiver.got[0]["incident"]["state"] == "mitigated"
+        decision = store.query_rows("SELECT ts, version, source, scope FROM switch_audit WHERE changed")
+        assert len(decision) == 1 and decision[0][2:] == ("incident", f"release={leaking}")  # one flip
+        flipped_at, flip_version = decision[0][:2]
+        assert store.query_rows("SELECT count() FROM alert_deliveries") == [(0,)]  # not through /v1/alerts
 
         worker.join(60)
         assert not worker.is_alive()
@@ -106,11 +118,28 @@ def test_incident_finding_webhook_switch_off_worker_applies_report_shows(tmp_pat
         # no rule names the switch for the other release: its workers keep their own value
         assert "fused_allreduce" not in httpx_get(base, {"release": sim.releases[0].name})["switches"]
 
+        # the fix: an operator re-enables the switch for the release; it reaches every worker of it
+        import httpx
+
+        r = httpx.put(f"{base}/v1/switches/fused_allreduce", json={"value": True, "scope": f"release={leaking}",
+                                                                   "who": "op", "why": "fixed in place"})
+        assert r.status_code == 200 and r.json()["changed"], r.text
+        workers = [w.worker_id for w in sim.workers] + ["live-1"]
+        assert {httpx_get(base, {"worker_id": w, "release": leaking})["switches"]["fused_allreduce"]
+                for w in workers} == {True}
+        # the evidence goes away (the memory job over a window after the leak): the incident resolves
+        run_job("memory", store, start=sim.end + timedelta(days=1), end=sim.end + timedelta(days=2))
+        [incident] = httpx.get(f"{base}/v1/incidents").json()["incidents"]
+        assert incident["state"] == "resolved" and incident["flips"] == 1, incident
+        assert [n["status"] for n in receiver.got] == ["firing", "resolved"]
+        assert store.query_rows("SELECT count() FROM switch_audit WHERE changed AND source = 'incident'") == [(1,)]
+
         week = iso_week_of(datetime.now(UTC))
         _, json_path = build_weekly_report(store, week, tmp_path / "reports")
         report = orjson.loads(json_path.read_bytes())
-        assert any(c["name"] == "fused_allreduce" and c["source"] == "alert" and c["scope"] == f"release={leaking}"
+        assert any(c["name"] == "fused_allreduce" and c["source"] == "incident" and c["scope"] == f"release={leaking}"
                    for c in report["switch_changes"])
+        assert [i["id"] for i in report["incidents"]] == [incident["id"]]
         assert any(e["kind"] == "switch_applied" and e["worker_id"] == "live-1" for e in report["switch_events"])
         assert any(e["kind"] == "rollback" and e["worker_id"] == "control-plane" and e["release"] == leaking
                    for e in report["switch_events"])

@@ -1,0 +1,415 @@
+"""Incidents: findings grouped by root cause, each with one lifecycle, one action and few notifications.
+
+    handoff = install(settings, store)        # the scheduler hands every job's findings here (api/app.py)
+    report = sync(store, now=..., notifier=...)   # recompute from the open findings, act, notify
+    rows = list_incidents(store, state="mitigated")
+
+Grouping (Alertmanager's ``group_by``): an incident is one root cause, the key
+``kind | scope | switch``: the finding's kind (memory_growth, regression, fp8_saturation, changepoint),
+its scope without ``worker_id`` (release, GPU kind: the per-process memory findings of one release and
+its roll-up are one incident), and the switch the analytics attributed it to ('' when none explains it).
+Its evidence is the open warning/critical findings with that key. A change point on a GPU kind where a
+regression incident of a release is open, the release first seen on or before the change's day, is
+explained by that release gaining share: it is evidence of that incident, not a new one (two such
+releases first seen the same day: no explanation, the change point stands alone; never list order).
+
+Lifecycle: ``opened`` (first evidence) -> ``escalated`` (severity rose, or new evidence after the switch
+rule was lifted) -> ``mitigated`` (its switch rule is in force: off for every worker of the scope) ->
+``resolved`` (no evidence left) -> ``reopened`` (evidence again). An operator lifting the rule while
+evidence remains (a manual re-enable supersedes the incident's rule) puts a mitigated incident back to
+``opened`` (event ``rule_lifted``); evidence that starts after the lift escalates it and acts again. An
+incident without a switch is never mitigated: it alerts and flips nothing ("no switch explains it").
+
+One action per incident, at the incident's scope: a critical incident with a switch turns it off once
+(``source="incident"``: an automatic rule, so a later manual re-enable supersedes it, see
+api/switchboard.py). Per-process evidence never writes a rule of its own. New evidence after an operator
+lifted the rule, and that started after the lift, acts once more (the re-enable brought the problem back).
+
+Notifications (Alertmanager's ``group_wait`` and ``repeat_interval``): one per incident per hand-off, and
+only when its state changed (a hand-off that opens and mitigates an incident sends one notification with
+the final state: the job's batch is the group wait), or when it is still not resolved
+``repeat_s`` after the last one. They go, signed like any delivery (api/alerts.py ``sign``), to the
+external receivers ``LIVESTEP_WEBHOOK_URLS`` (none set: recorded in ``incident_log`` only). Nothing is
+posted to this server's own ``/v1/alerts``: the hand-off is a function call.
+
+Every state change, flip and notification is a row of ``incident_log`` (sql/031_incidents.sql).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import orjson
+
+from analytics.describe import describe
+from api.notify import Notifier
+from api.switchboard import canonical_scope, get_switchboard, parse_scope
+
+log = logging.getLogger("livestep.incidents")
+
+KINDS: tuple[str, ...] = ("memory_growth", "regression", "fp8_saturation", "changepoint")
+STATES: tuple[str, ...] = ("opened", "escalated", "mitigated", "resolved", "reopened")
+OPEN_STATES = frozenset(STATES) - {"resolved"}
+SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
+DEFAULT_REPEAT_S = 4 * 3600.0  # Alertmanager's default repeat_interval
+NOTIFICATION_VERSION = "livestep-incident/1"
+_COLS = ["id", "key", "kind", "scope", "release", "gpu_kind", "switch", "state", "severity", "summary", "opened_at",
+         "updated_at", "mitigated_at", "resolved_at", "lifted_at", "notified_at", "notifications", "flips", "acted",
+         "evidence_keys", "evidence", "version"]
+_locks: dict[int, threading.Lock] = {}
+_locks_guard = threading.Lock()
+
+
+def _lock(store) -> threading.Lock:
+    with _locks_guard:
+        return _locks.setdefault(id(store), threading.Lock())
+
+
+def incident_id(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
+def _utc(t: Any) -> datetime:
+    if isinstance(t, str):
+        t = datetime.fromisoformat(t)
+    return t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)
+
+
+def finding_key(f: dict[str, Any]) -> str:
+    return f"{f['kind']}|{f['scope']}|{f['metric']}|{_utc(f['window_start']).isoformat()}"
+
+
+def root_cause(f: dict[str, Any]) -> tuple[str, str, str]:
+    """(kind, scope without worker_id, switch) of a finding: its incident's key parts."""
+    scope = {k: v for k, v in parse_scope(f["scope"] or "").items() if k != "worker_id"}
+    return f["kind"], canonical_scope(scope), f.get("attribution") or ""
+
+
+@dataclass
+class Group:
+    kind: str
+    scope: str
+    switch: str
+    findings: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def key(self) -> str:
+        return f"{self.kind}|{self.scope}|{self.switch}"
+
+    @property
+    def severity(self) -> str:
+        return max((f["severity"] for f in self.findings), key=lambda s: SEVERITY_RANK.get(s, 0), default="info")
+
+    def summary(self) -> str:
+        """The roll-up's sentence (the finding without a worker), else the most severe one's; and the count."""
+        lead = min(self.findings, key=lambda f: ("worker_id=" in f["scope"], -SEVERITY_RANK.get(f["severity"], 0),
+                                                 finding_key(f)))
+        who = f"switch {self.switch}" if self.switch else "no switch explains it"
+        return f"{describe(lead)} [{who}; {len(self.findings)} finding(s)]"[:1000]
+
+
+def group_findings(findings: list[dict[str, Any]]) -> list[Group]:
+    """Open warning/critical findings of the incident kinds, grouped by root cause (module docstring)."""
+    groups: dict[str, Group] = {}
+    points = []
+    for f in findings:
+        if f["kind"] not in KINDS or f.get("status", "open") != "open" or SEVERITY_RANK.get(f["severity"], 0) < 1:
+            continue
+        if f["kind"] == "changepoint":
+            points.append(f)
+            continue
+        g = Group(*root_cause(f))
+        groups.setdefault(g.key, g).findings.append(f)
+    regressions = [g for g in groups.values() if g.kind == "regression"]
+    for f in points:
+        home = _explaining_regression(f, regressions)
+        if home is None:
+            g = Group(*root_cause(f))
+            home = groups.setdefault(g.key, g)
+        home.findings.append(f)
+    return sorted(groups.values(), key=lambda g: g.key)
+
+
+def _explaining_regression(cp: dict[str, Any], regressions: list[Group]) -> Group | None:
+    """The open regression incident on the change point's GPU kind whose release was first seen latest on
+    or before the change's day; None when none or when two tie."""
+    gpu = parse_scope(cp["scope"] or "").get("gpu_kind")
+    day = _utc(cp["window_start"])
+    best: list[tuple[datetime, Group]] = []
+    for g in regressions:
+        if gpu is None or parse_scope(g.scope).get("gpu_kind") != gpu:
+            continue
+        first = min(_utc(f["window_start"]) for f in g.findings)
+        if first <= day + timedelta(days=1):
+            best.append((first, g))
+    if not best:
+        return None
+    latest = max(t for t, _ in best)
+    top = {g.key: g for t, g in best if t == latest}
+    return next(iter(top.values())) if len(top) == 1 else None
+
+
+# -- storage -------------------------------------------------------------------------------------------
+
+def _open_findings(store) -> list[dict[str, Any]]:
+    df = store.query_df("SELECT kind, scope, metric, window_start, window_end, baseline, value, effect, confidence, "
+                        "severity, status, attribution, evidence, first_seen FROM findings FINAL "
+                        "WHERE status = 'open' AND kind IN {k:Array(String)} AND severity IN ('warning', 'critical')",
+                        {"k": list(KINDS)})
+    return list(df.iter_rows(named=True))
+
+
+def _load(store) -> dict[str, dict[str, Any]]:
+    df = store.query_df(f"SELECT {', '.join(_COLS)} FROM incidents FINAL")
+    out = {}
+    for r in df.iter_rows(named=True):
+        r["evidence_keys"] = orjson.loads(r["evidence_keys"] or "[]")
+        r["evidence"] = orjson.loads(r["evidence"] or "[]")
+        out[r["key"]] = r
+    return out
+
+
+_last_version = [0]
+
+
+def _version() -> int:
+    v = max(time.time_ns() // 1000, _last_version[0] + 1)
+    _last_version[0] = v
+    return v
+
+
+def _write(store, rows: list[dict[str, Any]]) -> None:
+    if not rows:
+        return
+    data = []
+    for r in rows:
+        r["version"] = _version()
+        data.append([orjson.dumps(r[c], default=str).decode() if c in ("evidence_keys", "evidence") else r[c]
+                     for c in _COLS])
+    store.client().insert("incidents", data, column_names=_COLS)
+
+
+def _log(store, entries: list[tuple[datetime, str, str, str, dict[str, Any]]]) -> None:
+    if entries:
+        store.client().insert("incident_log", [[ts, i, ev, st, orjson.dumps(d, default=str).decode()]
+                                               for ts, i, ev, st, d in entries],
+                              column_names=["ts", "incident_id", "event", "state", "detail"])
+
+
+def list_incidents(store, state: str | None = None, kind: str | None = None, limit: int = 100,
+                   offset: int = 0) -> list[dict[str, Any]]:
+    """Incidents, not resolved first, then newest first; ``state`` 'open' = every state but resolved."""
+    where, params = [], {"limit": limit, "offset": offset}
+    if state == "open":
+        where.append("state != 'resolved'")
+    elif state:
+        where.append("state = {state:String}")
+        params["state"] = state
+    if kind:
+        where.append("kind = {kind:String}")
+        params["kind"] = kind
+    df = store.query_df(f"SELECT {', '.join(_COLS)} FROM incidents FINAL "
+                        + ("WHERE " + " AND ".join(where) if where else "")
+                        + " ORDER BY state = 'resolved', updated_at DESC, id LIMIT {limit:UInt32} OFFSET {offset:UInt32}",
+                        params)
+    out = []
+    for r in df.iter_rows(named=True):
+        r["evidence_keys"] = orjson.loads(r["evidence_keys"] or "[]")
+        r["evidence"] = orjson.loads(r["evidence"] or "[]")
+        out.append(_public(r))
+    return out
+
+
+def incident_log(store, incident: str | None = None, start: datetime | None = None,
+                 end: datetime | None = None, limit: int = 1000) -> list[dict[str, Any]]:
+    where, params = ["1"], {"limit": limit}
+    if incident:
+        where.append("incident_id = {i:String}")
+        params["i"] = incident
+    if start:
+        where.append("ts >= {s:DateTime64(3, 'UTC')}")
+        params["s"] = start
+    if end:
+        where.append("ts < {e:DateTime64(3, 'UTC')}")
+        params["e"] = end
+    df = store.query_df("SELECT ts, incident_id, event, state, detail FROM incident_log WHERE "
+                        + " AND ".join(where) + " ORDER BY ts, incident_id LIMIT {limit:UInt32}", params)
+    return [{**r, "ts": r["ts"].isoformat(), "detail": orjson.loads(r["detail"] or "{}")}
+            for r in df.iter_rows(named=True)]
+
+
+def _public(r: dict[str, Any]) -> dict[str, Any]:
+    out = {k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in r.items() if k != "version"}
+    out["evidence_count"] = len(r["evidence_keys"])
+    return out
+
+
+# -- the sync: findings -> incidents -> action -> notification ------------------------------------------
+
+@dataclass
+class SyncReport:
+    """What one hand-off did: incidents whose state changed, flips, notifications sent (or recorded)."""
+
+    changed: list[dict[str, Any]] = field(default_factory=list)
+    flips: list[dict[str, Any]] = field(default_factory=list)
+    notifications: list[dict[str, Any]] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"changed": self.changed, "flips": self.flips, "notifications": self.notifications}
+
+
+def _brief(f: dict[str, Any]) -> dict[str, Any]:
+    return {"kind": f["kind"], "scope": f["scope"], "metric": f["metric"],
+            "window_start": _utc(f["window_start"]).isoformat(), "severity": f["severity"],
+            "attribution": f.get("attribution") or "", "value": f.get("value"), "summary": describe(f)[:300]}
+
+
+def _in_force(board, switch: str, scope: str) -> bool:
+    """The incident's rule is in force: the switch is off for every worker of its scope."""
+    return board.effective(switch, scope) is False and not board.exceptions(switch, scope)
+
+
+def sync(store, *, now: datetime | None = None, notifier: Notifier | None = None,
+         repeat_s: float = DEFAULT_REPEAT_S) -> SyncReport:
+    """Recompute incidents from the open findings, act once per incident, notify on change or repeat.
+
+    Idempotent: a second call with nothing new changes nothing, flips nothing and (within ``repeat_s``)
+    notifies nothing."""
+    now = _utc(now or datetime.now(UTC))
+    rep = SyncReport()
+    with _lock(store):
+        board = get_switchboard(store)
+        groups = {g.key: g for g in group_findings(_open_findings(store))}
+        known = _load(store)
+        writes: list[dict[str, Any]] = []
+        logs: list[tuple[datetime, str, str, str, dict[str, Any]]] = []
+        for key in sorted(set(groups) | set(known)):
+            g, inc = groups.get(key), known.get(key)
+            if g is None and (inc is None or inc["state"] == "resolved"):
+                continue
+            before = inc["state"] if inc else None
+            events: list[str] = []
+            if g is None:  # no evidence left
+                inc.update(state="resolved", resolved_at=now, evidence_keys=[], evidence=[])
+                events.append("resolved")
+            else:
+                keys = sorted(finding_key(f) for f in g.findings)
+                if inc is None:
+                    inc = {"id": incident_id(key), "key": key, "kind": g.kind, "scope": g.scope,
+                           "release": parse_scope(g.scope).get("release", ""),
+                           "gpu_kind": parse_scope(g.scope).get("gpu_kind", ""), "switch": g.switch,
+                           "state": "opened", "severity": g.severity, "opened_at": now, "mitigated_at": None,
+                           "resolved_at": None, "lifted_at": None, "notified_at": None, "notifications": 0,
+                           "flips": 0, "acted": False, "evidence_keys": []}
+                    events.append("opened")
+                elif inc["state"] == "resolved":
+                    inc.update(state="reopened", resolved_at=None, mitigated_at=None, lifted_at=None, acted=False)
+                    events.append("reopened")
+                if SEVERITY_RANK[g.severity] > SEVERITY_RANK.get(inc["severity"], 0) and before is not None:
+                    inc["state"] = "escalated"
+                    events.append("escalated")
+                inc.update(severity=g.severity, summary=g.summary(), evidence_keys=keys,
+                           evidence=[_brief(f) for f in sorted(g.findings, key=finding_key)][:50])
+                if g.switch:
+                    in_force = _in_force(board, g.switch, g.scope)
+                    if inc["acted"] and not in_force and inc["state"] == "mitigated":
+                        inc.update(state="opened", mitigated_at=None, lifted_at=now)  # an operator re-enabled it
+                        events.append("rule_lifted")
+                    lifted = inc.get("lifted_at")
+                    if (inc["acted"] and not in_force and lifted is not None
+                            and any(_utc(f["window_start"]) > _utc(lifted) for f in g.findings)):
+                        inc.update(acted=False, state="escalated", lifted_at=None)  # it came back after the lift
+                        events.append("escalated")
+                    if g.severity == "critical" and not inc["acted"]:
+                        d = board.set(g.switch, False, g.scope, actor=f"incident:{inc['id']}", reason=inc["summary"],
+                                      source="incident", ref=inc["id"],
+                                      evidence={"incident": inc["id"], "key": key, "findings": len(keys)})
+                        inc["acted"] = True
+                        if d.changed:
+                            inc["flips"] += 1
+                            rep.flips.append({"incident": inc["id"], **d.to_dict()})
+                            logs.append((now, inc["id"], "flip", inc["state"], {"switch": g.switch, "scope": g.scope,
+                                                                                "version": d.version}))
+                        in_force = _in_force(board, g.switch, g.scope)
+                    if in_force and inc["acted"] and inc["state"] != "mitigated":
+                        inc.update(state="mitigated", mitigated_at=inc["mitigated_at"] or now)
+                        events.append("mitigated")
+            changed = bool(events)
+            due = (not changed and inc["state"] != "resolved" and inc["notified_at"] is not None
+                   and (now - _utc(inc["notified_at"])).total_seconds() >= repeat_s)
+            if not changed and not due:
+                if g is not None and inc["evidence_keys"] != (known[key]["evidence_keys"] if key in known else None):
+                    writes.append(inc)  # new evidence of an unchanged incident: stored, nobody notified
+                continue
+            inc["updated_at"] = now
+            for ev in events:
+                logs.append((now, inc["id"], ev, inc["state"], {"from": before, "severity": inc["severity"]}))
+            if changed:
+                rep.changed.append({"id": inc["id"], "key": key, "from": before, "to": inc["state"],
+                                    "events": events})
+            sent = _notify(notifier, inc, before, events, repeat=due)
+            inc["notified_at"] = now
+            inc["notifications"] += 1
+            rep.notifications.append(sent)
+            logs.append((now, inc["id"], "repeat" if due else "notified", inc["state"], sent))
+            writes.append(inc)
+        _write(store, writes)
+        _log(store, logs)
+    return rep
+
+
+def _notify(notifier: Notifier | None, inc: dict[str, Any], before: str | None, events: list[str],
+            repeat: bool) -> dict[str, Any]:
+    body = {"version": NOTIFICATION_VERSION, "status": "resolved" if inc["state"] == "resolved" else "firing",
+            "transition": {"from": before, "to": inc["state"], "events": events, "repeat": repeat},
+            "incident": _public({**inc, "version": 0})}
+    if notifier is None or not notifier.urls:
+        return {"incident": inc["id"], "state": inc["state"], "delivered": [], "receivers": 0}
+    return {"incident": inc["id"], "state": inc["state"], "receivers": len(notifier.urls),
+            "delivered": notifier.post(orjson.dumps(body, default=str))}
+
+
+@dataclass
+class Handoff:
+    """The scheduler's findings listener: every job's findings go to ``sync`` in this process."""
+
+    store: Any
+    notifier: Notifier | None
+    repeat_s: float = DEFAULT_REPEAT_S
+    reports: list[SyncReport] = field(default_factory=list)
+
+    def __call__(self, rows: list[dict[str, Any]]) -> None:
+        try:
+            self.reports.append(sync(self.store, notifier=self.notifier, repeat_s=self.repeat_s))
+            del self.reports[:-20]
+        except Exception:  # an incident failure never breaks the job that wrote the findings
+            log.exception("incident hand-off failed")
+
+
+def install(settings, store) -> Handoff | None:
+    """Register the hand-off with analytics.jobs (None when the analytics are not importable)."""
+    try:
+        from analytics.jobs import add_findings_listener
+    except ImportError as e:
+        log.info("findings are not handed to incidents: analytics.jobs unavailable (%s)", e)
+        return None
+    urls = settings.webhook_url_list
+    h = Handoff(store, Notifier(urls, settings.webhook_secret or "") if urls else None, settings.incident_repeat_s)
+    add_findings_listener(h)
+    return h
+
+
+def uninstall(h: Handoff | None) -> None:
+    if h is None:
+        return
+    try:
+        from analytics.jobs import remove_findings_listener
+    except ImportError:
+        return
+    remove_findings_listener(h)
