@@ -11,8 +11,9 @@ rest of the scope have streamed ``min_sessions`` sessions (>= 1 s) since the sta
 compared with the rest by ``analytics.regressions.compare`` (the release detector's judges) plus a
 memory judge (peak reserved memory per session, the August leak's symptom). Any regression rolls
 the canary back (the cohort rule is withdrawn: off again everywhere); none promotes it (on for the
-whole scope). The decision and its evidence go to the audit table and a ``canary`` finding (the
-weekly report shows both). A switch turned off in the scope meanwhile cancels the canary.
+whole scope). A numeric switch (api/evaluation_gate.py) needs a passing evaluation for the scope's
+GPU kinds and release to start, and again to be promoted (else it rolls back). The decision and its
+evidence go to the audit table and a ``canary`` finding (the weekly report shows both). A switch turned off in the scope meanwhile cancels the canary.
 
     schedule(scheduler, store)               # evaluate running canaries every 10 minutes (api/app.py's
                                              # lifespan, for any role that runs the analytics scheduler)
@@ -27,6 +28,7 @@ from typing import Any
 
 import orjson
 
+from api import evaluation_gate
 from api.switchboard import (
     BUCKETS,
     SwitchError,
@@ -89,6 +91,10 @@ def start_canary(store, name: str, scope: str | dict[str, str] | None, *, fracti
     hi = round(fraction * BUCKETS)
     if not (0 < fraction < 1) or not (1 <= hi < BUCKETS):
         raise SwitchError(f"fraction {fraction} must lie in [0.01, 0.99] (cohorts are {BUCKETS} buckets)")
+    try:  # a numeric switch: only with a passing evaluation for the scope's GPU kinds and release
+        evaluated = evaluation_gate.require_for_canary(store, name, parse_scope(scope_s))
+    except evaluation_gate.GateError as e:
+        raise CanaryError(str(e), e.status) from e
     board = get_switchboard(store)
     with board.lock:
         board.invalidate()
@@ -107,7 +113,7 @@ def start_canary(store, name: str, scope: str | dict[str, str] | None, *, fracti
         started = now or datetime.now(UTC)
         row = {"id": cid, "name": name, "scope": scope_s, "fraction": hi / BUCKETS, "bucket_lo": 0, "bucket_hi": hi,
                "min_sessions": min_sessions, "status": "running", "started_at": started, "decided_at": None,
-               "actor": actor, "reason": reason, "evidence": {}}
+               "actor": actor, "reason": reason, "evidence": {"evaluations": evaluated} if evaluated else {}}
         _write(store, row)
         board.set_cohort(name, True, scope_s, f"canary={cid}", 0, hi, actor=actor, reason=reason, source="canary",
                          action="canary_start", evidence={"canary": cid, "fraction": hi / BUCKETS})
@@ -196,6 +202,10 @@ def evaluate(store, canary_id: str, now: datetime | None = None) -> dict[str, An
         return {"id": canary_id, "status": "running", "decided": False, "pending": True, "evidence": evidence}
     verdicts.append(_memory_judge(store, treatment, control, start, now, c["min_sessions"]))
     regressed = [v["metric"] for v in verdicts if v.get("regressed")]
+    gate = evaluation_gate.blocking(store, c["name"], scope)  # its evaluation may have failed meanwhile
+    if gate:
+        regressed.append("evaluation")
+        evidence.update(gate)
     evidence.update(verdicts=_finite(verdicts), regressed=regressed)
     reason = (f"canary {canary_id}: cohort regressed on {', '.join(regressed)}" if regressed
               else f"canary {canary_id}: no regression in {n_t} cohort vs {n_c} other sessions")

@@ -40,7 +40,7 @@ from typing import Annotated, Any
 import pyarrow as pa
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model, field_validator
 
-from collector.switch_names import SWITCH_NAMES  # re-exported: part of the contract
+from collector.switch_names import NUMERIC_SWITCHES, SWITCH_NAMES  # re-exported: part of the contract
 
 SCHEMA_VERSION = 1
 
@@ -57,6 +57,20 @@ EVENT_KINDS: tuple[str, ...] = (
     "error",
     "telemetry_dropped",
 )
+
+# ``livestep evaluate``'s judges (worker/evaluate.py): summaries, curve points, and each configuration's
+# overall verdict (the one the control plane's gate on numeric switch defaults reads)
+EVALUATION_METRICS: tuple[str, ...] = (
+    "teacher_forced_ratio",  # mean error / the plain path's own error, same state and inputs
+    "divergence_ratio",  # largest ratio of the free-running distance to the rerun band's
+    "divergence",  # a curve point: mean distance over a bin of steps (band: the reruns' interval)
+    "drift_tau",  # Kendall's tau of the error ratio vs session age
+    "drift_error_tau",  # the same for the error itself
+    "drift_ratio",  # a curve point: mean error ratio over one position-reset interval
+    "overall",  # value: judges failed; verdict: the configuration's
+)
+EVALUATION_VERDICTS: tuple[str, ...] = ("pass", "fail", "no_effect", "incomplete")
+EVALUATED: tuple[str, ...] = (*NUMERIC_SWITCHES, "production")  # what an evaluation judges
 
 # A record stamped further ahead than this is refused (clock skew beyond reason).
 MAX_FUTURE_SKEW = timedelta(minutes=5)
@@ -185,6 +199,20 @@ KINDS: tuple[Kind, ...] = (
     Kind("event", "events", "events", "Something that happened: a switch applied, a rollback, an OOM, a reset, ...", (
         Col("kind", "enum", values=EVENT_KINDS),
         Col("detail", "json", hi=65536, description="a JSON object (text in Arrow), at most 65536 bytes"),
+    )),
+    Kind("evaluation", "evaluations", "evaluations", (
+        "One judge's result of ``livestep evaluate`` for one configuration against the plain path "
+        "(session_id: the evaluation run; gpu_kind and release: what it was measured on)."), (
+        Col("configuration", "switches", description="the switches the candidate ran with"),
+        Col("switch", "enum", values=EVALUATED, description="the numeric switch judged, or production (all on)"),
+        label("preset", description="the model preset's name"),
+        Col("metric", "enum", values=EVALUATION_METRICS),
+        Col("value", "float", description="the judge's statistic (see metric)"),
+        Col("band_lo", "float", nullable=True, description="the rerun band's lower end (divergence)"),
+        Col("band_hi", "float", nullable=True, description="the rerun band's upper end, or the judge's k"),
+        Col("verdict", "enum", values=EVALUATION_VERDICTS),
+        integer("n", 0, U32, description="runs (free-running), steps (teacher-forced), segments (drift)"),
+        integer("step", 0, U32, nullable=True, description="a curve point's last step (null: a summary)"),
     )),
 )
 
@@ -345,6 +373,7 @@ StepRecord = MODELS["step"]
 GpuSampleRecord = MODELS["gpu_sample"]
 SessionRecord = MODELS["session"]
 EventRecord = MODELS["event"]
+EvaluationRecord = MODELS["evaluation"]
 
 
 def conform(kind: str, table: pa.Table) -> pa.Table:

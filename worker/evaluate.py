@@ -26,7 +26,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -169,7 +169,8 @@ def _overall(verdicts: list[dict]) -> str:
 
 def records(result: dict[str, Any], worker_id: str = "evaluate") -> list[dict[str, Any]]:
     """The result as ``evaluation`` records: per configuration one row per judge (summary), one per point of
-    its curve (``divergence`` against the band, ``drift_error`` per reset interval), and ``overall``."""
+    its curve (``divergence`` against the band, ``drift_ratio`` per reset interval), and ``overall``; a
+    millisecond apart, so each row has its own (worker, run, ts) key in the store."""
     ts = datetime.fromisoformat(result["date"])
     base = {"worker_id": worker_id, "session_id": result["evaluation_id"], "release": result["release"],
             "gpu_kind": result["gpu_kind"], "ts": ts, "simulated": False, "preset": result["preset"]}
@@ -186,6 +187,8 @@ def records(result: dict[str, Any], worker_id: str = "evaluate") -> list[dict[st
         rows.append({**conf, "metric": "overall", "value": float(sum(v["verdict"] == "fail" for v in verdicts)),
                      "band_lo": None, "band_hi": None, "verdict": result["overall"][name], "n": len(verdicts),
                      "step": None})
+    for i, r in enumerate(rows):
+        r["ts"] = ts + timedelta(milliseconds=i)
     return rows
 
 

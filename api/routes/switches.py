@@ -27,6 +27,7 @@ import orjson
 from fastapi import APIRouter, Header, HTTPException, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from api import evaluation_gate
 from api.deps import AdminDep, ReaderDep, SettingsDep, StoreDep
 from api.routes._common import Label, OptionalRangeDep, PageDep
 from api.switchboard import DEFAULTS, SwitchError, check_name, get_switchboard
@@ -109,6 +110,7 @@ def list_rules(store: StoreDep, _auth: ReaderDep) -> dict[str, Any]:
         "version": version,
         "names": list(SWITCH_NAMES),
         "defaults": dict(DEFAULTS),
+        "defaults_by_gpu_kind": evaluation_gate.defaults_by_kind(store, DEFAULTS),  # numeric: with evaluations
         "rules": [r.as_dict() for r in board.rules()],
         "count": len(rules),
     }

@@ -11,6 +11,7 @@ import pytest
 from api import canary
 from api.switchboard import bucket, get_switchboard
 from collector.records import to_arrow
+from tests.api.evaluations import put_evaluation
 
 T0 = datetime(2026, 11, 20, 8, tzinfo=UTC)
 WORKERS = [f"w{i:03d}" for i in range(60)]
@@ -42,6 +43,7 @@ def stream(store, hi: int, *, period_x: float = 1.0, mem_x: float = 1.0, session
 
 @pytest.fixture
 def running(store):
+    put_evaluation(store, "fused_allreduce", "h200", "v7")  # a numeric switch: the gate's evidence
     board = get_switchboard(store, cache_s=0)
     board.set("fused_allreduce", False, "release=v7", actor="alert:test", reason="August leak")
     c = canary.start_canary(store, "fused_allreduce", "release=v7", fraction=0.3, actor="alice",
@@ -68,6 +70,7 @@ def test_pending_until_enough_sessions(store, running):
 
 
 def test_pending_while_the_judges_lack_samples_even_if_min_sessions_is_lower(store):
+    put_evaluation(store, "fused_allreduce", "h200", "v7")
     get_switchboard(store, cache_s=0).set("fused_allreduce", False, "release=v7", actor="a", reason="b")
     c = canary.start_canary(store, "fused_allreduce", "release=v7", fraction=0.3, actor="a", reason="b",
                             min_sessions=5, now=T0)
@@ -118,6 +121,7 @@ def test_alert_during_canary_cancels_it(store, running):
 
 
 def test_canary_routes(client, admin, store):
+    put_evaluation(store, "fused_allreduce", "h200", "v7")
     w = {"switch": "fused_allreduce", "scope": "release=v7", "fraction": 0.3, "who": "a", "why": "b"}
     r = client.post("/v1/canaries", json=w, headers=admin)
     assert r.status_code == 409 and "not turned off by any rule" in r.json()["detail"]

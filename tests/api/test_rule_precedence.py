@@ -6,6 +6,7 @@ rule. Fleets of known workers; every answer is checked worker by worker."""
 from __future__ import annotations
 
 from api.switchboard import bucket, get_switchboard
+from tests.api.evaluations import put_evaluation
 
 WORKERS = [f"w{i:04d}" for i in range(1, 9)]  # the August fleet: 8 workers of release v1.2
 S = "fused_allreduce"
@@ -81,6 +82,7 @@ def test_a_write_that_changes_no_worker_is_a_noop_and_one_that_changes_some_is_n
 
 
 def test_a_canary_reaches_exactly_its_cohort(client, admin, store):
+    put_evaluation(store, S, "h200", "v1.2")  # a numeric switch: the gate's evidence
     fleet = [f"w{i:04d}" for i in range(1, 41)]
     board = get_switchboard(store, cache_s=0)
     for w in fleet[:10]:  # older, narrower automatic rules must not shadow the cohort rule
@@ -95,7 +97,8 @@ def test_a_canary_reaches_exactly_its_cohort(client, admin, store):
     assert on_for(client, fleet, release="v1.1") == set()  # other releases untouched
 
 
-def test_a_canary_does_not_start_when_the_rest_of_the_scope_is_not_off(client, admin):
+def test_a_canary_does_not_start_when_the_rest_of_the_scope_is_not_off(client, admin, store):
+    put_evaluation(store, S, "h200", "v1.2")
     put(client, admin, False, "release=v1.2")
     put(client, admin, True, "release=v1.2,worker_id=w0002")
     r = client.post("/v1/canaries", headers=admin, json={"switch": S, "scope": "release=v1.2", "fraction": 0.5,
@@ -113,6 +116,7 @@ def test_canary_cohorts_are_salted_per_switch():
 
 
 def test_explain_names_the_deciding_rule_and_why_the_others_do_not(client, admin, store):
+    put_evaluation(store, S, "h200", "v1.2")
     august_rules(store)
     r = client.get("/v1/switches/explain", params={"worker_id": "w0001", "release": "v1.2", "gpu_kind": "h200"})
     assert r.status_code == 200

@@ -25,6 +25,9 @@ ROWS = {
                  "avg_fps": 16.0, "late_chunks": 0, "stall_ms": 0.0, "tp_size": 1, "shape": "1x1",
                  "switches": "ring_cache"}] * 3,
     "event": [event_row(), event_row(), event_row()],
+    "evaluation": [{**_COMMON, "configuration": "fp8_cache,rope_at_write", "switch": "fp8_cache", "preset": "tiny",
+                    "metric": "divergence", "value": 0.02, "band_lo": 0.01, "band_hi": 0.03, "verdict": "pass",
+                    "n": 4, "step": 10}] * 3,
 }
 
 
