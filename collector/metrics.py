@@ -61,7 +61,8 @@ class IngestMetrics:
             self.batches_refused[(status, REASONS.get(status, "other"))] += 1
 
     def refused_rows(self, status: int, rows: dict[str, int]) -> None:
-        """The rows of a read batch the spool could not take (``status`` 429 or 503)."""
+        """The rows of a batch that was read and then refused: invalid values (422), or the spool could
+        not take it (429, 503)."""
         reason = REASONS.get(status, "other")
         with self._lock:
             for kind, n in rows.items():
@@ -81,7 +82,7 @@ class IngestMetrics:
             f.add_metric([kind], n)
         yield f
         f = CounterMetricFamily("livestep_collector_rows_refused",
-                                "Rows of refused batches that were read (spool full or failing), by kind and reason",
+                                "Rows of refused batches that were read (invalid values, spool full or failing), by kind and reason",
                                 labels=["kind", "reason"])
         for (kind, reason), n in sorted(ref.items()):
             f.add_metric([kind, reason], n)

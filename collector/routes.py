@@ -44,6 +44,7 @@ class BadBatchError(Exception):
     def __init__(self, status: int, message: str):
         super().__init__(message)
         self.status = status
+        self.rows: dict[str, int] = {}  # the rows of a batch read before it was refused, by kind (metrics)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -186,6 +187,15 @@ def check_table(kind: str, table: pa.Table) -> None:
         _explain(kind, table)
 
 
+def _checked(kind: str, table: pa.Table) -> None:
+    """``check_table``; a refusal carries the batch's row count of ``kind`` (collector/metrics.py counts it)."""
+    try:
+        check_table(kind, table)
+    except BadBatchError as e:
+        e.rows = {kind: table.num_rows}
+        raise
+
+
 def _explain(kind: str, table: pa.Table) -> None:
     """Column by column, in schema order: raise the 422 that names the first invalid value (if any)."""
     schema = records.ARROW_SCHEMAS[kind]
@@ -317,7 +327,7 @@ def parse_arrow(body: bytes) -> dict[str, pa.Table | IpcStream]:
                                      f"valid columns: {_schema_text(want)}")
         table = table.select(want_names)
         table = pa.Table.from_arrays(table.columns, schema=want)
-    check_table(kind, table)
+    _checked(kind, table)
     if not table.num_rows:
         return {}
     # the shipping client's exact schema: spool the validated body as is (no re-encoding)
@@ -375,7 +385,7 @@ def parse_json(body: bytes) -> dict[str, pa.Table]:
             if c.type == "json":
                 cols[c.name] = [orjson.dumps(d).decode() for d in cols[c.name]]
         table = pa.Table.from_pydict(cols, schema=schema)  # ts kept to the millisecond, like the store
-        check_table(kind, table)  # the store's column bounds on top of the model's
+        _checked(kind, table)  # the store's column bounds on top of the model's
         out[kind] = table
     return out
 
@@ -525,6 +535,8 @@ async def _ingest(scope: Scope, receive: Receive) -> bytes:
         else:
             tables = parse_body(media, body)
     except BadBatchError as e:
+        if metrics is not None and e.rows:
+            metrics.refused_rows(e.status, e.rows)
         raise HTTPException(e.status, str(e)) from e
     if not tables:
         return _ack(batch_id, {}, False)

@@ -71,6 +71,10 @@ def test_ingest_counts_and_fleet_counters(collector):
     bad = json_rows(step_rows(1, release="v1"))
     bad[0]["step_period_ms"] = -1
     assert c.post("/v1/telemetry", json={"steps": bad}).status_code == 422
+    bad_arrow = step_rows(4, release="v1")
+    bad_arrow[2]["step_period_ms"] = float("nan")
+    assert c.post("/v1/telemetry", content=arrow_body("step", bad_arrow), headers={"Content-Type": ARROW}
+                  ).status_code == 422
     assert c.post("/v1/telemetry", content=b"x", headers={"Content-Type": "text/csv"}).status_code == 415
     assert c.post("/v1/telemetry", json={"steps": json_rows(ok)}, headers={"Authorization": "Bearer x"}).status_code == 403
     end = {"worker_id": "w1", "session_id": "a", "release": "v2", "gpu_kind": "cpu", "phase": "end",
@@ -86,7 +90,9 @@ def test_ingest_counts_and_fleet_counters(collector):
     assert value(fams, "livestep_collector_rows_accepted", "livestep_collector_rows_accepted_total", kind="step") == 16
     assert value(fams, "livestep_collector_batches_deduplicated", "livestep_collector_batches_deduplicated_total") == 1
     assert value(fams, "livestep_collector_batches_refused", "livestep_collector_batches_refused_total",
-                 status="422", reason="invalid") == 1
+                 status="422", reason="invalid") == 2
+    assert value(fams, "livestep_collector_rows_refused", "livestep_collector_rows_refused_total",
+                 kind="step", reason="invalid") == 4  # the Arrow batch read as a table (the JSON one failed its model)
     assert value(fams, "livestep_collector_batches_refused", "livestep_collector_batches_refused_total",
                  status="415") == 1
     assert value(fams, "livestep_collector_batches_refused", "livestep_collector_batches_refused_total",
