@@ -35,8 +35,9 @@ _QUERIES = {
     "rules": "SELECT name, value, count() FROM switch_rules FINAL WHERE active GROUP BY name, value",
     "webhook": "SELECT action, count() FROM switch_audit WHERE source = 'alert' GROUP BY action",
     # per release: first session start (its rollout) and the switch states its sessions started with
-    "releases": "SELECT release, toUnixTimestamp64Milli(min(ts)) / 1000 AS rollout, groupUniqArray(switches) "
-                "FROM sessions WHERE phase = 'start' GROUP BY release ORDER BY rollout DESC LIMIT 50",
+    "releases": "SELECT release, toUnixTimestamp64Milli(min(ts)) / 1000 AS rollout, groupUniqArray(switches), "
+                "groupUniqArray(gpu_kind) FROM sessions WHERE phase = 'start' GROUP BY release "
+                "ORDER BY rollout DESC LIMIT 50",
     # incidents (api/incidents.py, where its table exists): open until resolved
     "incidents": "SELECT kind, severity, state, count() FROM incidents FINAL WHERE state != 'resolved' "
                  "GROUP BY kind, severity, state",
@@ -50,13 +51,14 @@ def _scope_labels(scope: str) -> list[str]:
     return [kv.get(k, "") for k in SCOPE_LABELS]
 
 
-def suspects(releases: list[tuple[str, float, list[str]]]) -> dict[str, set[str]]:
+def suspects(releases: list[tuple]) -> dict[str, set[str]]:
     """Per release, the switches on in some of its sessions and in none of the previous release's
-    (by rollout time): what a regression that came with the release would be blamed on first."""
+    (by rollout time): what a regression that came with the release would be blamed on first.
+    ``releases``: (release, rollout time, switch states of its sessions, ...)."""
     out: dict[str, set[str]] = {}
     ordered = sorted(releases, key=lambda r: r[1])
     prev: set[str] | None = None
-    for release, _, states in ordered:
+    for release, _, states, *_ in ordered:
         on = {s for state in states for s in state.split(",") if s}
         out[release] = on - prev if prev is not None else set()
         prev = on
@@ -155,13 +157,16 @@ class StoreState(Collector):
             roll = GaugeMetricFamily("livestep_release_rollout_timestamp_seconds",
                                      "Unix time of a release's first session", labels=["release"])
             sus = InfoMetricFamily("livestep_release_new_switch",
-                                   "A switch on in the release's sessions and in none of the release before it",
-                                   labels=["release", "switch"])
-            for release, at, _ in rows["releases"]:
+                                   "A switch on in the release's sessions and in none of the release before it "
+                                   "(one series per GPU kind the release runs on)",
+                                   labels=["release", "gpu_kind", "switch"])
+            kinds = {r[0]: sorted(r[3]) for r in rows["releases"]}
+            for release, at, *_ in rows["releases"]:
                 roll.add_metric([release], float(at))
             for release, new in sorted(suspects(rows["releases"]).items()):
                 for switch in sorted(new):
-                    sus.add_metric([release, switch], {})
+                    for kind in kinds[release]:
+                        sus.add_metric([release, kind, switch], {})
             yield from (roll, sus)
 
 

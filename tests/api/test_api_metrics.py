@@ -79,13 +79,14 @@ def test_store_families(store, settings):
     assert rules[(("switch", "ring_cache"), ("value", "off"))] == 1  # the firing alert's rule
     decisions = samples(fams, "livestep_webhook_decisions")
     assert decisions[(("outcome", "set"),)] == 1 and decisions[(("outcome", "alert_resolved"),)] == 1
-    assert samples(fams, "livestep_release_new_switch") == {(("release", "v2"), ("switch", "fused_allreduce")): 1}
+    assert samples(fams, "livestep_release_new_switch") == {
+        (("gpu_kind", "cpu"), ("release", "v2"), ("switch", "fused_allreduce")): 1}
     roll = samples(fams, "livestep_release_rollout_timestamp_seconds")
     assert roll[(("release", "v2"),)] > roll[(("release", "v10"),)]
 
 
 def test_suspects_by_rollout_time_not_name():
-    got = suspects([("v10", 300.0, ["a,b"]), ("v2", 100.0, ["a"]), ("v3", 200.0, ["a", "a,c"])])
+    got = suspects([("v10", 300.0, ["a,b"], ["h200"]), ("v2", 100.0, ["a"], ["h200"]), ("v3", 200.0, ["a", "a,c"], [])])
     assert got == {"v2": set(), "v3": {"c"}, "v10": {"b"}}
 
 
