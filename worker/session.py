@@ -167,6 +167,15 @@ class Worker:
         # the saturation probe's buffers are what a probed graph counts into: one per worker
         self.probe = SaturationProbe(self.device)
         self.warmed: _Warm | None = None
+        self._decoders: dict[bool, Decoder] = {}
+
+    def decoder(self, own_gpu: bool) -> Decoder:
+        """The worker's decoder for this placement, made once: its weights, and on one GPU its own
+        stream, whose freed blocks the caching allocator reuses only for that stream (a stream per
+        session grew reserved memory by ~290 MB a session on the H200 with allocated flat)."""
+        if own_gpu not in self._decoders:
+            self._decoders[own_gpu] = Decoder(self.shape, self.device, own_gpu=own_gpu)
+        return self._decoders[own_gpu]
 
     def bucket(self, tokens: int) -> int:
         """The first-forward length a warm worker runs a prompt of ``tokens`` at (longer than every
@@ -184,8 +193,13 @@ class Worker:
         runner = ChunkRunner(self.model, sw.cuda_graphs, probe=self.probe, capture="any")
         self.warmed = _Warm(sw, cache, runner, buckets)
         W, T = self.shape.window, self.shape.new_tokens
-        for b in buckets:  # the fill steps, then the full window once captured and once replayed
+        for i, b in enumerate(buckets):
+            # the fill steps, then the full window once captured and once replayed; the first session
+            # also runs through a position reset, whose ops compile on first use (the Triton delta
+            # rotation made the first reset step of a worker's life take 980 ms on the H200)
             steps = math.ceil((W - b) / T) + 2
+            if i == 0:
+                steps = max(steps, self.shape.reset_every + 1)
             self.run_session(steps=steps, switches=sw, cond_tokens=b, realtime=False, telemetry=False,
                              seed=b, session_id=f"warm-{b}")
         runner.capture = "never"
@@ -313,7 +327,7 @@ class Session:
         if changed.keys() & {"static_scales", "compile", "triton_kernels"}:
             self.w.model.set_compile(new.compile, triton=new.triton_kernels)
         if "decoder_own_gpu" in changed:
-            self.decoder = Decoder(self.w.shape, self.w.device, own_gpu=new.decoder_own_gpu)
+            self.decoder = self.w.decoder(new.decoder_own_gpu)
             self.tel.sync_clock(self.decoder.device)
         self.switches = new
         self.runner = self._runner()
@@ -391,7 +405,7 @@ class Session:
             self.cache = make_cache(shape, self.switches, dev, w.model.dtype)
             self.ff_tokens = self.cond_tokens
         captures0 = warm.runner.captures if warm else 0
-        self.decoder = Decoder(shape, dev, own_gpu=self.switches.decoder_own_gpu)
+        self.decoder = w.decoder(self.switches.decoder_own_gpu)
         self.runner = self._runner()
         tel.sync_clock(dev)
         tel.sync_clock(self.decoder.device)

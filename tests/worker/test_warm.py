@@ -150,3 +150,22 @@ def test_a_turn_on_a_warm_worker_keeps_replaying_its_buckets_graphs(cpu_graphs):
     inbox.submit(tokens=11)
     s = w.run_session(steps=10, realtime=False, switches=PROD, cond_tokens=3, turns=inbox)
     assert s.turns == 1 and 0 < s.graph_misses < 10 - 3 and s.graphed_steps == 10 - s.graph_misses
+
+
+def test_warm_up_runs_a_position_reset_and_sessions_share_the_workers_decoder(cpu_graphs, monkeypatch):
+    """What compiles or allocates on first use happens at warm-up, and what a session needs that outlives
+    no session is made once: a reset's ops (the first reset step of a worker's life took 980 ms on the
+    H200: a Triton JIT), and the decoder with its stream (one per session grew reserved memory)."""
+    from worker.cache import KVCache
+    from worker.session import Session
+
+    resets = []
+    reset = KVCache._reset_window
+    monkeypatch.setattr(KVCache, "_reset_window", lambda self, n: resets.append(n) or reset(self, n))
+    w = _worker()
+    w.warm(PROD)
+    assert resets, "warm-up never ran a position reset"
+    a, b = (Session(w, steps=3, realtime=False, switches=PROD) for _ in range(2))
+    a.run()
+    b.run()
+    assert a.decoder is b.decoder is w.decoder(False)
