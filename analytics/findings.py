@@ -8,7 +8,8 @@
 The table (sql/010_findings.sql) is a ReplacingMergeTree keyed by (kind, scope, metric,
 window_start): a re-run writes a newer version of each key. Rows this job wrote earlier for the same
 window (or the same kind/scope/metric) that the re-run no longer finds are written back as
-``status='resolved'``, so a finding that went away does not stay open. ``first_seen`` is kept per
+``status='resolved'``, so a finding that went away does not stay open; for ``WINDOWED_KINDS`` (a week's
+fps shares) a later window resolves an earlier one only when it shows the problem fixed (severity info). ``first_seen`` is kept per
 key; for the kinds in ``CONTINUING_KINDS`` (keyed by the day they were judged) a new key carries the
 ``first_seen`` of the open finding of the same kind/scope/metric it replaces, so a problem that lasts
 a week reads a week old instead of starting again every midnight.
@@ -32,6 +33,9 @@ SEVERITIES: tuple[str, ...] = ("info", "warning", "critical")
 # kinds whose window_start is the day a rolling detector judged them: the next day's key continues the
 # open series (kind, scope, metric) instead of starting a new one
 CONTINUING_KINDS: frozenset[str] = frozenset({"fp8_saturation"})
+# kinds whose row is a fact about its own window (a week's fps shares): writing a later window does not
+# resolve an earlier one; only a later window of the same (kind, scope, metric) at 'info' (fixed) does
+WINDOWED_KINDS: frozenset[str] = frozenset({"fps_fraction"})
 COLUMNS: tuple[str, ...] = (
     "kind", "scope", "metric", "window_start", "window_end", "baseline", "value", "effect", "confidence",
     "severity", "status", "attribution", "evidence", "job", "first_seen", "updated_at",
@@ -151,6 +155,11 @@ def write_findings(
     )
     new_keys = {_key(r) for r in rows}
     new_series = {k[:3] for k in new_keys}
+    fixed_after: dict[tuple, datetime] = {}  # windowed series -> the earliest later window that shows it fixed
+    for r in rows:
+        if r["kind"] in WINDOWED_KINDS and r["severity"] == "info":
+            k = _key(r)
+            fixed_after[k[:3]] = min(fixed_after.get(k[:3], k[3]), k[3])
     first_seen: dict[tuple, datetime] = {}
     series_first: dict[tuple, datetime] = {}
     stale: list[dict[str, Any]] = []
@@ -161,7 +170,11 @@ def write_findings(
         if k[0] in CONTINUING_KINDS and old["first_seen"] is not None:
             series_first[k[:3]] = min(series_first.get(k[:3], old["first_seen"]), old["first_seen"])
         in_window = s <= _utc(old["window_start"]) < e
-        if k not in new_keys and (current or in_window or k[:3] in new_series):
+        if k[0] in WINDOWED_KINDS:
+            superseded = k[:3] in fixed_after and fixed_after[k[:3]] > k[3]
+        else:
+            superseded = k[:3] in new_series
+        if k not in new_keys and (current or in_window or superseded):
             stale.append({**old, "status": "resolved", "updated_at": now})
     out = []
     for r in rows:

@@ -46,7 +46,7 @@ DRIFT_WINDOW = timedelta(days=28)
 SATURATION_WINDOW = timedelta(days=2)
 RELEASE_POLL = timedelta(minutes=5)
 # trailing-window detectors: each run is the whole current judgement (findings.write_findings current=True)
-CURRENT_JOBS = frozenset({"memory", "fp8_saturation", "regressions", "changepoints"})
+CURRENT_JOBS = frozenset({"memory", "fp8_saturation", "regressions", "changepoints", "drift", "variance"})
 
 _listeners: list[Callable[[list[dict]], None]] = []
 _listeners_lock = threading.Lock()

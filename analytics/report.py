@@ -103,7 +103,7 @@ def _html(store, data: dict[str, Any]) -> str:
     fps = data["fps"]
     this, before = fps["this_week"] or {}, fps["week_before"] or {}
     summary = [{"week": data["iso_week"], "sessions": this.get("sessions"),
-                "<= 24 fps": this.get("frac_le_24fps"), "> 23.5 fps": this.get("frac_gt_23_5fps"),
+                "<= 24 fps": this.get("frac_le_24fps"), "<= 23.5 fps": this.get("frac_le_23_5fps"),
                 "week before <= 24 fps": before.get("frac_le_24fps"), "change": fps["frac_le_24fps_change"]}]
     ev_counts: dict[str, int] = {}
     for e in data["switch_events"]:

@@ -97,7 +97,8 @@ def sessions_in(store, start: datetime, end: datetime, **filters: str | None) ->
 
 
 def fps_table(store, start: datetime, end: datetime, group_by: list[str], **filters: str | None) -> pl.DataFrame:
-    """Fractions of sessions (streamed >= 1 s) at or below 24 fps and above 23.5 fps, grouped by any of
+    """Fractions of sessions (streamed >= 1 s) at or below 24 fps and at or below 23.5 fps (named as the
+    fps findings' metrics: ``frac_le_24fps``, ``frac_le_23_5fps``; counts ``n_le_24``, ``n_le_23_5``), grouped by any of
     week / release / gpu_kind. Reads analytics' fleet roll-up (days already rolled come from
     ``fleet_daily``, the rest live), so a fleet-wide view never groups millions of sessions."""
     from analytics import queries as aq
@@ -113,7 +114,7 @@ def fps_table(store, start: datetime, end: datetime, group_by: list[str], **filt
         pl.col("sessions").sum(), pl.col("n_le_24").sum(), pl.col("n_le_23_5").sum(), pl.col("_fps_sum").sum(),
     ).with_columns(
         (pl.col("n_le_24") / pl.col("sessions")).alias("frac_le_24fps"),
-        (1 - pl.col("n_le_23_5") / pl.col("sessions")).alias("frac_gt_23_5fps"),
+        (pl.col("n_le_23_5") / pl.col("sessions")).alias("frac_le_23_5fps"),
         (pl.col("_fps_sum") / pl.col("sessions")).alias("mean_fps"),
     ).drop("_fps_sum").filter(pl.col("sessions") > 0).sort(group_by)
 
@@ -123,7 +124,8 @@ def fleet_fps(
     store: StoreDep, tr: TimeRangeDep, release: Label = None, gpu_kind: Label = None,
     group_by: Annotated[list[GroupKey] | None, Query(description="any of week, release, gpu_kind")] = None,
 ) -> dict[str, Any]:
-    """Fractions of sessions (streamed >= 1 s) at or below 24 fps and above 23.5 fps, grouped."""
+    """Fractions of sessions (streamed >= 1 s) at or below 24 fps (``frac_le_24fps``) and at or below
+    23.5 fps (``frac_le_23_5fps``), with their counts, grouped."""
     keys = list(dict.fromkeys(g.value for g in group_by or list(GroupKey)))
     df = fps_table(store, tr.start, tr.end, keys, release=release, gpu_kind=gpu_kind)
     return {"start": tr.start.isoformat(), "end": tr.end.isoformat(), "group_by": keys, "rows": rows(df)}

@@ -81,3 +81,32 @@ def test_rolled_up_fleet_queries_equal_the_live_ones(store, small):
     assert len(queries.rollup(store, now=sim.end)) >= 13
     assert queries.fps_fractions(store, start, sim.end).select(counts).equals(
         queries.fps_fractions(store, start, sim.end, live=True).select(counts))
+
+
+def test_a_weekly_finding_is_resolved_only_by_a_later_week_that_shows_it_fixed(store):
+    """Writing week 2 (still above the threshold) keeps week 1's warning open; week 3 at 'info' (fixed)
+    resolves both. (The weekly job once resolved every earlier week as soon as a new week was written.)"""
+    from datetime import UTC, datetime
+
+    from analytics.findings import finding, read_findings, write_findings
+
+    w1 = datetime(2026, 11, 2, tzinfo=UTC)
+
+    def week(n: int, severity: str, share: float) -> list[dict]:
+        start = w1 + timedelta(days=7 * n)
+        rows = [finding("fps_fraction", {"release": "v1", "gpu_kind": "h100"}, "frac_le_24fps", start,
+                        start + timedelta(days=7), value=share, severity=severity)]
+        write_findings(store, "weekly_fps", start, start + timedelta(days=7), rows)
+        return rows
+
+    def open_weeks() -> list:
+        df = read_findings(store, kind="fps_fraction", status="open")
+        return sorted(t.date().isoformat() for t in df["window_start"].to_list())
+
+    week(0, "warning", 0.12)
+    week(1, "warning", 0.09)
+    assert open_weeks() == ["2026-11-02", "2026-11-09"]
+    week(2, "info", 0.01)
+    assert open_weeks() == ["2026-11-16"]
+    resolved = read_findings(store, kind="fps_fraction", status="resolved")
+    assert sorted(resolved["severity"].to_list()) == ["warning", "warning"]

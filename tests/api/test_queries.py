@@ -27,7 +27,7 @@ def test_fleet_fps_fractions_group_and_bound(client, fleet):
     assert r.status_code == 200
     rows = r.json()["rows"]
     assert {x["release"] for x in rows} == {rel.name for rel in fleet.releases}
-    assert all(0 <= x["frac_le_24fps"] <= 1 and 0 <= x["frac_gt_23_5fps"] <= 1 and x["sessions"] > 0 for x in rows)
+    assert all(0 <= x["frac_le_24fps"] <= 1 and 0 <= x["frac_le_23_5fps"] <= x["frac_le_24fps"] and x["sessions"] > 0 for x in rows)
     weekly = client.get("/v1/fleet/fps", params=RANGE).json()["rows"]
     assert sum(x["sessions"] for x in weekly) == sum(x["sessions"] for x in rows)
     assert {x["week"] for x in weekly} <= {"2026-11-09", "2026-11-16"}
@@ -122,7 +122,7 @@ def test_fleet_fps_equals_a_per_session_computation_after_the_rollup(client, fle
     for (rel,), g in df.group_by(["release"]):
         assert got[rel]["sessions"] == g.height
         assert got[rel]["frac_le_24fps"] == pytest.approx(float((g["fps"] <= 24).mean()))
-        assert got[rel]["frac_gt_23_5fps"] == pytest.approx(float((g["fps"] > 23.5).mean()))
+        assert got[rel]["frac_le_23_5fps"] == pytest.approx(float((g["fps"] <= 23.5).mean()))
 
 
 def sessions_from_raw_steps(store, start: datetime, end: datetime) -> pl.DataFrame:
@@ -155,7 +155,7 @@ def test_fleet_fps_equals_the_raw_steps_before_and_after_the_rollup(client, flee
         for (rel,), g in raw.group_by(["release"]):
             assert got[rel]["sessions"] == g.height
             assert got[rel]["frac_le_24fps"] == pytest.approx(float((g["fps"] <= 24).mean()))
-            assert got[rel]["frac_gt_23_5fps"] == pytest.approx(float((g["fps"] > 23.5).mean()))
+            assert got[rel]["frac_le_23_5fps"] == pytest.approx(float((g["fps"] <= 23.5).mean()))
             assert got[rel]["mean_fps"] == pytest.approx(float(g["fps"].mean()), rel=1e-9)
 
 
