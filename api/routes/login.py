@@ -54,13 +54,17 @@ def login_form(next: str | None = Query(None, max_length=2048, description="wher
 @router.post("/login", response_class=HTMLResponse, status_code=303,
              summary="Exchange a read token for an HttpOnly, SameSite=Strict session cookie",
              responses={303: {"description": "signed in: the cookie is set, on to next"},
+                        400: {"description": "not this form"},
                         401: {"description": "not a token that may read: the form again"},
                         413: {"description": "form too large"}})
 async def login(request: Request, settings: SettingsDep):
     body = await request.body()
     if len(body) > MAX_FORM_BYTES:
         return _page("/dashboard/", f"the form is larger than {MAX_FORM_BYTES} bytes", 413)
-    form = parse_qs(body.decode("utf-8", "replace"), max_num_fields=8)
+    try:
+        form = parse_qs(body.decode("utf-8", "replace"), max_num_fields=8)
+    except ValueError:  # more fields than the form has
+        return _page("/dashboard/", "the form has more fields than token and next", 400)
     token = (form.get("token") or [""])[0].strip()
     next_url = safe_next((form.get("next") or [None])[0])
     if not token:

@@ -122,6 +122,13 @@ def test_logout_drops_the_cookie(site):
     assert attrs[0] == f'{COOKIE}=""' and "max-age=0" in attrs and "httponly" in attrs
 
 
+def test_a_malformed_form_is_a_4xx(site):
+    base = site[0]
+    assert httpx.post(f"{base}/login", content="&".join(f"f{i}=x" for i in range(20))).status_code == 400
+    assert httpx.post(f"{base}/login", content=b"token=%ff%fe&next=%00").status_code == 401
+    assert httpx.post(f"{base}/login", content=b"x" * 20000).status_code == 413
+
+
 @pytest.mark.parametrize("target", ["//evil.example/x", "https://evil.example/", "/\\evil.example", "dashboard"])
 def test_next_never_leaves_the_site(site, target):
     assert _sign_in(site[0], next_url=target).headers["location"] == "/dashboard/"
