@@ -308,12 +308,16 @@ def simulate_fleet(
     block_steps: int = 1_000_000,
     progress: bool | None = None,
     fp8_drift: tuple[str, str] | None = None,
+    turns: bool = False,
+    turn_queue: str | None = None,
 ) -> SimResult:
     """Simulate ``weeks`` of fleet telemetry ending at ``end`` (default: this hour) into ``target``.
 
     ``target``: a Store (bulk Arrow blocks), a TelemetryClient (the collector path) or a sink.
     Incident days count from the simulation start. ``fp8_drift``: (release kind, GPU kind) whose static
-    FP8 scales drift (module docstring). Returns what was simulated (releases, workers, counts).
+    FP8 scales drift (module docstring). ``turns``: conversational turns too (``simulate_turns``);
+    ``turn_queue``: the release (name) whose workers keep the whole playout buffer at each turn (the
+    ``keep`` policy instead of ``trim``: a turn-latency regression). Returns what was simulated.
     """
     if fp8_drift is not None and (fp8_drift[0] not in ("baseline", *INCIDENTS) or fp8_drift[1] not in GPU_KINDS):
         raise SimulationError(f"fp8_drift {fp8_drift!r} is not valid: (release kind, GPU kind), release kinds "
@@ -344,6 +348,7 @@ def simulate_fleet(
     run_key = f"{seed}-{start_ms}-" + _options_key(weeks, incidents, workers, sessions_per_day, session_median_s,
                                                     rollout_days, *([fp8_drift] if fp8_drift else []))
     writer = _BlockWriter(sink, result, fleet, releases, run_key, bar, block_steps, fp8_drift)
+    writer.turns = _turn_plan(releases, turns, turn_queue)
     oom_rows: list[dict] = []
     for wi, w in enumerate(fleet):
         wrng = np.random.default_rng([seed, 1, wi])
@@ -501,6 +506,8 @@ class _BlockWriter:
         steps_t, sessions_t = self._build(p, rng)
         self.sink.write("step", steps_t, token + "-step")
         self.sink.write("session", sessions_t, token + "-session")
+        if self.turns is not None:
+            self._write_turns(p, token)
         self.result.sessions += len(p)
         self.result.steps += steps_t.num_rows
         for k, n in (("step", steps_t.num_rows), ("session", sessions_t.num_rows)):
@@ -592,6 +599,14 @@ class _BlockWriter:
         names = [n for n in records.ARROW_SCHEMAS["session"].names if n in sessions.column_names]
         return steps, records.conform("session", sessions.select(names))  # columns added since: null
 
+    turns: np.ndarray | None = None  # per release: its workers' turn policy is keep (else trim); None: no turns
+
+    def _write_turns(self, p: _Plans, token: str) -> None:
+        table = simulate_turns(p, self.turns, self.fleet, self.releases, np.random.default_rng([self.seed, 4, self.block]))
+        if table.num_rows:
+            self.sink.write("turn", table, token + "-turn")
+            self.result.rows["turn"] = self.result.rows.get("turn", 0) + table.num_rows
+
     def _fp8_saturated(self, step, si, worker, rel) -> pa.Array:
         """Sampled steps' saturated fraction (null elsewhere and without static scales); ``si`` per step,
         ``worker`` and ``rel`` per session. Its own random stream, so every other column is what it was
@@ -622,3 +637,88 @@ def summarize(result: SimResult) -> Iterable[str]:
            f"{len(result.workers)} workers from {result.start:%Y-%m-%d %H:%M} to {result.end:%Y-%m-%d %H:%M} UTC")
     for r in result.releases[1:]:
         yield f"  release {r.name} ({r.kind}) rolled out from {r.start:%Y-%m-%d %H:%M} over {r.rollout_days:g} days"
+
+
+# ---------------------------------------------------------------------------------------------
+# conversational turns (worker/turns.py's `turn` record)
+
+TURN_EVERY_S = (2.0, 5.0)  # a turn every 2-5 s, alternating speaking and listening
+DECODE_MS = 114.0
+RECOMPUTE_MS_PER_TOKEN = 0.005  # the cross K/V of prod57b's 60 blocks on one TP=3 rank: ~5 ms per 1,000 tokens
+TURN_DEPTH = 3  # chunks buffered at a turn's arrival (the steps' playout_depth)
+
+
+def _turn_plan(releases: list[SimRelease], turns: bool, turn_queue: str | None) -> np.ndarray | None:
+    """Per release: True where its workers keep the whole buffer at a turn (``turn_queue``)."""
+    names = [r.name for r in releases]
+    if turn_queue is not None and turn_queue not in names:
+        raise SimulationError(f"turn_queue {turn_queue!r} is not a simulated release; valid: {', '.join(names)}")
+    if not turns:
+        if turn_queue is not None:
+            raise SimulationError("turn_queue needs turns=True")
+        return None
+    return np.array([n == turn_queue for n in names])
+
+
+def simulate_turns(p: _Plans, keep_by_release: np.ndarray, fleet: list[SimWorker], releases: list[SimRelease],
+                   rng: np.random.Generator) -> pa.Table:
+    """The turns of planned sessions as one Arrow block of the `turn` kind: a turn every
+    ``TURN_EVERY_S`` from 1-3 s in, alternating speaking (a few hundred conditioning tokens) and listening
+    (a few dozen). Parts as the worker measures them: wait (the step in progress), recompute (per token),
+    generation (the first chunk's step and decode), queue (``trim``: the rest of the chunk playing, now and
+    then a short stall when the estimate is short; ``keep``: the buffered chunks too)."""
+    cols: dict[str, list] = {k: [] for k in ("si", "t_ms", "turn", "speaking")}
+    for si, (start, n, period) in enumerate(zip(p.start_ms, p.n_steps, p.period_ms, strict=True)):
+        dur = n * period
+        t, k = float(rng.uniform(1000, 3000)), 0
+        while t < dur - 1000:
+            cols["si"].append(si)
+            cols["t_ms"].append(t)
+            cols["turn"].append(k)
+            cols["speaking"].append(k % 2 == 0)
+            t += float(rng.uniform(*TURN_EVERY_S)) * 1000
+            k += 1
+    si = np.asarray(cols["si"], dtype=np.int64)
+    m = len(si)
+    worker = np.asarray(p.worker, dtype=np.int32)[si] if m else np.zeros(0, np.int32)
+    rel = np.asarray(p.release, dtype=np.int32)[si] if m else np.zeros(0, np.int32)
+    period = np.asarray(p.period_ms)[si] if m else np.zeros(0)
+    speaking = np.asarray(cols["speaking"], dtype=bool)
+    t_ms = np.asarray(cols["t_ms"])
+    keep = keep_by_release[rel] if m else np.zeros(0, bool)
+    tokens = np.where(speaking, np.clip(rng.lognormal(np.log(300), 0.5, m), 16, 2048),
+                      rng.integers(4, 65, m)).astype(np.int64)
+    wait = rng.uniform(0, 1, m) * period
+    recompute = tokens * RECOMPUTE_MS_PER_TOKEN * np.exp(rng.normal(0, 0.1, m))
+    generation = (period + DECODE_MS) * np.exp(rng.normal(0, 0.03, m))
+    rest = rng.uniform(0, 1, m) * STEP_BUDGET_MS  # what is left of the chunk playing
+    short = rng.random(m) < 0.02  # trim's estimate fell short: a stall instead of a queue
+    stall = np.where(~keep & short, rng.uniform(5, 60, m), 0.0)
+    queue = np.where(keep, rest + (TURN_DEPTH - 1) * STEP_BUDGET_MS * np.exp(rng.normal(0, 0.02, m)),
+                     np.where(short, 0.0, rest))
+    latency = wait + recompute + generation + queue
+    start_ms = np.asarray(p.start_ms, dtype=np.int64)[si] if m else np.zeros(0, np.int64)
+    ts = start_ms + t_ms.astype(np.int64)
+    kinds = sorted({w.gpu_kind for w in fleet})
+    kind_of = np.array([kinds.index(w.gpu_kind) for w in fleet], np.int32)
+    sched = pa.timestamp("ms", tz="UTC")
+    return pa.table({
+        "worker_id": pa.DictionaryArray.from_arrays(pa.array(worker, pa.int32()), pa.array([w.worker_id for w in fleet])),
+        "session_id": pa.array(np.asarray(p.session_ids, dtype=object)[si] if m else [], pa.string()),
+        "release": pa.DictionaryArray.from_arrays(pa.array(rel, pa.int32()), pa.array([r.name for r in releases])),
+        "gpu_kind": pa.DictionaryArray.from_arrays(pa.array(kind_of[worker] if m else [], pa.int32()), pa.array(kinds)),
+        "ts": pa.array(ts, sched),
+        "simulated": pa.array(np.ones(m, bool)),
+        "turn": pa.array(cols["turn"], pa.int64()),
+        "step": pa.array((t_ms // np.maximum(period, 1.0)).astype(np.int64) + 1, pa.int64()),
+        "speaking": pa.array(speaking),
+        "cond_tokens": pa.array(tokens, pa.int64()),
+        "policy": pa.array(np.where(keep, "keep", "trim").tolist(), pa.string()),
+        "queue_depth": pa.array(np.full(m, TURN_DEPTH), pa.int64()),
+        "dropped_chunks": pa.array(np.where(keep, 0, TURN_DEPTH - 1), pa.int64()),
+        "superseded": pa.array(np.zeros(m, np.int64)),
+        "wait_ms": wait, "recompute_ms": recompute, "generation_ms": generation, "queue_ms": queue,
+        "latency_ms": latency, "stall_ms": stall,
+        "generated_at": pa.array(ts + (wait + recompute + generation).astype(np.int64), sched),
+        "played_at": pa.array(ts + latency.astype(np.int64), sched),
+    })

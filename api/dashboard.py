@@ -24,7 +24,7 @@ import polars as pl
 PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
 PLOTLY_URL = "/static/plotly.min.js"
 NAV = (("Incidents", "/dashboard/incidents"), ("Fleet", "/dashboard/"), ("Releases", "/dashboard/releases"), ("Sessions", "/dashboard/sessions"),
-       ("Memory", "/dashboard/memory"),
+       ("Memory", "/dashboard/memory"), ("Turns", "/dashboard/turns"),
        ("Findings", "/dashboard/findings"), ("Switches", "/dashboard/switches"), ("Reports", "/dashboard/reports"))
 
 _CSS = """
