@@ -71,6 +71,8 @@ EVALUATION_METRICS: tuple[str, ...] = (
 )
 EVALUATION_VERDICTS: tuple[str, ...] = ("pass", "fail", "no_effect", "incomplete")
 EVALUATED: tuple[str, ...] = (*NUMERIC_SWITCHES, "production")  # what an evaluation judges
+# What the player does, at a turn, with chunks made with the old conditioning (worker/turns.py)
+PLAYOUT_POLICIES: tuple[str, ...] = ("keep", "drop_unplayed", "trim")
 
 # A record stamped further ahead than this is refused (clock skew beyond reason).
 MAX_FUTURE_SKEW = timedelta(minutes=5)
@@ -214,6 +216,25 @@ KINDS: tuple[Kind, ...] = (
         integer("n", 0, U32, description="runs (free-running), steps (teacher-forced), segments (drift)"),
         integer("step", 0, U32, nullable=True, description="a curve point's last step (null: a summary)"),
     )),
+    Kind("turn", "turns", "turns", "A conversational turn: new conditioning mid-session (worker/turns.py); ts is its "
+         "arrival. latency_ms = wait_ms + recompute_ms + generation_ms + queue_ms.", (
+        integer("turn", 0, U32, description="the turn's index in its session"),
+        integer("step", 0, U32, description="the first step that used its conditioning"),
+        Col("speaking", "bool", description="the character's next utterance (false: it listens)"),
+        integer("cond_tokens", 1, U32, description="the conditioning's length in tokens"),
+        Col("policy", "enum", values=PLAYOUT_POLICIES, description="what the player did with the older chunks"),
+        integer("queue_depth", 0, 65535, description="chunks buffered for the player at arrival"),
+        integer("dropped_chunks", 0, U32, description="older chunks the policy dropped unplayed"),
+        integer("superseded", 0, U32, description="earlier turns of the same step boundary it replaced"),
+        ms("wait_ms", description="arrival -> the recompute's start (the step in progress)"),
+        ms("recompute_ms", description="the cross-attention K/V recompute"),
+        ms("generation_ms", description="the first chunk's step, start -> delivery"),
+        ms("queue_ms", description="the rest: a producer held back, older chunks played first"),
+        ms("latency_ms", description="arrival -> playback of the first chunk that uses it, by the player's clock"),
+        ms("stall_ms", description="the player's stall between arrival and that playback"),
+        Col("generated_at", "ts", description="the first chunk using it was delivered to the player"),
+        Col("played_at", "ts", description="that chunk's playback began"),
+    )),
 )
 
 # The session columns that say which shape a session ran: detector key -> the column(s) it is made of.
@@ -301,12 +322,17 @@ def _check(c: Col) -> tuple | None:
     return None  # bool: any value of the Arrow type is valid
 
 
+# every column of type "ts" (the record's own ts, and e.g. a turn's generated_at / played_at)
+_TS_COLUMNS: tuple[str, ...] = tuple(dict.fromkeys(c.name for k in KINDS for c in (*COMMON, *k.columns)
+                                                   if c.type == "ts"))
+
+
 class _Record(BaseModel):
     """Config and checks every record model shares (its fields come from ``KINDS``)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    @field_validator("ts", check_fields=False)
+    @field_validator(*_TS_COLUMNS, check_fields=False)
     @classmethod
     def _ts_utc_not_future(cls, v: datetime) -> datetime:
         v = v.replace(tzinfo=UTC) if v.tzinfo is None else v.astimezone(UTC)
@@ -374,6 +400,7 @@ GpuSampleRecord = MODELS["gpu_sample"]
 SessionRecord = MODELS["session"]
 EventRecord = MODELS["event"]
 EvaluationRecord = MODELS["evaluation"]
+TurnRecord = MODELS["turn"]
 
 
 def conform(kind: str, table: pa.Table) -> pa.Table:

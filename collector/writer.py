@@ -45,9 +45,11 @@ log = logging.getLogger("livestep.collector.writer")
 
 
 # Per kind, the column that tells a row apart from others of the same worker, session and ts (steps: the
-# step number, GPU samples: the GPU, sessions: the phase, events: the event kind): the landed-row check.
+# step number, GPU samples: the GPU, sessions: the phase, events: the event kind, turns: the turn's index):
+# the landed-row check.
 _ROW_KEY = {"step": "step", "gpu_sample": "gpu_index", "session": "phase", "event": "kind",
-            "evaluation": "metric"}  # an evaluation run's rows are a millisecond apart (worker/evaluate.py)
+            "evaluation": "metric",  # an evaluation run's rows are a millisecond apart (worker/evaluate.py)
+            "turn": "turn"}
 
 
 def _ts_ms(table: pa.Table) -> pa.ChunkedArray:

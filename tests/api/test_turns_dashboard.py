@@ -14,21 +14,18 @@ from fastapi.testclient import TestClient
 from analytics import turns
 from analytics.findings import write_findings
 from analytics.simulate import simulate_fleet
-from tests.api.conftest import make_settings, real_app
 from tests.analytics.conftest import SMALL
+from tests.api.conftest import make_settings, real_app
 
 
 @pytest.fixture(scope="module")
 def site(chdb_dir, tmp_path_factory):
-    from collector import records
     from collector.store import open_store
 
     store = open_store(f"chdb://{chdb_dir}?database=t_{uuid.uuid4().hex[:12]}")
     store.migrate()
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setitem(records.TABLES, "turn", "turns")  # TEMPORARY until the turn record kind lands
-        sim = simulate_fleet(store, weeks=2, incidents=[("benign", 7)], seed=11, turns=True, turn_queue="v1.1",
-                             **{**SMALL, "workers": 6, "session_median_s": 20.0})
+    sim = simulate_fleet(store, weeks=2, incidents=[("benign", 7)], seed=11, turns=True, turn_queue="v1.1",
+                         **{**SMALL, "workers": 6, "session_median_s": 20.0})
     write_findings(store, "turn_regressions", sim.start, sim.end, turns.run(store, sim.start, sim.end))
     app = real_app(store, make_settings(tmp_path_factory.mktemp("turns")))
     with TestClient(app) as c:
@@ -48,7 +45,7 @@ def _figure(html: str, div_id: str) -> dict:
 
 
 def test_v1_turns_quantiles_intervals_stages_and_findings(site):
-    c, store, sim = site
+    c, _, sim = site
     body = c.get("/v1/turns", params=_range(sim)).json()
     assert body["parts"] == ["wait", "recompute", "generation", "queue"]
     keys = {(r["release"], r["gpu_kind"], r["part"]) for r in body["rows"]}

@@ -45,6 +45,22 @@ def event_row(kind: str = "reset", session_id: str = "s1", **over) -> dict:
     return r
 
 
+def turn_rows(n: int, session_id: str = "s1", **over) -> list[dict]:
+    """``n`` valid turn rows (worker/turns.py's record); Float32-exact values, parts summing to the latency."""
+    t0 = (datetime.now(UTC) - timedelta(hours=12)).replace(microsecond=0)
+    rows = []
+    for i in range(n):
+        ts = t0 + timedelta(seconds=3 * i)
+        r = {"worker_id": "w1", "session_id": session_id, "release": "r1", "gpu_kind": "cpu", "ts": ts, "turn": i,
+             "step": 18 * i + 5, "speaking": i % 2 == 0, "cond_tokens": 40 + i, "policy": "trim", "queue_depth": 3,
+             "dropped_chunks": 2, "superseded": 0, "wait_ms": 12.5, "recompute_ms": 0.25, "generation_ms": 150.0,
+             "queue_ms": 80.25, "latency_ms": 243.0, "stall_ms": 0.0, "generated_at": ts + timedelta(milliseconds=162),
+             "played_at": ts + timedelta(milliseconds=243)}
+        r.update(over)
+        rows.append(r)
+    return rows
+
+
 def arrow_body(kind: str, rows: list[dict], table: pa.Table | None = None) -> bytes:
     table = table if table is not None else records.to_arrow(kind, rows)
     sink = pa.BufferOutputStream()

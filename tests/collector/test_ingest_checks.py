@@ -13,7 +13,7 @@ import pytest
 
 from collector import records
 from collector.routes import CHECKS, BadBatchError, check_table
-from tests.collector.helpers import event_row, step_rows
+from tests.collector.helpers import event_row, step_rows, turn_rows
 
 NOW = datetime.now(UTC) - timedelta(minutes=1)
 _COMMON = {"worker_id": "w", "session_id": "s", "release": "r", "gpu_kind": "g", "ts": NOW}
@@ -28,6 +28,7 @@ ROWS = {
     "evaluation": [{**_COMMON, "configuration": "fp8_cache,rope_at_write", "switch": "fp8_cache", "preset": "tiny",
                     "metric": "divergence", "value": 0.02, "band_lo": 0.01, "band_hi": 0.03, "verdict": "pass",
                     "n": 4, "step": 10}] * 3,
+    "turn": turn_rows(3),
 }
 
 

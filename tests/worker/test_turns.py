@@ -135,7 +135,7 @@ class _Outputs:
         return out
 
 
-def _session(policy="keep", turns=((0.6, 7, True), (1.4, 12, False)), seconds=4.0, worker=None, **kw):
+def _session(policy="keep", turns=((0.6, 7, True), (1.4, 12, False)), seconds=5.0, worker=None, **kw):
     w = worker or Worker("tiny")
     sink = ListSink()
     s = Session(w, seconds=seconds, sink=sink, seed=5, cond_tokens=5, turns=TurnSchedule(list(turns)),
@@ -291,3 +291,9 @@ def test_a_session_with_turns_is_freed_by_reference_counting_alone():
         assert [r() is None for r in refs] == [True] * len(refs)
     finally:
         gc.enable()
+
+
+def test_the_policies_are_the_wire_contracts():
+    from collector import records
+
+    assert POLICIES == records.PLAYOUT_POLICIES  # the worker has no pydantic: its own copy, checked here

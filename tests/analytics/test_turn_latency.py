@@ -16,16 +16,13 @@ from analytics.simulate import SimulationError, simulate_fleet
 @pytest.fixture(scope="module")
 def fleet(chdb_dir):
     """Two weeks of a small fleet with turns, simulated once for the module's tests (read only)."""
-    from collector import records
     from collector.store import open_store
     from tests.analytics.conftest import SMALL
 
     store = open_store(f"chdb://{chdb_dir}?database=t_{uuid.uuid4().hex[:12]}")
     store.migrate()
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setitem(records.TABLES, "turn", "turns")  # TEMPORARY until the turn record kind lands
-        sim = simulate_fleet(store, weeks=2, incidents=[("benign", 4), ("benign", 9)], seed=7, turns=True,
-                             turn_queue="v1.2", **{**SMALL, "session_median_s": 20.0})
+    sim = simulate_fleet(store, weeks=2, incidents=[("benign", 4), ("benign", 9)], seed=7, turns=True,
+                         turn_queue="v1.2", **{**SMALL, "session_median_s": 20.0})
     yield store, sim
     store.command(f"DROP DATABASE IF EXISTS {store.database}")
 
