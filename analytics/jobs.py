@@ -7,8 +7,8 @@
                                                   # (api/incidents.py's hand-off; [] when it found nothing)
 
 Schedule (UTC): weekly fps fractions and the weekly report each Monday for the past ISO week;
-memory growth and FP8 saturation hourly; regressions, change points, drift and variance daily; a cheap release watch every few
-minutes runs the regression detector as soon as a new release shows up; the fleet roll-up
+memory growth and FP8 saturation hourly; regressions, change points, drift, variance and turn-latency
+regressions daily; a cheap release watch every few minutes runs the regression detector as soon as a new release shows up; the fleet roll-up
 (``queries.rollup``: closed days into ``fleet_daily`` for the dashboard) every 10 minutes. A failing job is logged,
 recorded in ``job_runs`` (status 'failed', the error), retried with backoff up to
 ``MAX_ATTEMPTS`` and never raises out of the scheduler. Findings are written by
@@ -141,6 +141,12 @@ def _variance(store, start, end, releases=None, **_):
     return variance.run(store, start, end, releases=releases)
 
 
+def _turn_regressions(store, start, end, releases=None, **_):
+    from analytics import turns  # conversational turns' latency (analytics/turns.py)
+
+    return turns.run(store, start, end, releases=releases)
+
+
 def _rollup(store, start, end, **_):
     queries.rollup(store, now=end)
     # no findings of its own: returns None
@@ -166,6 +172,7 @@ JOBS: dict[str, Callable[..., list[dict] | None]] = {
     "changepoints": _changepoints,
     "drift": _drift,
     "variance": _variance,
+    "turn_regressions": _turn_regressions,
     "weekly_report": _weekly_report,
     "rollup": _rollup,
 }
@@ -181,7 +188,8 @@ def window(name: str, now: datetime | None = None, week: str | None = None, star
         return queries.iso_week_bounds(week or past_iso_week(now))
     end = end or now
     span = {"memory": MEMORY_WINDOW, "fp8_saturation": SATURATION_WINDOW, "regressions": REGRESSION_WINDOW, "changepoints": CHANGEPOINT_WINDOW,
-            "drift": DRIFT_WINDOW, "variance": REGRESSION_WINDOW, "rollup": timedelta(days=1)}
+            "drift": DRIFT_WINDOW, "variance": REGRESSION_WINDOW, "rollup": timedelta(days=1),
+            "turn_regressions": REGRESSION_WINDOW}
     start = start or end - span.get(name, timedelta(days=7))
     if start >= end:
         raise JobError(f"job window start {start} is not before end {end}; valid: start < end")
@@ -331,6 +339,8 @@ def start_scheduler(store, *, timezone=UTC, reports_dir: Path | None = None) -> 
         id="drift", replace_existing=True)
     add(scheduled, CronTrigger(hour=2, minute=40, timezone=timezone), args=[s, "variance", store],
         id="variance", replace_existing=True)
+    add(scheduled, CronTrigger(hour=2, minute=50, timezone=timezone), args=[s, "turn_regressions", store],
+        id="turn_regressions", replace_existing=True)
     add(scheduled, IntervalTrigger(minutes=10, timezone=timezone), args=[s, "rollup", store], id="rollup",
         replace_existing=True, next_run_time=datetime.now(timezone))
     watch = ReleaseWatch()

@@ -52,6 +52,10 @@ def register(subparsers) -> None:
                           "else one rank's shard alone (its shape)")
     run.add_argument("--cond-tokens", type=int, default=None, help="first-forward tokens (default: random per session)")
     run.add_argument("--no-realtime", action="store_true", help="do not wait for the player (as fast as possible)")
+    run.add_argument("--turns-every", default=None, metavar="LO,HI",
+                     help="conversational turns every LO-HI seconds, speaking and listening by turns (worker/turns.py)")
+    run.add_argument("--playout-policy", default="keep", choices=("keep", "drop_unplayed", "trim"),
+                     help="what a turn does with the chunks made before it (default keep: play them)")
     run.add_argument("--json", action="store_true", help="print each session summary as JSON")
     run.add_argument("--metrics-port", type=int, default=None,
                      help="serve Prometheus metrics on this port (GET /metrics; off by default; 0 = any free port)")
@@ -88,7 +92,8 @@ def cmd_run(args) -> int:
     for _ in range(args.sessions):
         s = w.run_session(seconds=args.seconds, steps=args.steps, collector_url=args.collector, token=args.token,
                           switches=switches, switch_source=args.switch_source, cond_tokens=args.cond_tokens,
-                          realtime=not args.no_realtime, client_kwargs=client_kwargs(args))
+                          realtime=not args.no_realtime, client_kwargs=client_kwargs(args),
+                          turns=_turns(args, w), playout_policy=args.playout_policy)
         _print_session(s, args.json)
         switches = Switches.decode(s.switches)  # the next session starts where the control plane left it
     return 0
@@ -111,6 +116,22 @@ def _print_session(s, as_json: bool) -> None:
           + (f"filed {s.telemetry_filed} " if s.telemetry_filed else "") + f"dropped {s.telemetry_dropped}"
           + (f", FP8 inputs at +-448 at most {s.max_fp8_saturated:.2e} over {s.probed_steps} probed steps"
              if s.max_fp8_saturated is not None else ""))
+
+
+def _turns(args, w):
+    """A conversation for one session (``--turns-every``), or None."""
+    if not args.turns_every:
+        return None
+    import random
+
+    from worker.turns import TurnSchedule, conversation
+
+    try:
+        lo, hi = (float(x) for x in args.turns_every.split(","))
+    except ValueError:
+        raise SystemExit(f"--turns-every {args.turns_every!r}: write LO,HI seconds, e.g. 2,5") from None
+    seconds = args.seconds if args.steps is None else args.steps / 6
+    return TurnSchedule(conversation(seconds, random.Random(), (lo, hi), w.shape.cond_tokens))
 
 
 def cmd_bench(args) -> int:

@@ -81,3 +81,47 @@ def test_every_turn_is_consistent(fleet):
 def test_turn_queue_must_name_a_simulated_release(store, small):
     with pytest.raises(SimulationError, match="valid: v1.0, v1.1"):
         simulate_fleet(store, weeks=1, incidents=["benign"], turns=True, turn_queue="v9", **small)
+
+
+def test_the_scheduled_job_writes_the_turn_findings(fleet):
+    from analytics import jobs
+    from analytics.findings import read_findings
+
+    store, sim = fleet
+    rows = jobs.run_job("turn_regressions", store, start=sim.start, end=sim.end)
+    assert rows and {r["metric"] for r in rows} >= {"turn_latency_ms"}
+    stored = read_findings(store, kind="regression")
+    assert set(stored.filter(stored["metric"] == "turn_latency_ms")["scope"]) == {
+        f"gpu_kind={k},release=v1.2" for k in ("b200", "h100", "h200")}
+
+
+def _frame(n: int, latency: float, queue: float, stalled_every: int, seed: int):
+    """Per-session turn frames as ``session_turns`` returns them: lognormal spread around the medians."""
+    from datetime import UTC, datetime, timedelta
+
+    import numpy as np
+    import polars as pl
+
+    rng = np.random.default_rng(seed)
+    spread = np.exp(rng.normal(0, 0.05, n))
+    t0 = datetime(2026, 11, 1, tzinfo=UTC)
+    return pl.DataFrame({
+        "start_ts": [t0 + timedelta(hours=3 * i) for i in range(n)],  # eight sessions a day
+        "policy": ["trim"] * n, "turns": [10] * n,
+        "stalled_turns": [1 if i % stalled_every == 0 else 0 for i in range(n)],
+        "latency_ms": latency * spread, "queue_ms": queue * spread,
+        "wait_ms": 70.0 * spread, "recompute_ms": 2.0 * spread, "generation_ms": 270.0 * spread,
+    })
+
+
+@pytest.mark.parametrize(("latency", "queue", "stalled_every", "flagged"), [
+    (440.0, 90.0, 10, set()),  # the same
+    (452.0, 92.0, 10, set()),  # +3%: within the floor (5%) of a turn's latency
+    (600.0, 250.0, 10, {"turn_latency_ms", "turn_queue_ms"}),  # a deeper queue
+    (440.0, 90.0, 2, {"turn_stall_rate"}),  # 5 in 10 sessions with a stalled turn, was 1 in 10
+])
+def test_the_judges_on_literal_cohorts(latency, queue, stalled_every, flagged):
+    control = _frame(120, 440.0, 90.0, 10, seed=1)
+    treatment = _frame(120, latency, queue, stalled_every, seed=2)
+    got = {j.metric for j in turns.judge(treatment, control) if j.regressed}
+    assert got == flagged
