@@ -107,7 +107,7 @@ def run(cases: int, seed: int) -> Counter:
         body = mangle(corpus[i % len(corpus)], rng)
         try:
             out[check(body)] += 1
-        except Exception as e:  # reported with the case, so it can be replayed
+        except Exception as e:  # noqa: BLE001 (reported with the case, so it can be replayed)
             print(f"case {i} (seed {seed}) failed: {type(e).__name__}: {e}; body {body.hex()}", file=sys.stderr)
             out["failed"] += 1
     return out
