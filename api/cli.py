@@ -31,6 +31,7 @@ COMMANDS: dict[str, str] = {
     "evaluate": "worker.evaluate",
     "migrate": "api.migrate",
     "replay": "collector.replay",
+    "spool": "collector.requeue",
 }
 
 

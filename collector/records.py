@@ -56,6 +56,7 @@ EVENT_KINDS: tuple[str, ...] = (
     "oom",
     "error",
     "telemetry_dropped",
+    "batch_quarantined",  # the collector's writer: a spooled batch the store refused for its content
 )
 
 # ``livestep evaluate``'s judges (worker/evaluate.py): summaries, curve points, and each configuration's

@@ -28,6 +28,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from collector import records
 from collector.auth import check_bearer
+from collector.limits import DEFAULT as DEFAULT_LIMITS
+from collector.limits import Limits
 from collector.spool import IpcStream, SpoolError, SpoolFullError, read_ipc_stream
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
@@ -129,7 +131,7 @@ def _switches_ok(v: str | None) -> bool:
     return True
 
 
-def _all_valid(kind: str, table: pa.Table) -> bool:
+def _all_valid(kind: str, table: pa.Table, limits: Limits) -> bool:
     """True only if every check of ``_explain`` passes (a False is settled by ``_explain``).
 
     Whole groups of columns at once: all bounded-below floats in one ``min``/``max``, NaN failing
@@ -159,10 +161,11 @@ def _all_valid(kind: str, table: pa.Table) -> bool:
         if a is not None and not (a.min() >= lo and a.max() <= hi):
             return False
     if plan.ts:
-        now_ms = int((time.time() + records.MAX_FUTURE_SKEW.total_seconds()) * 1000)
+        now_ms = int(time.time() * 1000)
+        oldest, newest = limits.oldest_ms(kind, now_ms), now_ms + int(records.MAX_FUTURE_SKEW.total_seconds() * 1000)
         for i in plan.ts:
             a = cols[i].to_numpy().view("int64")
-            if not (a.min() >= 946684800000 and a.max() <= now_ms):  # 2000-01-01
+            if not (a.min() >= oldest and a.max() <= newest):
                 return False
     for (lo, hi), idx in plan.labels.items():  # the distinct values of all these columns at once
         distinct = pa.chunked_array([ch for i in idx for ch in cols[i].chunks], pa.string()).unique()
@@ -177,26 +180,27 @@ def _all_valid(kind: str, table: pa.Table) -> bool:
     return not plan.json  # JSON text columns are checked row by row, by ``_explain``
 
 
-def check_table(kind: str, table: pa.Table) -> None:
-    """Every value of ``table`` (already of ``records.ARROW_SCHEMAS[kind]``) within bounds, else 422.
+def check_table(kind: str, table: pa.Table, limits: Limits = DEFAULT_LIMITS) -> None:
+    """Every value of ``table`` (already of ``records.ARROW_SCHEMAS[kind]``) within bounds, else 422;
+    ``ts`` within what the store keeps (``limits``: its retention, collector/limits.py).
 
     A quick pass over whole groups of columns (~30 us per 100-row step batch) accepts valid batches;
     anything it doubts goes through ``_explain``, which finds the first invalid value and names it.
     """
-    if table.num_rows and not _all_valid(kind, table):
-        _explain(kind, table)
+    if table.num_rows and not _all_valid(kind, table, limits):
+        _explain(kind, table, limits)
 
 
-def _checked(kind: str, table: pa.Table) -> None:
+def _checked(kind: str, table: pa.Table, limits: Limits) -> None:
     """``check_table``; a refusal carries the batch's row count of ``kind`` (collector/metrics.py counts it)."""
     try:
-        check_table(kind, table)
+        check_table(kind, table, limits)
     except BadBatchError as e:
         e.rows = {kind: table.num_rows}
         raise
 
 
-def _explain(kind: str, table: pa.Table) -> None:
+def _explain(kind: str, table: pa.Table, limits: Limits) -> None:
     """Column by column, in schema order: raise the 422 that names the first invalid value (if any)."""
     schema = records.ARROW_SCHEMAS[kind]
     for f in schema:
@@ -204,7 +208,8 @@ def _explain(kind: str, table: pa.Table) -> None:
         if not f.nullable and col.null_count:
             row = _first(np.asarray(col.is_null().to_numpy(zero_copy_only=False)))
             raise _bad(kind, f.name, row, None, "this column is required (no nulls)")
-    now_ms = int((datetime.now(UTC) + records.MAX_FUTURE_SKEW).timestamp() * 1000)
+    now_ms = int(datetime.now(UTC).timestamp() * 1000)
+    oldest, newest = limits.oldest_ms(kind, now_ms), now_ms + int(records.MAX_FUTURE_SKEW.total_seconds() * 1000)
     n = table.num_rows
     for name, check in CHECKS[kind].items():
         col = table.column(name)
@@ -235,10 +240,12 @@ def _explain(kind: str, table: pa.Table) -> None:
                     raise _bad(kind, name, _first_of(col, v), v, f"a string of {check[1]} to {check[2]} characters")
         elif what == "ts":
             a = col.to_numpy().view("int64") if col.num_chunks == 1 else pc.cast(col, pa.int64()).to_numpy()
-            row = _first((a < 946684800000) | (a > now_ms))  # 2000-01-01
+            row = _first((a < oldest) | (a > newest))
             if row is not None:
+                first = datetime.fromtimestamp(oldest / 1000, UTC).isoformat(timespec="seconds")
                 raise _bad(kind, name, row, str(col[row].as_py()),
-                           f"a UTC time after 2000-01-01 and at most {records.MAX_FUTURE_SKEW} in the future")
+                           f"a UTC time from {first} (retention: {limits.window_text(kind)}) to at most "
+                           f"{records.MAX_FUTURE_SKEW} in the future")
         elif what == "enum":
             for v in pc.unique(col).to_pylist():
                 if v is not None and v not in check[1]:
@@ -287,7 +294,7 @@ def _validate_fully(table: pa.Table) -> None:
                                      f"as pyarrow.ipc.new_stream writes it") from e
 
 
-def parse_arrow(body: bytes) -> dict[str, pa.Table | IpcStream]:
+def parse_arrow(body: bytes, limits: Limits = DEFAULT_LIMITS) -> dict[str, pa.Table | IpcStream]:
     if len(body) < 8 or body[-8:] != _EOS:
         raise BadBatchError(400, "truncated Arrow IPC stream: it must end with the end-of-stream marker "
                                  "(close the stream writer); send one record kind per body")
@@ -327,7 +334,7 @@ def parse_arrow(body: bytes) -> dict[str, pa.Table | IpcStream]:
                                      f"valid columns: {_schema_text(want)}")
         table = table.select(want_names)
         table = pa.Table.from_arrays(table.columns, schema=want)
-    _checked(kind, table)
+    _checked(kind, table, limits)
     if not table.num_rows:
         return {}
     # the shipping client's exact schema: spool the validated body as is (no re-encoding)
@@ -369,7 +376,7 @@ def _validation_message(e: ValidationError) -> tuple[int, str]:
     return 422, f"{len(errs)} invalid value(s): " + "; ".join(parts) + more
 
 
-def parse_json(body: bytes) -> dict[str, pa.Table]:
+def parse_json(body: bytes, limits: Limits = DEFAULT_LIMITS) -> dict[str, pa.Table]:
     try:
         batch = _BATCH.validate_json(body)
     except ValidationError as e:
@@ -385,14 +392,14 @@ def parse_json(body: bytes) -> dict[str, pa.Table]:
             if c.type == "json":
                 cols[c.name] = [orjson.dumps(d).decode() for d in cols[c.name]]
         table = pa.Table.from_pydict(cols, schema=schema)  # ts kept to the millisecond, like the store
-        _checked(kind, table)  # the store's column bounds on top of the model's
+        _checked(kind, table, limits)  # the store's column bounds on top of the model's
         out[kind] = table
     return out
 
 
-def parse_body(content_type: str, body: bytes) -> dict[str, pa.Table | IpcStream]:
+def parse_body(content_type: str, body: bytes, limits: Limits = DEFAULT_LIMITS) -> dict[str, pa.Table | IpcStream]:
     try:
-        return parse_arrow(body) if content_type == ARROW_STREAM else parse_json(body)
+        return parse_arrow(body, limits) if content_type == ARROW_STREAM else parse_json(body, limits)
     except BadBatchError:
         raise
     except Exception as e:  # anything unexpected while reading input is the input's fault: never a 5xx
@@ -529,11 +536,12 @@ async def _ingest(scope: Scope, receive: Receive) -> bytes:
         if metrics is not None:
             metrics.deduplicated()
         return _ack(batch_id, known, True)
+    limits = state.writer.limits if getattr(state, "writer", None) is not None else DEFAULT_LIMITS
     try:
         if len(body) > _THREADPOOL_BYTES:
-            tables = await run_in_threadpool(parse_body, media, body)
+            tables = await run_in_threadpool(parse_body, media, body, limits)
         else:
-            tables = parse_body(media, body)
+            tables = parse_body(media, body, limits)
     except BadBatchError as e:
         if metrics is not None and e.rows:
             metrics.refused_rows(e.status, e.rows)

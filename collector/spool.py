@@ -202,6 +202,42 @@ def decode_payload(payload: bytes) -> tuple[str, dict[str, pa.Table]]:
     return batch_id, tables
 
 
+class Quarantined(NamedTuple):
+    """One quarantined batch's rows of one kind, as ``BlockWriter`` left them."""
+
+    seq: int
+    kind: str
+    path: Path  # the Arrow IPC stream (``path.with_suffix(".error.txt")``: why)
+    rows: int
+
+
+def quarantine_paths(directory: Path, seq: int, kind: str) -> tuple[Path, Path]:
+    """The quarantine files of batch ``seq``'s ``kind`` rows: (Arrow IPC stream, error text)."""
+    path = Path(directory) / "quarantine" / f"{seq:020d}-{kind}.arrow"
+    return path, path.with_suffix(".error.txt")
+
+
+def quarantined(directory: Path | str) -> list[Quarantined]:
+    """The quarantined batches of the spool in ``directory``, in spool order."""
+    out = []
+    for p in sorted((Path(directory) / "quarantine").glob("*-*.arrow")):
+        seq, _, kind = p.stem.partition("-")
+        if not seq.isdigit() or kind not in ARROW_SCHEMAS:
+            continue
+        try:
+            rows = sum(b.num_rows for b in pa.ipc.open_stream(p.read_bytes()))
+        except (OSError, pa.ArrowException):
+            rows = 0
+        out.append(Quarantined(int(seq), kind, p, rows))
+    return out
+
+
+def spool_uid(directory: Path | str) -> str | None:
+    """The spool's identity (part of every deduplication token), None if it has none yet."""
+    p = Path(directory) / "spool.id"
+    return (p.read_text().strip() or None) if p.exists() else None
+
+
 class Spool:
     """Append-only, fsync'd segments of accepted batches, read in order by the block writer."""
 
@@ -547,9 +583,21 @@ class Spool:
         return out
 
     def _quarantined(self, seq: int, kind: str) -> tuple[Path, Path]:
-        """The quarantine files of batch ``seq``'s ``kind`` rows: (Arrow IPC stream, error text)."""
-        path = self.dir / "quarantine" / f"{seq:020d}-{kind}.arrow"
-        return path, path.with_suffix(".error.txt")
+        return quarantine_paths(self.dir, seq, kind)
+
+    def quarantine_stats(self) -> dict:
+        """The batches waiting in quarantine (for health): rescanned when the directory changed
+        (``livestep spool requeue`` may have emptied it from another process)."""
+        qdir = self.dir / "quarantine"
+        try:
+            stamp = qdir.stat().st_mtime_ns
+        except FileNotFoundError:
+            return {"batches": 0, "rows": 0}
+        cached = getattr(self, "_qstats", None)
+        if cached is None or cached[0] != stamp:
+            found = quarantined(self.dir)
+            cached = self._qstats = (stamp, {"batches": len(found), "rows": sum(q.rows for q in found)})
+        return dict(cached[1])
 
     def quarantine(self, entry: Entry, kind: str, table: pa.Table, error: str) -> Path:
         """Keep a batch's ``kind`` rows the store refuses aside (an Arrow IPC stream + the error)."""

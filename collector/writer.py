@@ -8,36 +8,50 @@ rows, or whatever is there once the oldest waited ``flush_interval_s``), logs th
 range (intent), inserts one Arrow table per kind with the deduplication token
 ``<spool id>:<first seq>-<last seq>:<kind>``, then marks the range committed. A logged range is
 pinned until it is committed: a crash between insert and commit (or a retry) replays the same range
-with the same tokens, which ClickHouse deduplicates. While the store is down the writer retries with
-jittered exponential backoff; the spool keeps the rows (and answers 429 once full). A block the
-store keeps refusing while it answers pings (``poison_after`` failures: data it cannot take, e.g. a
-dropped table) is retried batch by batch: the split is logged first (with the kinds already stored
-as a block), and from then on the block's other kinds go in only batch by batch, with the tokens
+with the same tokens, which ClickHouse deduplicates. A kind's rows that span more partitions than
+the store takes in one insert (``max_partitions_per_insert_block``, collector/limits.py) go in as
+several inserts of whole partitions, the token suffixed ``#<part>/<parts>``.
+
+Transient or permanent. Any failure is transient -- retried with jittered exponential backoff for as
+long as it lasts, the spool keeping the rows (429 once full), health saying ``degraded`` -- unless the
+store refuses the data itself: a type or constraint error (``refuses_content``, by ClickHouse's error
+code), as opposed to the store's own state (down, read-only, too many parts, a memory limit, a dropped
+table). A block refused for its content, or refused ``poison_after`` times while the store answers
+pings, goes in batch by batch: the split is logged first (with the kinds already stored as a block),
+and from then on the block's other kinds go in only batch by batch, with the tokens
 ``<spool id>:<seq>-<seq>:<kind>``, in this process and in any replay after a crash, so every acked
 row is stored once. A block insert that raised may still have landed (a remote server that committed
 before the client timed out; or only the parts of some partitions: an insert is atomic per partition)
 and a batch token cannot deduplicate against the block's, so before each batch goes in alone the
 store is asked which of its rows are there already (by row key: worker, session, ts and the kind's
 own key column) and only the others are inserted. Only the batch-by-batch path asks: the happy path
-runs no extra query. A batch still refused is quarantined (``<spool>/quarantine/<seq>-<kind>.arrow``,
-an Arrow IPC stream that can be POSTed again) so it cannot hold up the batches behind it; a batch
-quarantined and then stored after all (a replay after a restart: the crash came before the spool
-commit) has its quarantine files removed again (``unquarantined``).
+runs no extra query. A batch whose own insert fails transiently is retried (same token) until it goes
+in. Only a batch the store refuses for its content, alone, three times, is quarantined
+(``<spool>/quarantine/<seq>-<kind>.arrow``, an Arrow IPC stream, plus a ``batch_quarantined`` event in
+the store) so it cannot hold up the batches behind it; quarantine is never final: ``livestep spool
+requeue`` (collector/requeue.py) inserts it under the same token once the operator fixed the cause.
+A batch quarantined and then stored after all (a replay after a restart: the crash came before the
+spool commit) has its quarantine files removed again (``unquarantined``).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import random
+import re
+import socket
 import threading
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from collector.records import ARROW_SCHEMAS, TABLES, conform
+from collector import limits as store_limits
+from collector.records import ARROW_SCHEMAS, TABLES, conform, to_arrow
 from collector.spool import Entry, Spool
 from collector.store import Store
 
@@ -72,6 +86,77 @@ SELECT k, count() FROM (
       AND session_id IN {{s:Array(String)}}
 ) WHERE k IN {{keys:Array(String)}}
 GROUP BY k"""
+
+
+# ClickHouse error codes that refuse the data itself (reproducible on the batch alone): types, parsing,
+# value ranges, constraints. Anything else -- the store down, read-only, out of memory or parts, a table
+# missing -- is about the store's state and is retried for as long as it lasts.
+CONTENT_ERROR_CODES = frozenset({
+    6,    # CANNOT_PARSE_TEXT
+    26,   # CANNOT_PARSE_QUOTED_STRING
+    27,   # CANNOT_PARSE_INPUT_ASSERTION_FAILED
+    38,   # CANNOT_PARSE_DATE
+    41,   # CANNOT_PARSE_DATETIME
+    53,   # TYPE_MISMATCH
+    70,   # CANNOT_CONVERT_TYPE
+    72,   # CANNOT_PARSE_NUMBER
+    117,  # INCORRECT_DATA
+    131,  # TOO_LARGE_STRING_SIZE
+    321,  # VALUE_IS_OUT_OF_RANGE_OF_DATA_TYPE
+    349,  # CANNOT_INSERT_NULL_IN_ORDINARY_COLUMN
+    407,  # DECIMAL_OVERFLOW
+    469,  # VIOLATED_CONSTRAINT
+})
+_CODE = re.compile(r"\bCode: (\d+)\b")
+
+
+def refuses_content(err: BaseException) -> bool:
+    """The store refused the rows themselves (a type or constraint error), not for its own state."""
+    m = _CODE.search(str(err))
+    return m is not None and int(m.group(1)) in CONTENT_ERROR_CODES
+
+
+def batch_token(uid: str, seq: int, kind: str) -> str:
+    """The deduplication token of one spooled batch's ``kind`` rows inserted alone (batch by batch,
+    and ``livestep spool requeue``)."""
+    return f"{uid}:{seq}-{seq}:{kind}"
+
+
+def not_landed(store: Store, kind: str, table: pa.Table) -> pa.Table:
+    """The rows of one batch that are not in the store yet (all of them unless a block insert that
+    raised, or an earlier attempt of this batch, stored some): one query on the store."""
+    if table.num_rows == 0:
+        return table
+    keys = _row_keys(kind, table)
+    lo, hi = pc.min_max(_ts_ms(table)).values()
+    params = {"lo": lo.as_py(), "hi": hi.as_py(),
+              "s": pc.unique(pc.cast(table.column("session_id"), pa.string())).to_pylist(),
+              "keys": pc.unique(keys).to_pylist()}
+    sql = _LANDED_SQL.format(key=_ROW_KEY[kind], table=TABLES[kind])
+    stored = dict(store.query_rows(sql, params))
+    if not stored:
+        return table
+    # a row key stored as often as the batch has it landed (a part lands whole: a key's rows share
+    # one partition); any other count is another batch's rows, not these
+    wanted = pc.value_counts(keys)
+    landed = [k.as_py() for k, n in zip(wanted.field("values"), wanted.field("counts"), strict=True)
+              if stored.get(k.as_py(), 0) >= n.as_py()]
+    if not landed:
+        return table
+    log.warning("%s rows of a spool batch already stored (by a block insert that raised, or before a "
+                "restart): %d of %d row keys not inserted again", kind, len(landed), len(wanted))
+    return table.filter(pc.invert(pc.is_in(keys, value_set=pa.array(landed, pa.string()))))
+
+
+def insert_parts(store: Store, limits: store_limits.Limits, kind: str, table: pa.Table, token: str) -> None:
+    """One kind's rows under ``token``, as inserts of at most the store's partitions per insert each
+    (several: the token suffixed ``#<part>/<parts>``, the same parts on every replay)."""
+    parts = store_limits.split_by_partitions(limits, kind, table)
+    for i, part in enumerate(parts):
+        store.insert_arrow(TABLES[kind], part, dedup_token=token if len(parts) == 1 else f"{token}#{i}/{len(parts)}")
+
+
+LIMITS_EVERY_S = 300.0  # the store's limits are read again this often (before a block)
 
 
 class StoreUnavailableError(Exception):
@@ -109,6 +194,9 @@ class BlockWriter:
         self.last_insert_at: float | None = None  # time.time()
         # called with (kind, table) once a block (or a split block's batch) is stored: collector/metrics.py
         self.observe_block: Callable[[str, pa.Table], None] | None = None
+        self.failing_since: float | None = None  # time.time() of the first failure of the current run
+        self._limits: store_limits.Limits | None = None
+        self._limits_at = 0.0
 
     # -- lifecycle -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -137,11 +225,44 @@ class BlockWriter:
             "unquarantined": self.unquarantined,
             "last_error": self.last_error,
             "last_insert_at": self.last_insert_at,
+            "failing_since": self.failing_since,
         }
+
+    @property
+    def limits(self) -> store_limits.Limits:
+        """The store's limits as the writer read them (sql/'s values until the store answered); never
+        blocks (ingest reads the retention window here)."""
+        return self._limits or store_limits.DEFAULT
+
+    def _read_limits(self) -> None:
+        """(Re)read the store's limits: at start, then every ``LIMITS_EVERY_S`` (an operator's ALTER)."""
+        if self._limits is None or time.monotonic() - self._limits_at > LIMITS_EVERY_S:
+            try:
+                self._limits = store_limits.read_limits(self.get_store(), strict=True)
+                self._limits_at = time.monotonic()
+            except Exception as e:  # noqa: BLE001 (store not reachable yet: sql/'s values meanwhile, asked again)
+                log.debug("store limits not read yet: %s", e)
+
+    def _failed(self, err: BaseException | str) -> None:
+        self.failures += 1
+        self.last_error = (err if isinstance(err, str) else f"{type(err).__name__}: {err}")[:500]
+        if self.failing_since is None:
+            self.failing_since = time.time()
+
+    def _succeeded(self) -> None:
+        self.last_error, self.failing_since = None, None
+        self.last_insert_at = time.time()
+
+    def _backoff(self, attempt: int) -> None:
+        self._stop.wait(min(self.retry_max_s, 0.05 * 2 ** min(attempt, 30)) * (0.5 + random.random() / 2))
+
+    def insert_table(self, kind: str, table: pa.Table, token: str) -> None:
+        insert_parts(self.get_store(), self.limits, kind, table, token)
 
     # -- the loop --------------------------------------------------------------------------------
     def _run(self) -> None:
         while not self._stop.is_set():
+            self._read_limits()
             intent = self.spool.recovered_intent  # a logged block not committed yet: pinned until it is
             if intent is not None:  # replay exactly that block, the same way (whole or batch by batch)
                 entries = self.spool.entries_between(*intent)
@@ -179,29 +300,23 @@ class BlockWriter:
         attempt = 0
         while not self._stop.is_set():
             if split is not None:
-                if self._store_answers() and self._insert_one_by_one(entries, split):
-                    return True
-                self.failures += 1  # the store went away: retry the same batches, same tokens, later
-                self.last_error = "store unavailable while inserting a refused block batch by batch"
-            else:
-                try:
-                    self._insert(entries, done)
-                    self.last_error = None
-                    return True
-                except Exception as e:  # noqa: BLE001 (store down, network, chDB: keep the rows, retry)
-                    self.failures += 1
-                    self.last_error = f"{type(e).__name__}: {e}"[:500]
-                    if attempt == 0:
-                        log.warning("insert of spool %d-%d failed, retrying: %s",
-                                    entries[0].seq, entries[-1].seq, self.last_error)
-                    if attempt + 1 >= self.poison_after and self._store_answers():
-                        # logged before any batch goes in alone: a replay must use the same tokens
-                        split = frozenset(done)
-                        self.spool.log_split(entries[0].seq, entries[-1].seq, split)
-                        continue
+                return self._insert_one_by_one(entries, split)
+            try:
+                self._insert(entries, done)
+                self._succeeded()
+                return True
+            except Exception as e:  # noqa: BLE001 (store down, network, chDB: keep the rows, retry)
+                self._failed(e)
+                if attempt == 0:
+                    log.warning("insert of spool %d-%d failed, retrying: %s",
+                                entries[0].seq, entries[-1].seq, self.last_error)
+                if (refuses_content(e) or attempt + 1 >= self.poison_after) and self._store_answers():
+                    # logged before any batch goes in alone: a replay must use the same tokens
+                    split = frozenset(done)
+                    self.spool.log_split(entries[0].seq, entries[-1].seq, split)
+                    continue
             attempt += 1
-            delay = min(self.retry_max_s, 0.05 * 2**attempt) * (0.5 + random.random() / 2)
-            self._stop.wait(delay)
+            self._backoff(attempt)
         return False
 
     def _store_answers(self) -> bool:
@@ -214,85 +329,72 @@ class BlockWriter:
             return False
 
     def _insert_one_by_one(self, entries: list[Entry], done: frozenset[str]) -> bool:
-        """The store is up but refuses this block (split logged): insert its kinds not ``done`` batch
-        by batch (own deterministic tokens, so a replay after a crash here is deduplicated too), each
-        without the rows already stored (the block may have landed before its insert raised), and
-        quarantine the batches the store still refuses, so one bad batch cannot hold up the rest.
-        False: stopped, or the store went away (retry the same batches later)."""
+        """The block goes in batch by batch (split logged): its kinds not ``done``, each batch under its
+        own deterministic token (a replay after a crash here is deduplicated too) and without the rows
+        already stored (the block may have landed before its insert raised). A batch the store refuses
+        for its content, alone, three times, is quarantined so it cannot hold up the rest; any other
+        failure is retried, same batch, same token, for as long as it lasts. False: stopped."""
         for e in entries:
             for kind, tables in self.spool.read([e]).items():
-                if kind in done:
-                    continue
-                table = tables[0]
-                try:  # rows of it that landed with a block insert that raised are not inserted again
-                    missing = self._not_landed(kind, table)
-                except Exception as err:  # noqa: BLE001
-                    if not self._store_answers():
-                        return False  # the store went away: retry the block later
-                    # it answers but the check cannot run (e.g. the table was dropped): insert it all, as before
-                    log.warning("cannot check which rows of spool batch %d (%s) are stored: %s", e.seq, kind,
-                                f"{type(err).__name__}: {err}"[:300])
-                    missing = table
-                for attempt in range(3):
-                    if self._stop.is_set():
-                        return False
-                    try:
-                        if missing.num_rows:
-                            self.get_store().insert_arrow(TABLES[kind], missing,
-                                                          dedup_token=f"{self.spool.uid}:{e.seq}-{e.seq}:{kind}")
-                        self.rows += table.num_rows
-                        if self.observe_block is not None:
-                            self.observe_block(kind, table)
-                        if self.spool.unquarantine(e.seq, kind):  # refused before a restart, stored now
-                            self.unquarantined += 1
-                            log.warning("spool batch %d (%s) quarantined earlier is stored now: quarantine "
-                                        "files removed", e.seq, kind)
-                        break
-                    except Exception as err:  # noqa: BLE001
-                        error = f"{type(err).__name__}: {err}"
-                        if attempt == 2:
-                            if not self._store_answers():
-                                return False  # the store went away meanwhile: retry the block later
-                            path = self.spool.quarantine(e, kind, table, error)
-                            self.quarantined += 1
-                            log.error("spool batch %d (%s, %d rows) refused by the store, quarantined in %s: %s",
-                                      e.seq, kind, table.num_rows, path, error[:300])
-                        else:
-                            self._stop.wait(0.05)
+                if kind not in done and not self._insert_batch(e, kind, tables[0]):
+                    return False
         self.blocks += 1
-        self.last_insert_at = time.time()
-        self.last_error = None
+        self._succeeded()
         return True
 
+    def _insert_batch(self, e: Entry, kind: str, table: pa.Table) -> bool:
+        refused = 0  # content refusals of this batch alone
+        attempt = 0
+        while not self._stop.is_set():
+            try:
+                # rows of it that landed with a block insert that raised are not inserted again
+                missing = self._not_landed(kind, table)
+                if missing.num_rows:
+                    self.insert_table(kind, missing, batch_token(self.spool.uid, e.seq, kind))
+                self.rows += table.num_rows
+                if self.observe_block is not None:
+                    self.observe_block(kind, table)
+                if self.spool.unquarantine(e.seq, kind):  # refused before a restart, stored now
+                    self.unquarantined += 1
+                    log.warning("spool batch %d (%s) quarantined earlier is stored now: quarantine files "
+                                "removed", e.seq, kind)
+                return True
+            except Exception as err:  # noqa: BLE001
+                self._failed(err)
+                if refuses_content(err):
+                    refused += 1
+                    if refused >= 3:
+                        self._quarantine(e, kind, table, self.last_error or "")
+                        return True
+                attempt += 1
+                self._backoff(attempt)
+        return False
+
+    def _quarantine(self, e: Entry, kind: str, table: pa.Table, error: str) -> None:
+        """Keep the batch aside (files in the spool), say so in the log and as an event in the store."""
+        path = self.spool.quarantine(e, kind, table, error)
+        self.quarantined += 1
+        log.error("spool batch %d (%s, %d rows) refused by the store for its content, quarantined in %s "
+                  "(fix the cause, then `livestep spool requeue`): %s", e.seq, kind, table.num_rows, path,
+                  error[:300])
+        event = {"worker_id": f"collector@{socket.gethostname()}"[:128], "session_id": f"spool:{self.spool.uid}",
+                 "release": "collector", "gpu_kind": "none", "ts": datetime.now(UTC), "kind": "batch_quarantined",
+                 "detail": {"spool_seq": e.seq, "record_kind": kind, "rows": table.num_rows,
+                            "batch_id": e.batch_id, "file": os.fspath(path), "error": error[:2000]}}
+        try:
+            ev = to_arrow("event", [event])
+            self.get_store().insert_arrow(TABLES["event"], ev, dedup_token=f"{self.spool.uid}:quarantine:{e.seq}:{kind}")
+        except Exception as err:  # noqa: BLE001 (the files and the log still say it)
+            log.warning("batch_quarantined event not stored: %s", f"{type(err).__name__}: {err}"[:300])
+
     def _not_landed(self, kind: str, table: pa.Table) -> pa.Table:
-        """The rows of one batch that are not in the store yet (all of them unless a block insert that
-        raised, or an earlier attempt of this batch, stored some): one query on the store."""
-        if table.num_rows == 0:
-            return table
-        keys = _row_keys(kind, table)
-        lo, hi = pc.min_max(_ts_ms(table)).values()
-        params = {"lo": lo.as_py(), "hi": hi.as_py(),
-                  "s": pc.unique(pc.cast(table.column("session_id"), pa.string())).to_pylist(),
-                  "keys": pc.unique(keys).to_pylist()}
-        sql = _LANDED_SQL.format(key=_ROW_KEY[kind], table=TABLES[kind])
-        stored = dict(self.get_store().query_rows(sql, params))
-        if not stored:
-            return table
-        # a row key stored as often as the batch has it landed (a part lands whole: a key's rows share
-        # one partition); any other count is another batch's rows, not these
-        wanted = pc.value_counts(keys)
-        landed = [k.as_py() for k, n in zip(wanted.field("values"), wanted.field("counts"), strict=True)
-                  if stored.get(k.as_py(), 0) >= n.as_py()]
-        if not landed:
-            return table
-        log.warning("%s rows of a spool batch already stored (by a block insert that raised, or before a "
-                    "restart): %d of %d row keys not inserted again", kind, len(landed), len(wanted))
-        return table.filter(pc.invert(pc.is_in(keys, value_set=pa.array(landed, pa.string()))))
+        if self.fault_file is not None and self.fault_file.exists():
+            raise StoreUnavailableError(f"store held down by the fault hook file {self.fault_file}")
+        return not_landed(self.get_store(), kind, table)
 
     def _insert(self, entries: list[Entry], done: set[str]) -> None:
         if self.fault_file is not None and self.fault_file.exists():
             raise StoreUnavailableError(f"store held down by the fault hook file {self.fault_file}")
-        store = self.get_store()
         first, last = entries[0].seq, entries[-1].seq
         for kind, tables in self.spool.read(entries).items():
             if kind in done:
@@ -302,10 +404,9 @@ class BlockWriter:
             tables = [conform(kind, t) for t in tables]  # batches spooled before a column was added
             block = (pa.concat_tables(tables) if len(tables) > 1 else tables[0]).combine_chunks()
             block = block.cast(ARROW_SCHEMAS[kind]) if block.schema != ARROW_SCHEMAS[kind] else block
-            store.insert_arrow(TABLES[kind], block, dedup_token=f"{self.spool.uid}:{first}-{last}:{kind}")
+            self.insert_table(kind, block, f"{self.spool.uid}:{first}-{last}:{kind}")
             done.add(kind)
             if self.observe_block is not None:
                 self.observe_block(kind, block)
         self.blocks += 1
         self.rows += sum(e.nrows for e in entries)
-        self.last_insert_at = time.time()

@@ -141,7 +141,7 @@ BAD = [
     ("arrow negative duration", ARROW, _arrow_with("step_period_ms", -1.0), {}, 422, ["step_period_ms", ">= 0"]),
     ("arrow negative count", ARROW, _arrow_with("playout_depth", -1), {}, 422, ["playout_depth", "[0, 65535]"]),
     ("arrow future ts", ARROW, _arrow_with("ts", _future()), {}, 422, ["ts", "in the future"]),
-    ("arrow ancient ts", ARROW, _arrow_with("ts", datetime(1990, 1, 1, tzinfo=UTC)), {}, 422, ["after 2000-01-01"]),
+    ("arrow ancient ts", ARROW, _arrow_with("ts", datetime(1990, 1, 1, tzinfo=UTC)), {}, 422, ["steps table keeps 180 days"]),
     ("arrow unknown switch", ARROW, _arrow_with("switches", "warp_drive"), {}, 422, ["warp_drive", "valid switches"]),
     ("arrow empty label", ARROW, _arrow_with("worker_id", ""), {}, 422, ["worker_id", "1 to 128 characters"]),
     ("arrow null required", ARROW, _nulls("diffusion_ms"), {}, 422, ["diffusion_ms", "required"]),
@@ -285,3 +285,27 @@ def test_other_methods_on_the_ingest_path_get_405_with_allow(collector):
     r = c.get("/v1/telemetry")
     assert r.status_code == 405
     assert r.headers["allow"] == "POST"
+
+
+def test_rows_older_than_the_tables_retention_are_refused_with_422_naming_the_window(collector):
+    """200-day-old steps would be dropped by the steps table's 180-day TTL: refused, nothing stored
+    (the window is read from the store's own TTL); 29-day-old GPU samples are outside their 30 - 1 days."""
+    from datetime import UTC, datetime, timedelta
+
+    c = collector()
+    old = datetime.now(UTC) - timedelta(days=200)
+    r = _post_arrow(c, arrow_body("step", step_rows(100, ts=old)), key="old")
+    assert r.status_code == 422, r.text
+    detail = r.json()["detail"]
+    assert "'ts'" in detail and "steps table keeps 180 days" in detail and "179 days old" in detail, detail
+    r = c.post("/v1/telemetry", json={"steps": json_rows(step_rows(3, ts=old))})
+    assert r.status_code == 422 and "180 days" in r.json()["detail"]
+    assert _post_arrow(c, arrow_body("step", step_rows(10, ts=datetime.now(UTC) - timedelta(days=170))),
+                       key="recent").status_code == 200
+    assert _stored(c) == (10, 0)
+    c.app.state.store.command("ALTER TABLE steps MODIFY TTL toDateTime(ts) + INTERVAL 100 DAY")
+    c.app.state.writer._limits = None  # re-read on the writer's next round (after its next block)
+    assert _post_arrow(c, arrow_body("step", step_rows(1, session_id="wake")), key="wake").status_code == 200
+    wait_for(lambda: c.app.state.writer.limits.retention["step"].days == 100, what="limits re-read")
+    r = _post_arrow(c, arrow_body("step", step_rows(10, ts=datetime.now(UTC) - timedelta(days=150))), key="r2")
+    assert r.status_code == 422 and "keeps 100 days" in r.json()["detail"]
