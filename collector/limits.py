@@ -5,9 +5,9 @@ partitions one insert may span; and the split of a block that respects that boun
     limits.retention["step"]                    # timedelta(days=180): older rows are refused at ingest
     for part in split_by_partitions(limits, "step", table): store.insert_arrow(...)
 
-The store is the one declaration (sql/001_raw_tables.sql's TTL and PARTITION BY, the server's
-``max_partitions_per_insert_block``); ``DEFAULT`` mirrors those files for a store that cannot be asked
-(unreachable at start), and tests/collector/test_limits.py keeps the two equal.
+The store is the one declaration (sql/'s TTL and PARTITION BY, the server's
+``max_partitions_per_insert_block``); ``DEFAULT`` reads the same from sql/'s files for a store that
+cannot be asked yet (unreachable at start); tests/collector/test_limits.py checks the two agree.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ _TTL = re.compile(r"\bTTL toDateTime\(ts\) \+ toIntervalDay\((\d+)\)")
 
 @dataclass(frozen=True)
 class Limits:
-    retention: dict[str, timedelta]  # kind -> rows older than this are dropped by the table's TTL
+    retention: dict[str, timedelta]  # kind -> rows older than this are dropped by the table's TTL (absent: none)
     partition: dict[str, str] = field(default_factory=dict)  # kind -> "day" | "month"
     max_partitions_per_insert: int = 100  # 0: no bound
 
@@ -42,19 +42,38 @@ class Limits:
         """The oldest ``ts`` (ms since the epoch) ingest accepts for ``kind`` at ``now_ms``: the table's
         retention less ``INGEST_MARGIN`` (a row acked is readable for at least that long), and never
         before 2000-01-01."""
-        return max(_Y2000_MS, now_ms - int((self.retention[kind] - INGEST_MARGIN).total_seconds() * 1000))
+        keep = self.retention.get(kind)
+        if keep is None:
+            return _Y2000_MS
+        return max(_Y2000_MS, now_ms - int((keep - INGEST_MARGIN).total_seconds() * 1000))
 
     def window_text(self, kind: str) -> str:
-        keep = self.retention[kind]
+        keep = self.retention.get(kind)
+        if keep is None:
+            return f"the {TABLES[kind]} table has no TTL; rows from 2000-01-01"
         return (f"the {TABLES[kind]} table keeps {keep.days} days (its TTL), so ingest takes rows up to "
                 f"{(keep - INGEST_MARGIN).days} days old")
 
 
-DEFAULT = Limits(
-    retention={"step": timedelta(days=180), "gpu_sample": timedelta(days=30), "session": timedelta(days=400),
-               "event": timedelta(days=400)},
-    partition={"step": "day", "gpu_sample": "day", "session": "month", "event": "month"},
-)
+def _from_sql() -> Limits:
+    """The limits as sql/'s ``CREATE TABLE`` statements declare them (a store not asked yet)."""
+    from collector.store import SQL_DIR, split_statements
+
+    retention: dict[str, timedelta] = {}
+    partition: dict[str, str] = {}
+    kind_of = {t: k for k, t in TABLES.items()}
+    for f in sorted(SQL_DIR.glob("[0-9][0-9][0-9]_*.sql")):
+        for stmt in split_statements(f.read_text()):
+            m = re.match(r"CREATE TABLE IF NOT EXISTS (\w+)", stmt)
+            if not m or m.group(1) not in kind_of:
+                continue
+            kind = kind_of[m.group(1)]
+            key = re.search(r"PARTITION BY (\S+)", stmt)
+            partition[kind] = _KEYS.get(key.group(1), "day") if key else "day"
+            ttl = re.search(r"TTL toDateTime\(ts\) \+ INTERVAL (\d+) DAY", stmt)
+            if ttl:
+                retention[kind] = timedelta(days=int(ttl.group(1)))
+    return Limits(retention, partition)
 
 
 def read_limits(store, strict: bool = False) -> Limits:
@@ -80,6 +99,9 @@ def read_limits(store, strict: bool = False) -> Limits:
         partition[kind] = _KEYS.get(key.replace(" ", ""), "day")
     bound = int(setting[0][0]) if setting and str(setting[0][0]).isdigit() else DEFAULT.max_partitions_per_insert
     return Limits(retention, partition, bound)
+
+
+DEFAULT = _from_sql()
 
 
 def _partition_of(unit: str, ts: pa.ChunkedArray | pa.Array) -> pa.Array:

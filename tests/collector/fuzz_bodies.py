@@ -61,7 +61,7 @@ def crafted_invalid_offsets() -> bytes:
 
 def seeds() -> list[bytes]:
     """Valid bodies: every kind, a few sizes."""
-    return [arrow_body(kind, _rows(kind, n)) for kind in records.RECORD_KINDS for n in (1, 3, 40)]
+    return [arrow_body(kind, _rows(kind, n)) for kind in ("step", "gpu_sample", "session", "event") for n in (1, 3, 40)]
 
 
 def mangle(body: bytes, rng: random.Random) -> bytes:
