@@ -33,11 +33,9 @@ sessions per hour for ``per session``, and 1 for ``over time``. Under ``CRITICAL
 with OOMs on the worker's release) the finding is critical, however small the bytes per unit; a key
 whose values stopped arriving (rate 0: a bounded rotation) has no time to OOM and stays a warning.
 
-Attribution: among processes of the same release, the switch that is on in the flagged processes
-and off in the healthy ones (largest difference in the share of processes running it; Fisher's
-exact test in the evidence). Early in a rollout there may be no healthy process on the release to
-contrast with: then, if ``buffers_registered`` (the fused kernel's registry) grows per shape in every
-flagged process and all of them run ``fused_allreduce``, the blame goes to it.
+Attribution is by contrast (analytics/blame.py): a switch is blamed only when comparable processes
+without it (same release and GPU kind, else the baseline releases') do not grow the same; when they do,
+or there are none, or two switches contrast equally, no switch is blamed.
 """
 
 from __future__ import annotations
@@ -47,7 +45,6 @@ from datetime import datetime, timedelta
 
 import numpy as np
 import polars as pl
-from scipy.stats import fisher_exact
 
 from analytics import queries
 from analytics.findings import finding
@@ -68,9 +65,6 @@ AMBIGUOUS_CHI2 = 10.83  # chi-square(1) at p = 0.001: a residual difference the 
 CRITICAL_HOURS_TO_OOM = 24.0
 RATE_WINDOW = timedelta(hours=24)
 RATE_MIN_HOURS = 2.0
-ATTRIBUTION_MIN_DIFF = 0.5
-# ``buffers_registered`` is the fused all-reduce kernel's buffer registry (records.StepRecord)
-REGISTRY_OWNER = "fused_allreduce"
 
 
 def _with_key_columns(s: pl.DataFrame) -> pl.DataFrame:
@@ -334,43 +328,17 @@ def analyze_frame(s: pl.DataFrame, oom_events: pl.DataFrame, start: datetime | N
 
 
 def attribute(procs: list[dict]) -> dict[str, dict]:
-    """Per release with flagged processes: the switch blamed ('' when none stands out) and evidence."""
+    """Per release with flagged processes: the switch blamed by contrast ('' when none explains it, or on a
+    tie) and the evidence (analytics/blame.py ``memory_blame``)."""
+    from analytics.blame import memory_blame
+
     out = {}
     for release in sorted({p["release"] for p in procs if p["flagged"]}):
         same = [p for p in procs if p["release"] == release and p["sessions"] >= MIN_SESSIONS]
-        bad = [p for p in same if p["flagged"]]
-        good = [p for p in same if not p["flagged"]]
-        if not good:  # no healthy process on this release: compare with every healthy process
-            good = [p for p in procs if not p["flagged"] and p["sessions"] >= MIN_SESSIONS]
-        scores = {}
-        for name in SWITCH_NAMES:
-            a = sum(p["switches_on"][name] >= 0.5 for p in bad)
-            h = sum(p["switches_on"][name] >= 0.5 for p in good)
-            share_bad = a / len(bad)
-            share_good = h / len(good) if good else 0.0
-            p_val = float(fisher_exact([[a, len(bad) - a], [h, len(good) - h]], alternative="greater")[1]) if good else 1.0
-            scores[name] = {"on_in_affected": share_bad, "on_in_healthy": share_good, "fisher_p": p_val}
-        best = max(scores, key=lambda n: (scores[n]["on_in_affected"] - scores[n]["on_in_healthy"], -scores[n]["fisher_p"]))
-        diff = scores[best]["on_in_affected"] - scores[best]["on_in_healthy"]
-        # one affected process cannot separate the switches it ran with: blame needs two or more
-        clear = len(bad) >= 2 and scores[best]["on_in_affected"] >= 0.9 and diff >= ATTRIBUTION_MIN_DIFF
-        blamed, method = (best, "switch on in affected, off in healthy processes") if clear else ("", "")
-        if not blamed and _registry_grows(bad) and scores[REGISTRY_OWNER]["on_in_affected"] >= 0.9:
-            # no healthy process to contrast with yet (e.g. early in a rollout), but the growing count
-            # is the fused kernel's own buffer registry, and every affected process runs that kernel
-            blamed, method = REGISTRY_OWNER, "buffers_registered (the fused kernel's registry) grows per shape"
-        out[release] = {
-            "attribution": blamed,
-            "attribution_method": method,
-            "affected_processes": len(bad),
-            "healthy_processes": len(good),
-            "switches": {n: v for n, v in scores.items() if v["on_in_affected"] != v["on_in_healthy"]},
-        }
+        b = memory_blame(procs, release, MIN_SESSIONS)
+        out[release] = {**b, "affected_processes": sum(p["flagged"] for p in same),
+                        "healthy_processes": sum(not p["flagged"] for p in same)}
     return out
-
-
-def _registry_grows(bad: list[dict]) -> bool:
-    return bool(bad) and all(p["buffers_per_shape"] >= 0.5 and p["buffers_p"] < MAX_P for p in bad)
 
 
 def _findings(procs: list[dict], releases: dict[str, dict], oom_counts: pl.DataFrame, start: datetime | None,

@@ -23,6 +23,7 @@ from typing import Any
 import polars as pl
 
 from analytics import queries
+from analytics.blame import regression_blame
 from analytics.findings import finding
 from analytics.stats import (
     Judgement,
@@ -33,7 +34,6 @@ from analytics.stats import (
     judge_proportion,
     relative_noise,
 )
-from collector.records import SWITCH_NAMES, decode_switches
 
 # metric -> (per-session column, relative floor on the median ratio)
 CONTINUOUS: dict[str, tuple[str, float]] = {
@@ -100,21 +100,6 @@ def judge(treatment: pl.DataFrame, control: pl.DataFrame) -> list[Judgement]:
     return holm(out, alpha=ALPHA)
 
 
-def _switch_shift(treatment: pl.DataFrame, control: pl.DataFrame) -> tuple[str, dict[str, float]]:
-    """The switch whose share of sessions changed most between cohorts (>= 0.5), and every change."""
-
-    def shares(df: pl.DataFrame) -> dict[str, float]:
-        counts = df["switch_state"].value_counts()  # a handful of distinct states, not one per session
-        total = max(int(counts["count"].sum()), 1)
-        states = [(decode_switches(st), n) for st, n in counts.iter_rows()]
-        return {name: sum(n for st, n in states if name in st) / total for name in SWITCH_NAMES}
-
-    st, sc = shares(treatment), shares(control)
-    diff = {n: st[n] - sc[n] for n in SWITCH_NAMES if st[n] != sc[n]}
-    best = max(diff, key=lambda n: abs(diff[n]), default="")
-    return (best if best and abs(diff[best]) >= 0.5 else ""), diff
-
-
 def compare(
     store, treatment: dict[str, Any], control: dict[str, Any], start: datetime, end: datetime
 ) -> list[dict[str, Any]]:
@@ -163,7 +148,10 @@ def run(store, start: datetime, end: datetime, releases: list[str] | None = None
             t = t_all.filter(pl.col("gpu_kind") == gpu_kind)
             c = c_all.filter(pl.col("gpu_kind") == gpu_kind)
             judged = judge(t, c)
-            blamed, shift = _switch_shift(t, c) if len(c) else ("", {})
+            if not any(j.regressed for j in judged):
+                continue
+            b = regression_blame(t, c, lambda a, z: any(j.regressed for j in judge(a, z)))  # by contrast
+            blamed, shift = b["attribution"], {"why": b["why"], **b["switches"]}
             for j in judged:
                 if not j.regressed:
                     continue
