@@ -20,6 +20,7 @@ import orjson
 
 from analytics.queries import iso_week_bounds
 from api import dashboard as d
+from api import evaluation_views
 from api.routes import queries as qr
 
 PLOTLY_NAME = "plotly.min.js"
@@ -93,6 +94,7 @@ def weekly_data(store, iso_week: str) -> dict[str, Any]:
         "switch_changes": _audit(store, start, end),
         "switch_events": _events(store, start, end),
         "canaries": _canaries(store, start, end),
+        "evaluations": evaluation_views.week_rows(store, start, end),  # livestep evaluate's verdicts
     }
 
 
@@ -144,6 +146,7 @@ def _html(store, data: dict[str, Any]) -> str:
         d.section("Canaries", d.table(data["canaries"], ["id", "name", "scope", "fraction", "status", "started_at",
                                                          "decided_at", "reason"], empty="no canaries")
             + d.table(data["canary_findings"], findings_cols, empty="")),
+        *evaluation_views.report_sections(store, data.get("evaluations", [])),
     ], plotly_src=PLOTLY_NAME, nav=False)
 
 

@@ -25,7 +25,8 @@ PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
 PLOTLY_URL = "/static/plotly.min.js"
 NAV = (("Incidents", "/dashboard/incidents"), ("Fleet", "/dashboard/"), ("Releases", "/dashboard/releases"), ("Sessions", "/dashboard/sessions"),
        ("Memory", "/dashboard/memory"), ("Turns", "/dashboard/turns"),
-       ("Findings", "/dashboard/findings"), ("Switches", "/dashboard/switches"), ("Reports", "/dashboard/reports"))
+       ("Findings", "/dashboard/findings"), ("Switches", "/dashboard/switches"), ("Evaluations", "/dashboard/evaluations"),
+       ("Reports", "/dashboard/reports"))
 
 _CSS = """
 body{font-family:system-ui,sans-serif;margin:0;color:#1d2330;background:#f6f7f9}

@@ -1,0 +1,115 @@
+"""Evaluations on the dashboard and in the weekly report: the verdicts behind numeric switch defaults and
+each configuration's divergence curve against the rerun band (``livestep evaluate``'s records).
+
+    sections(store, start, end)     # HTML sections: the latest verdicts, then the newest run's curves
+    week_rows(store, start, end)    # the report's JSON: every summary row of the week's evaluation runs
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import plotly.graph_objects as go
+
+from api import dashboard as d
+from api import evaluation_gate
+from api.routes.evaluations import query
+from worker.evaluation_judges import K_DIVERGENCE
+
+SUMMARY = ("teacher_forced_ratio", "divergence_ratio", "drift_tau", "drift_error_tau", "overall")
+
+
+def week_rows(store, start: datetime, end: datetime) -> list[dict[str, Any]]:
+    """Summary rows (no curve points) of the evaluation runs in [start, end), newest first."""
+    rows = query(store, start=start, end=end, limit=1000)
+    return [r for r in rows if r["metric"] in SUMMARY]
+
+
+def fig_divergence(points: list[dict[str, Any]], title: str, k: float = K_DIVERGENCE) -> go.Figure:
+    """The candidate's mean distance per bin of steps over the rerun band (its bootstrap interval), with
+    the gate's bound (k x the band's top)."""
+    pts = sorted(points, key=lambda p: p["step"])
+    x = [p["step"] for p in pts]
+    fig = go.Figure()
+    fig.add_scatter(x=x, y=[p["band_hi"] for p in pts], mode="lines", line={"width": 0}, showlegend=False,
+                    hoverinfo="skip")
+    fig.add_scatter(x=x, y=[p["band_lo"] for p in pts], mode="lines", line={"width": 0}, fill="tonexty",
+                    fillcolor="rgba(90,120,200,0.25)", name="rerun band (95 % interval)")
+    fig.add_scatter(x=x, y=[k * p["band_hi"] for p in pts], mode="lines", line={"dash": "dot", "color": "#b42318"},
+                    name=f"gate: {k:g} x band")
+    fig.add_scatter(x=x, y=[p["value"] for p in pts], mode="lines+markers", name="optimization vs plain",
+                    marker={"color": ["#0a7a2f" if p["verdict"] == "pass" else "#b42318" for p in pts]})
+    fig.update_layout(title=title, xaxis_title="step", yaxis_title="distance to the plain run")
+    return fig
+
+
+def fig_drift(points: list[dict[str, Any]], title: str) -> go.Figure:
+    pts = sorted(points, key=lambda p: p["step"])
+    fig = go.Figure()
+    fig.add_scatter(x=[p["step"] for p in pts], y=[p["value"] for p in pts], mode="lines+markers",
+                    name="error / plain error")
+    fig.update_layout(title=title, xaxis_title="session age (steps)", yaxis_title="teacher-forced error ratio")
+    return fig
+
+
+def _latest_table(store) -> str:
+    rows = [{"switch": e["switch"], "gpu_kind": e["gpu_kind"], "release": e["release"], "verdict": e["verdict"],
+             "preset": e["preset"], "evaluation": d.Link(f"/dashboard/evaluations?evaluation_id={e['evaluation_id']}",
+                                                        e["evaluation_id"]),
+             "when": e["ts"]} for e in evaluation_gate.evaluations(store)]
+    return d.table(rows, empty="no evaluation recorded: run `livestep evaluate ... --collector URL`")
+
+
+def run_sections(store, evaluation_id: str, prefix: str = "ev") -> list[str]:
+    """One evaluation run: its verdicts, and per configuration the divergence curve and the drift curve."""
+    rows = query(store, evaluation_id=evaluation_id, limit=1000)
+    if not rows:
+        return [d.section(f"Evaluation {evaluation_id}", d.table([], empty="no such evaluation run"))]
+    head = rows[0]
+    summary = [{k: r[k] for k in ("switch", "configuration", "metric", "value", "band_lo", "band_hi", "n", "verdict")}
+               for r in rows if r["metric"] in SUMMARY]
+    out = [d.section(f"Evaluation {evaluation_id}: {head['preset']} on {head['gpu_kind']}, release {head['release']}",
+                     d.table(sorted(summary, key=lambda r: (r["switch"], r["metric"]))),
+                     note="teacher_forced_ratio: error against the truth / the plain path's own, same state and "
+                          "inputs (band_hi: k); divergence_ratio: the largest bin's distance to the plain run / a "
+                          "rerun's; drift_tau: Kendall's tau of the error ratio against session age")]
+    for i, switch in enumerate(sorted({r["switch"] for r in rows})):
+        div = [r for r in rows if r["switch"] == switch and r["metric"] == "divergence"]
+        drift = [r for r in rows if r["switch"] == switch and r["metric"] == "drift_ratio"]
+        body = ""
+        if div:
+            body += d.chart(fig_divergence(div, f"{switch}: free-running divergence against the rerun band"),
+                            f"{prefix}-div-{i}", 300)
+        if drift:
+            body += d.chart(fig_drift(drift, f"{switch}: error against session age (per reset interval)"),
+                            f"{prefix}-drift-{i}", 260)
+        if body:
+            out.append(d.section(f"{switch} [{div[0]['configuration'] if div else drift[0]['configuration']}]", body))
+    return out
+
+
+def sections(store, start: datetime | None = None, end: datetime | None = None, evaluation_id: str | None = None,
+             prefix: str = "ev") -> list[str]:
+    """The latest verdict per switch, GPU kind and release; then one run (the given, else the newest in range)."""
+    out = [d.section("Evaluations behind the numeric switch defaults", _latest_table(store),
+                     note="a numeric switch is a default (and may be canaried) for a GPU kind and release only with "
+                          "a passing evaluation there")]
+    if evaluation_id is None:
+        newest = query(store, start=start, end=end, metric="overall", limit=1)
+        evaluation_id = newest[0]["evaluation_id"] if newest else None
+    if evaluation_id is not None:
+        out += run_sections(store, evaluation_id, prefix)
+    return out
+
+
+def report_sections(store, rows: list[dict[str, Any]]) -> list[str]:
+    """The weekly report's section: the week's verdicts, and the newest run's curves (none: no section)."""
+    if not rows:
+        return []
+    verdicts = [r for r in rows if r["metric"] == "overall"]
+    return [d.section("Evaluations of numeric switches", d.table(
+        verdicts, ["ts", "evaluation_id", "switch", "configuration", "gpu_kind", "release", "preset", "verdict"]),
+        note="each configuration against the plain path (livestep evaluate): teacher-forced error, free-running "
+             "divergence against the rerun band, long-session drift"),
+        *run_sections(store, rows[0]["evaluation_id"], "r-ev")]
