@@ -68,7 +68,10 @@ def main(argv: list[str] | None = None) -> int:
     if first is not None and first not in COMMANDS:
         print(f"livestep: unknown command {first!r}; valid commands: {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
-    parser = build_parser(only=first)
+    try:
+        parser = build_parser(only=first)
+    except ModuleNotFoundError as e:
+        return _missing_extra(first, e)
     args, extra = parser.parse_known_args(argv)
     if extra and not getattr(args, "passthrough", False):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
@@ -80,6 +83,10 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         return 130
+    except ModuleNotFoundError as e:
+        if (e.name or "").split(".")[0] in EXTRA_OF:
+            return _missing_extra(first, e)
+        raise
     except Exception as e:  # domain errors: one clear line
         if type(e).__name__.endswith("Error") and type(e).__module__.split(".")[0] in COMMANDS_PACKAGES:
             print(f"livestep {first}: {e}", file=sys.stderr)
@@ -88,6 +95,23 @@ def main(argv: list[str] | None = None) -> int:
 
 
 COMMANDS_PACKAGES = {"api", "worker", "collector", "analytics", "kernels"}
+
+# a third-party module a command needs -> the extra that installs it (pyproject.toml)
+EXTRA_OF = {**dict.fromkeys(("torch", "triton", "pynvml"), "worker"),
+            **dict.fromkeys(("fastapi", "starlette", "uvicorn", "chdb", "clickhouse_connect", "polars", "plotly",
+                             "apscheduler", "pydantic_settings", "scipy", "statsmodels", "otava", "fastapi_offline",
+                             "itsdangerous"), "server")}
+
+
+def _missing_extra(command: str | None, e: ModuleNotFoundError) -> int:
+    """One line for a command whose role is not installed here (a server box asked to run the worker)."""
+    name = (e.name or "").split(".")[0]
+    extra = EXTRA_OF.get(name)
+    if extra is None:
+        raise e
+    print(f"livestep {command}: {name} is not installed, and this command needs it: "
+          f"pip install 'livestep[{extra}]'", file=sys.stderr)
+    return 2
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -21,12 +21,12 @@ for name in {names!r}:
 """
 
 
-def run_blocked(names: set[str], body: str, tmp_path) -> str:
+def run_blocked(names: set[str], body: str, tmp_path) -> subprocess.CompletedProcess:
     code = BLOCK.format(names=sorted(names)) + textwrap.dedent(body)
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=240, check=False,
                          env=dict(os.environ, PYTHONPATH=str(REPO), LIVESTEP_REPORTS_DIR=str(tmp_path / "reports")))
     assert out.returncode == 0, out.stderr[-3000:]
-    return out.stdout
+    return out
 
 
 def test_server_roles_never_import_torch(tmp_path):
@@ -50,8 +50,11 @@ def test_server_roles_never_import_torch(tmp_path):
             jobs.run_all(app.state.store)
         print(sorted(m for m, mod in sys.modules.items() if mod is not None
                      and (m.split(".")[0] in ("torch", "triton", "kernels") or m in ("worker.session", "worker.model"))))
+        assert cli.main(["worker", "run", "--steps", "1"]) == 2  # a server box asked for the worker: one line
     """, tmp_path)
-    assert out.strip().splitlines()[-1] == "[]"
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+    assert out.stderr.strip().splitlines()[-1] == ("livestep worker: torch is not installed, and this command "
+                                                   "needs it: pip install 'livestep[worker]'")
 
 
 SERVER_PACKAGES = {"fastapi", "starlette", "uvicorn", "chdb", "clickhouse_connect", "polars", "apscheduler",
@@ -71,4 +74,4 @@ def test_the_worker_and_its_client_import_no_server_code(tmp_path):
         print(sorted(m for m, mod in sys.modules.items() if mod is not None and (m.split(".")[0] in ("api", "analytics")
                      or m in ("collector.store", "collector.routes", "collector.writer", "collector.spool"))))
     """, tmp_path)
-    assert out.strip().splitlines()[-1] == "[]"
+    assert out.stdout.strip().splitlines()[-1] == "[]"

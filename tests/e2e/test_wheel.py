@@ -98,6 +98,9 @@ def test_server_extra_installs_without_torch(venv, tmp_path):
     assert (no_torch, no_triton) == ("True", "True")
     assert where.startswith(str(venv)), where  # the installed package, not the repo
     assert _run(venv, "--version", cwd=tmp_path).stdout.strip() == f"livestep {__version__}"
+    worker = _run(venv, "worker", "run", "--steps", "1", cwd=tmp_path)
+    assert worker.returncode == 2 and worker.stderr.strip() == (
+        "livestep worker: torch is not installed, and this command needs it: pip install 'livestep[worker]'")
 
 
 CLIENT = """
