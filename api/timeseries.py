@@ -108,57 +108,29 @@ def default_pair(store, end: datetime, seen: list[str]) -> tuple[str | None, str
     return (order[-2] if len(order) >= 2 else None), order[-1]
 
 
-def _tables(store) -> set[str]:
-    return {r[0] for r in store.query_rows("SELECT name FROM system.tables WHERE database = currentDatabase()")}
-
-
-# Each returns (time, text) for one kind of mark in [{s}, {e}); the incidents table, where it exists,
-# replaces the critical findings (api/grafana.py uses these for its annotations too).
+# Each returns (time, text) for one kind of mark in [{s}, {e}) (api/grafana.py's annotations are these).
 _T = "{s:DateTime64(3, 'UTC')}", "{e:DateTime64(3, 'UTC')}"
+_INCIDENT = "concat(kind, ' ', scope, if(switch = '', '', concat(' (', switch, ')')))"
 ANNOTATION_SQL: dict[str, str] = {
     "rollout": "SELECT min(first_ts) AS time, concat('rollout ', release) AS text FROM session_stats "
                f"GROUP BY release HAVING time >= {_T[0]} AND time < {_T[1]} ORDER BY time LIMIT 200",
     "switch": "SELECT ts AS time, concat(name, ' ', if(isNull(new_value), 'cleared', if(new_value, 'on', 'off')), "
               "' (', if(scope = '', 'fleet', scope), ') by ', actor) AS text FROM switch_audit "
               f"WHERE changed AND cohort = '' AND ts >= {_T[0]} AND ts < {_T[1]} ORDER BY ts LIMIT 200",
-    "incident_open": "SELECT first_seen AS time, concat('incident opened: ', kind, ' ', scope, "
-                     "if(attribution = '', '', concat(' (', attribution, ')'))) AS text FROM findings FINAL "
-                     f"WHERE severity = 'critical' AND first_seen >= {_T[0]} AND first_seen < {_T[1]} "
-                     "ORDER BY time LIMIT 200",
-    "incident_close": "SELECT updated_at AS time, concat('incident closed: ', kind, ' ', scope, "
-                      "if(attribution = '', '', concat(' (', attribution, ')'))) AS text FROM findings FINAL "
-                      f"WHERE severity = 'critical' AND status = 'resolved' AND updated_at >= {_T[0]} "
-                      f"AND updated_at < {_T[1]} ORDER BY time LIMIT 200",
+    # incidents (api/incidents.py): opened, and resolved
+    "incident_open": f"SELECT opened_at AS time, concat('incident opened: ', {_INCIDENT}) AS text FROM incidents "
+                     f"FINAL WHERE opened_at >= {_T[0]} AND opened_at < {_T[1]} ORDER BY time LIMIT 200",
+    "incident_close": f"SELECT assumeNotNull(resolved_at) AS time, concat('incident closed: ', {_INCIDENT}) AS text "
+                      f"FROM incidents FINAL WHERE resolved_at IS NOT NULL AND resolved_at >= {_T[0]} "
+                      f"AND resolved_at < {_T[1]} ORDER BY time LIMIT 200",
 }
-
-
-def _incident_sql(store) -> dict[str, str]:
-    """The incidents table's open / close marks, where that table exists (its time columns by name)."""
-    cols = {r[0] for r in store.query_rows("SELECT name FROM system.columns WHERE database = currentDatabase() "
-                                           "AND table = 'incidents'")}
-    label = ("concat(kind, ' ', scope, if(switch = '', '', concat(' (', switch, ')')))"
-             if {"kind", "scope", "switch"} <= cols else next((c for c in ("title", "kind", "id") if c in cols), None))
-    out = {}
-    for kind, names, verb in (("incident_open", ("opened_at", "first_seen", "started_at"), "opened"),
-                              ("incident_close", ("closed_at", "resolved_at"), "closed")):
-        col = next((c for c in names if c in cols), None)
-        if col and label:
-            out[kind] = (f"SELECT {col} AS time, concat('incident {verb}: ', toString({label})) AS text FROM incidents "
-                         f"FINAL WHERE {col} IS NOT NULL AND {col} >= {_T[0]} AND {col} < {_T[1]} ORDER BY time LIMIT 200")
-    return out
 
 
 def annotations(store, start: datetime, end: datetime, releases: list[str] | None = None) -> list[Mark]:
     """Release rollouts, switch changes (applied decisions of the control plane) and incidents opened /
     closed in [start, end) (``releases``: only their rollouts)."""
-    sqls = dict(ANNOTATION_SQL)
-    if "incidents" in _tables(store):
-        incident = _incident_sql(store)
-        if incident:
-            sqls.pop("incident_open"), sqls.pop("incident_close")
-            sqls.update(incident)
     marks = []
-    for kind, sql in sqls.items():
+    for kind, sql in ANNOTATION_SQL.items():
         for t, text in store.query_rows(sql, {"s": start, "e": end}):
             if kind == "rollout" and releases and text.removeprefix("rollout ") not in releases:
                 continue

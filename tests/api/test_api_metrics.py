@@ -108,16 +108,8 @@ def test_collector_families_only_on_the_collector_role(store, settings):
 _ = pa  # (pyarrow is what records.to_arrow returns)
 
 
-# the columns of api/incidents.py's table (sql/031) this module reads; created here where that migration
-# is not in this tree yet (IF NOT EXISTS: a no-op once it is)
-INCIDENTS_DDL = """CREATE TABLE IF NOT EXISTS incidents (id String, kind LowCardinality(String), scope String,
-    release String, gpu_kind String, switch String, state LowCardinality(String), severity LowCardinality(String),
-    summary String, opened_at DateTime64(3, 'UTC'), resolved_at Nullable(DateTime64(3, 'UTC')), version UInt64)
-    ENGINE = ReplacingMergeTree(version) ORDER BY id"""
-
-
 def incidents(store, now: datetime) -> None:
-    store.command(INCIDENTS_DDL)
+    """Three incidents as api/incidents.py stores them (sql/031): two open, one resolved."""
     rows = [["i1", "memory_growth", "release=v2", "v2", "", "fused_allreduce", "mitigated", "critical", "leak",
              now - timedelta(hours=3), None, 1],
             ["i2", "regression", "release=v2", "v2", "h200", "", "opened", "warning", "slower",

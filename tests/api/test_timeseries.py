@@ -50,18 +50,23 @@ def test_annotations_rollouts_switch_changes_incidents(store):
     board = get_switchboard(store, 0)
     board.set("fused_allreduce", False, "release=v2", actor="alert:alertmanager", reason="late chunks")
     board.set("fused_allreduce", False, "release=v2", actor="op", reason="again")  # a no-op: not a change
+    from api.incidents import sync
+
     week = now - timedelta(days=1)
-    write_findings(store, "memory", week - timedelta(days=1), week, [
-        finding("memory_growth", {"release": "v2"}, "bytes_per_shape", week - timedelta(days=1), week, value=1e9,
-                severity="critical", attribution="fused_allreduce")])
-    write_findings(store, "memory", week - timedelta(days=1), week, [])  # the next run no longer finds it: resolved
+    f = finding("memory_growth", {"release": "v2"}, "bytes_per_shape", week - timedelta(days=1), week, value=1e9,
+                severity="critical", attribution="fused_allreduce")
+    write_findings(store, "memory", week - timedelta(days=1), week, [f])
+    sync(store)  # the finding opens an incident
+    write_findings(store, "memory", week - timedelta(days=1), week, [])  # the next run no longer finds it
+    sync(store)  # no evidence left: resolved
     marks = ts.annotations(store, start, now + timedelta(minutes=5))
     kinds = [m.kind for m in marks]
     assert kinds.count("rollout") == 1 and marks[kinds.index("rollout")].text == "rollout v2"
     switch = [m for m in marks if m.kind == "switch"]
-    assert len(switch) == 1 and switch[0].text == "fused_allreduce off (release=v2) by alert:alertmanager"
+    assert switch[0].text == "fused_allreduce off (release=v2) by alert:alertmanager"  # (the incident may act too)
     assert kinds.count("incident_open") == 1 and kinds.count("incident_close") == 1
-    assert "memory_growth release=v2 (fused_allreduce)" in marks[kinds.index("incident_open")].text
+    assert marks[kinds.index("incident_open")].text == "incident opened: memory_growth release=v2 (fused_allreduce)"
+    assert marks[kinds.index("incident_close")].text == "incident closed: memory_growth release=v2 (fused_allreduce)"
     assert marks == sorted(marks, key=lambda m: m.ts)
     assert [m.kind for m in ts.annotations(store, start, now, releases=["v9"])].count("rollout") == 0
 

@@ -47,7 +47,11 @@ def site(tmp_path_factory, chdb_dir):
     w0, w1 = now - timedelta(days=2), now - timedelta(days=1)
     write_findings(store, "memory", w0, w1, [finding("memory_growth", {"release": leaking}, "bytes_per_shape", w0, w1,
                                                      value=1e9, severity="critical", attribution="fused_allreduce")])
+    from api.incidents import sync
+
+    sync(store)  # the critical finding opens an incident (api/incidents.py)
     write_findings(store, "memory", w0, w1, [])  # resolved by the next run
+    sync(store)  # and so is its incident
     # one live session: a switch turned off mid-way, GPU samples with a power-cap throttle
     sid, t0 = "ts-session", now - timedelta(hours=1)
     labels = {"worker_id": "w9", "session_id": sid, "release": leaking, "gpu_kind": "h200"}
