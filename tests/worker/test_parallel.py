@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from collector.telemetry_file import read_file
 from worker import parallel
 from worker.cache import make_cache
 from worker.config import ModelShape, Switches, tp_rank_of
@@ -70,8 +71,11 @@ def _rank_main(rank: int, world: int, init_file: str, out_dir: str) -> None:
         control = dist.new_group(backend="gloo")
         w = parallel.TPWorker(SHAPE, place, group, device="cpu", control=control)
         flips = {3: {"fused_allreduce": False}}
+        # every rank is given the telemetry file, as `worker run --tp N --telemetry-file` does; the
+        # rank that decodes (0) writes it, the others open nothing
         s = w.run_session(steps=6, realtime=False, switches=RING.with_(fused_allreduce=True),
-                          switch_source=lambda step: flips.get(step), cond_tokens=12)
+                          switch_source=lambda step: flips.get(step), cond_tokens=12,
+                          client_kwargs={"telemetry_file": os.path.join(out_dir, "telemetry.arrows")})
         res["session"] = (s.session_id, s.steps, s.switches, [e["step"] for e in s.switch_events],
                           s.buffers_registered, s.mean_decode_ms)
         torch.save(res, os.path.join(out_dir, f"rank{rank}.pt"))
@@ -106,6 +110,9 @@ def test_tensor_parallel_equals_single_process(world, tmp_path):
         assert registered == 1  # the steady shape only, the 12-token first forward took NCCL
         assert (decode_ms is not None) == (rank == 0)  # only rank 0 hands chunks to the decoder
     assert len({torch.load(tmp_path / f"rank{r}.pt")["session"][0] for r in range(world)}) == 1
+    scan = read_file(tmp_path / "telemetry.arrows")
+    assert (scan.streams, scan.closed) == (1, True)  # one writer: rank 0's session client
+    assert sum(b.rows for b in scan.batches if b.kind == "step") == 6
 
 
 def test_rank_weights_are_slices_of_the_full_model():
