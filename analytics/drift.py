@@ -32,6 +32,7 @@ from analytics.findings import finding
 
 MAX_P = 0.01
 MIN_PCT_PER_WEEK = 2.0  # % of the series' median per week
+MIN_POINTS_PER_WEEK = 0.5  # rates (shares near zero): percentage points per week, not % of the level
 MIN_DAYS = 6
 MIN_SESSIONS_PER_DAY = 20
 CRITICAL_PCT_PER_WEEK = 10.0
@@ -51,8 +52,11 @@ class Trend:
 
 
 def trend(series: Sequence[float], *, max_p: float = MAX_P, min_pct_per_week: float = MIN_PCT_PER_WEEK,
-          min_days: int = MIN_DAYS) -> Trend:
-    """Mann-Kendall (one-sided, upward = worse) with the Theil-Sen slope on one daily series."""
+          min_days: int = MIN_DAYS, share: bool = False) -> Trend:
+    """Mann-Kendall (one-sided, upward = worse) with the Theil-Sen slope on one daily series.
+
+    ``share``: the series is a rate in [0, 1]: ``pct_per_week`` is then percentage points per week
+    (a late-chunk rate of 0.1% doubling is not a 100%/week drift) and the floor ``MIN_POINTS_PER_WEEK``."""
     y = np.asarray(series, dtype=float)
     y = y[np.isfinite(y)]
     n = len(y)
@@ -64,7 +68,10 @@ def trend(series: Sequence[float], *, max_p: float = MAX_P, min_pct_per_week: fl
     p = p2 / 2 if tau > 0 else 1.0 - p2 / 2
     slope, _, lo, hi = theilslopes(y, x, alpha=0.95)
     level = float(np.median(y))
-    pct = float(slope) * 7 / abs(level) * 100 if level else 0.0
+    if share:
+        pct, min_pct_per_week = float(slope) * 7 * 100, MIN_POINTS_PER_WEEK
+    else:
+        pct = float(slope) * 7 / abs(level) * 100 if level else 0.0
     drifting = n >= min_days and p < max_p and lo > 0 and pct >= min_pct_per_week
     return Trend(n, tau, p, float(slope), float(lo), float(hi), level, pct, drifting)
 
@@ -94,9 +101,9 @@ def run(store, start: datetime, end: datetime) -> list[dict]:
     for (release, gpu_kind), g in daily.group_by("release", "gpu_kind", maintain_order=True):
         g = g.filter(pl.col("sessions") >= MIN_SESSIONS_PER_DAY).sort("day")
         days = g["day"].to_list()
-        for metric in DAILY_METRICS:
+        for metric, (_, how, _) in DAILY_METRICS.items():
             values = g[metric].to_numpy().astype(float)
-            t = trend(values)
+            t = trend(values, share=how == "mean")
             if not t.drifting:
                 continue
             rows.append(

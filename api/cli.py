@@ -32,6 +32,7 @@ COMMANDS: dict[str, str] = {
     "migrate": "api.migrate",
     "replay": "collector.replay",
     "spool": "collector.requeue",
+    "evaluate-detectors": "analytics.detector_eval",
 }
 
 

@@ -58,3 +58,11 @@ def test_a_simulated_drift_inside_a_release_is_found_within_ten_days(store, smal
 def test_a_benign_release_has_no_drift(store, small):
     sim = simulate_fleet(store, weeks=2, incidents=[("benign", 5)], seed=22, **small)
     assert drift.run(store, sim.start, sim.end) == []
+
+
+def test_a_rate_near_zero_is_judged_in_points_not_percent():
+    """A late-chunk rate from 0.10% to 0.16% over 12 days: +60% of its level, but 0.035 points a week."""
+    rates = [0.001 + 0.00005 * d for d in range(12)]
+    assert drift.trend(rates).drifting  # as a level it would be a drift
+    assert not drift.trend(rates, share=True).drifting
+    assert drift.trend([0.01 + 0.002 * d for d in range(8)], share=True).drifting  # 1.4 points a week

@@ -1,0 +1,279 @@
+"""``livestep evaluate-detectors``: the detectors' recall, scope and false alarms on a catalog of incidents
+with known answers (a benchmark, not a test: it prints figures, it asserts nothing).
+
+    livestep evaluate-detectors --seeds 20                  # the whole catalog, 20 seeds each
+    livestep evaluate-detectors --seeds 3 --only leak_resolution,benign
+
+Each (incident class, seed) simulates a fleet (``analytics.simulate``, the CI-sized fleet of the
+analytics tests) with the incident's release rolling out on ``ONSET_DAY``, then runs the detectors as
+the scheduler would (each over its own trailing window, ``analytics.jobs.window``) at a ladder of times
+after the onset (``LADDER_H``). Per class it knows the answer:
+
+- which detector must find it, with which scope (release; the GPU kinds; for a leak the shape key
+  that explains it, for the August leak the switch to blame) and, for some, the severity;
+- benign classes (a release with no change, no release at all, twice the step-time variance with the
+  same median) must raise nothing that acts (a warning or critical finding of memory, regressions,
+  change points or drift) — their false alarms; the variance detector's info note is expected only
+  where the class says so.
+
+Printed per detector and per class: recall (found at some rung), scope right (of the found, at the
+first rung that found it: the release, no GPU kind outside the incident's, the leak's key),
+attribution right (where the class has one), median hours from onset to the first correct finding,
+and false alarms. The catalog's answers are what the simulator injects; every detector judges only
+what the store holds.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+ONSET_DAY = 6.0
+WEEKS = 2.5
+LADDER_H = (24, 72, 240)  # hours after the onset at which the detectors run
+FLEET = {"workers": 9, "sessions_per_day": 48, "session_median_s": 10.0, "progress": False}
+ACTING = ("memory", "regressions", "changepoints", "drift")
+
+
+@dataclass(frozen=True)
+class Case:
+    """One incident class and its known answer."""
+
+    name: str
+    incident: str | None  # the simulator's incident (None: no release at all)
+    detector: str | None  # the detector that must find it (None: benign)
+    metric: str = ""  # the finding's metric (prefix) that counts
+    kinds: str = "all"  # GPU kinds in scope: 'all' or one kind
+    key: str = ""  # memory: the shape key (or 'per session') that explains it
+    attribution: str = ""  # the switch to blame, where the class has one
+    severity: str = ""  # the severity it must reach ('' : any)
+    note: str = ""  # a detector whose info note is expected (variance)
+
+
+CATALOG: tuple[Case, ...] = (
+    Case("leak_prompt", "leak_prompt", "memory", key="first_forward_tokens"),
+    Case("leak_prompt_tight", "leak_prompt_tight", "memory", key="first_forward_tokens", severity="critical"),
+    Case("leak_resolution", "leak_resolution", "memory", key="decoder_resolution"),
+    Case("leak_session", "leak_session", "memory", key="per session"),
+    Case("august", "august", "memory", key="first_forward_tokens", attribution="fused_allreduce",
+         severity="critical"),
+    Case("sync", "sync", "regressions", metric="step_period_ms"),
+    Case("sync_h100", "sync:h100", "regressions", metric="step_period_ms", kinds="h100"),
+    Case("sync_compile_cohort", "sync:compile", "regressions", metric="step_period_ms", attribution="compile"),
+    Case("step_change_b200", "sync:b200", "changepoints", metric="step_period_ms_p50", kinds="b200"),
+    Case("drift", "drift", "drift", metric="cache_upkeep_ms_p50"),
+    Case("benign_release", "benign", None),
+    Case("benign_no_release", None, None),
+    Case("benign_variance", "variance", None, note="variance"),
+)
+
+
+@dataclass
+class Outcome:
+    case: str
+    seed: int
+    found: bool = False
+    scope_right: bool = False
+    attribution_right: bool | None = None
+    severity_right: bool | None = None
+    hours_to_first: float | None = None
+    false_alarms: list[str] = field(default_factory=list)
+    note_found: bool | None = None
+    seconds: float = 0.0
+
+
+def _detectors():
+    from analytics import changepoints, drift, memory, regressions, variance
+
+    return {
+        "memory": lambda s, a, b: memory.analyze(s, a, b)[1],
+        "regressions": regressions.run,
+        "changepoints": changepoints.run,
+        "drift": drift.run,
+        "variance": variance.run,
+    }
+
+
+def _scope(row: dict) -> dict[str, str]:
+    return dict(p.split("=", 1) for p in row["scope"].split(",") if "=" in p)
+
+
+def _correct(case: Case, rel: str, rows: list[dict], all_kinds: set[str]) -> tuple[bool, bool, dict | None]:
+    """(found, scope right, the finding that decided) for the case's detector's rows."""
+    import json
+
+    want_kinds = all_kinds if case.kinds == "all" else {case.kinds}
+    if case.detector == "memory":
+        summary = [r for r in rows if _scope(r) == {"release": rel}]
+        if not summary:
+            return False, False, None
+        ev = json.loads(summary[0]["evidence"])
+        named = {ev.get("explained_by"), *ev.get("aliases", [])}
+        return True, case.key in named, summary[0]
+    hits = [r for r in rows if r["metric"].startswith(case.metric) and r["severity"] != "info"
+            and _scope(r).get("release", rel) == rel]
+    if not hits:
+        return False, False, None
+    kinds = {_scope(r).get("gpu_kind") for r in hits}
+    right = kinds <= want_kinds  # no GPU kind outside the incident's (a cohort need not be on every kind)
+    if case.detector == "changepoints":  # no release in a change point's scope: the gaining release names it
+        right = right and all(json.loads(r["evidence"]).get("release_gaining") == rel for r in hits)
+    return True, right, hits[0]
+
+
+def run_case(case: Case, seed: int, chdb_dir: str) -> Outcome:
+    from analytics import jobs
+    from analytics.simulate import simulate_fleet
+    from collector.store import open_store
+
+    t0 = time.perf_counter()
+    store = open_store(f"chdb://{chdb_dir}?database=e_{uuid.uuid4().hex[:12]}")
+    store.migrate()
+    out = Outcome(case.name, seed)
+    try:
+        incidents = [(case.incident, ONSET_DAY)] if case.incident else []
+        sim = simulate_fleet(store, weeks=WEEKS, incidents=incidents, seed=1000 + seed, **FLEET)
+        onset = sim.start + timedelta(days=ONSET_DAY)
+        rel = sim.releases[-1].name
+        kinds = {w.gpu_kind for w in sim.workers}
+        det = _detectors()
+        ends = [min(onset + timedelta(hours=h), sim.end) for h in LADDER_H]
+        if case.detector:
+            for end in ends:  # the first rung that finds it decides (a bounded leak stops growing later)
+                rows = det[case.detector](store, *jobs.window(_job(case.detector), end=end))
+                found, right, row = _correct(case, rel, rows, kinds)
+                if not found:
+                    continue
+                out.found, out.scope_right = True, right
+                out.hours_to_first = (end - onset).total_seconds() / 3600
+                if case.attribution:
+                    out.attribution_right = row["attribution"] == case.attribution
+                if case.severity:  # the severity it reaches by the last rung
+                    last = _correct(case, rel, det[case.detector](store, *jobs.window(_job(case.detector),
+                                                                                      end=ends[-1])), kinds)[2]
+                    out.severity_right = any(r is not None and r["severity"] == case.severity for r in (row, last))
+                break
+        else:
+            for name in ACTING:
+                rows = det[name](store, *jobs.window(_job(name), end=ends[-1]))
+                out.false_alarms += [f"{name}:{r['scope']}:{r['metric']}" for r in rows
+                                     if r["severity"] in ("warning", "critical")]
+            notes = det["variance"](store, *jobs.window("variance", end=ends[-1]))
+            out.note_found = bool(notes) if case.note else None
+            if not case.note and notes:
+                out.false_alarms += [f"variance-note:{r['scope']}" for r in notes]
+    finally:
+        store.command(f"DROP DATABASE IF EXISTS {store.database}")
+    out.seconds = time.perf_counter() - t0
+    return out
+
+
+def _job(detector: str) -> str:
+    return detector  # the jobs' names are the detectors' (analytics.jobs.JOBS)
+
+
+def _pct(k: int, n: int) -> str:
+    return f"{100 * k / n:5.1f}% ({k}/{n})" if n else "   -"
+
+
+def summarize(outcomes: list[Outcome]) -> list[str]:
+    """The table: per class, then per detector, then the totals against the goals."""
+    lines = [f"{'class':<22} {'detector':<12} {'recall':>14} {'scope right':>14} {'attrib right':>14} "
+             f"{'severity':>14} {'h to first':>10} {'false alarms':>16}"]
+    by_case: dict[str, list[Outcome]] = {}
+    for o in outcomes:
+        by_case.setdefault(o.case, []).append(o)
+    cases = {c.name: c for c in CATALOG}
+    for name, os_ in by_case.items():
+        c = cases[name]
+        if c.detector:
+            found = [o for o in os_ if o.found]
+            att = [o for o in found if o.attribution_right is not None]
+            sev = [o for o in found if o.severity_right is not None]
+            hours = [o.hours_to_first for o in os_ if o.hours_to_first is not None]
+            lines.append(
+                f"{name:<22} {c.detector:<12} {_pct(len(found), len(os_)):>14} "
+                f"{_pct(sum(o.scope_right for o in found), len(found)):>14} "
+                f"{_pct(sum(bool(o.attribution_right) for o in att), len(att)) if c.attribution else '-':>14} "
+                f"{_pct(sum(bool(o.severity_right) for o in sev), len(sev)) if c.severity else '-':>14} "
+                f"{statistics.median(hours) if hours else float('nan'):>10.0f} {'-':>16}")
+        else:
+            fa = sum(bool(o.false_alarms) for o in os_)
+            note = f" notes {_pct(sum(bool(o.note_found) for o in os_), len(os_))}" if c.note else ""
+            lines.append(f"{name:<22} {'(benign)':<12} {'-':>14} {'-':>14} {'-':>14} {'-':>14} {'-':>10} "
+                         f"{_pct(fa, len(os_)):>16}{note}")
+    lines.append("")
+    lines.append(f"{'detector':<14} {'recall':>14} {'scope right':>14}")
+    for d in dict.fromkeys(c.detector for c in CATALOG if c.detector):
+        os_ = [o for o in outcomes if cases[o.case].detector == d]
+        found = [o for o in os_ if o.found]
+        lines.append(f"{d:<14} {_pct(len(found), len(os_)):>14} {_pct(sum(o.scope_right for o in found), len(found)):>14}")
+    inc = [o for o in outcomes if cases[o.case].detector]
+    ben = [o for o in outcomes if not cases[o.case].detector]
+    found = [o for o in inc if o.found]
+    drift = [o for o in outcomes if o.case == "drift" and o.hours_to_first is not None]
+    lines.append("")
+    lines.append(f"overall recall {_pct(len(found), len(inc))} (goal >= 95%); scope right "
+                 f"{_pct(sum(o.scope_right for o in found), len(found))} (goal >= 95%); benign releases with a "
+                 f"false alarm {_pct(sum(bool(o.false_alarms) for o in ben), len(ben))} (goal <= 5%)")
+    n_drift = sum(1 for o in outcomes if o.case == "drift")
+    lines.append(f"0.5%/day drift flagged within 10 days: {_pct(sum(o.hours_to_first <= 240 for o in drift), n_drift)}")
+    return lines
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("evaluate-detectors", help="benchmark the detectors on a catalog of simulated "
+                              "incidents with known answers (recall, scope, false alarms)")
+    p.add_argument("--seeds", type=int, default=20, help="seeds per incident class (default 20)")
+    p.add_argument("--only", default="", help="comma-separated class names (default: the whole catalog: "
+                   + ", ".join(c.name for c in CATALOG) + ")")
+    p.add_argument("--verbose", action="store_true", help="print every (class, seed) outcome as it finishes")
+    p.add_argument("--save", default="", help="also write the outcomes to this JSON file")
+    p.add_argument("--load", default="", help="print the table of saved outcomes (comma-separated JSON files, "
+                   "e.g. two halves of the catalog run side by side) instead of running")
+    p.set_defaults(func=_main)
+
+
+def _main(args) -> int:
+    import dataclasses
+    import json
+
+    if args.load:
+        outcomes = [Outcome(**o) for path in args.load.split(",") for o in json.load(open(path))]
+        for line in summarize(outcomes):
+            print(line)
+        return 0
+    names = [n for n in args.only.split(",") if n]
+    unknown = sorted(set(names) - {c.name for c in CATALOG})
+    if unknown:
+        print(f"unknown class(es) {unknown}; valid: {', '.join(c.name for c in CATALOG)}", file=sys.stderr)
+        return 2
+    if args.seeds < 1:
+        print("--seeds must be >= 1", file=sys.stderr)
+        return 2
+    cases = [c for c in CATALOG if not names or c.name in names]
+    chdb_dir = tempfile.mkdtemp(prefix="livestep-eval-")
+    t0 = time.perf_counter()
+    outcomes = []
+    for c in cases:
+        for seed in range(args.seeds):
+            o = run_case(c, seed, chdb_dir)
+            outcomes.append(o)
+            if args.verbose:
+                print(f"{o.case} seed={o.seed} found={o.found} scope={o.scope_right} attr={o.attribution_right} "
+                      f"sev={o.severity_right} h={o.hours_to_first} false={o.false_alarms} "
+                      f"note={o.note_found} ({o.seconds:.1f} s)", flush=True)
+    if args.save:
+        with open(args.save, "w") as f:
+            json.dump([dataclasses.asdict(o) for o in outcomes], f)
+    for line in summarize(outcomes):
+        print(line)
+    print(f"\n{len(outcomes)} runs ({len(cases)} classes x {args.seeds} seeds) in {time.perf_counter() - t0:.0f} s; "
+          f"fleet {FLEET['workers']} workers, {FLEET['sessions_per_day']:g} sessions/worker/day, onset day "
+          f"{ONSET_DAY:g} of {WEEKS * 7:g}, detectors at +{', +'.join(str(h) for h in LADDER_H)} h")
+    return 0
