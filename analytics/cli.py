@@ -28,8 +28,9 @@ def _incident(text: str):
     from analytics.simulate import INCIDENTS
 
     name, _, day = text.partition("@")
-    if name not in INCIDENTS:
-        raise argparse.ArgumentTypeError(f"unknown incident {name!r}; valid: {', '.join(INCIDENTS)} (optionally @DAY)")
+    if name.partition(":")[0] not in INCIDENTS:
+        raise argparse.ArgumentTypeError(f"unknown incident {name!r}; valid: {', '.join(INCIDENTS)} (optionally "
+                                         ":GPU_KIND or :SWITCH to scope it, and @DAY)")
     return (name, float(day)) if day else name
 
 
@@ -40,7 +41,9 @@ def register(subparsers) -> None:
                               description=__doc__.split("\n\n")[0])
     p.add_argument("--weeks", type=float, default=3.0, help="weeks of fleet history, ending now (default 3)")
     p.add_argument("--incident", action="append", type=_incident, default=[],
-                   help="august | sync | benign | fix, optionally @DAY from the start (repeatable)")
+                   help="an incident of analytics.simulate.INCIDENTS (august, sync, benign, fix, leak_resolution, "
+                        "leak_prompt, leak_prompt_tight, leak_session, drift, variance), optionally :GPU_KIND or "
+                        ":SWITCH (only those workers) and @DAY from the start (repeatable)")
     p.add_argument("--seed", type=int, default=0, help="random seed: the same seed gives the same fleet")
     p.add_argument("--workers", type=int, default=8, help="simulated workers in the fleet (default 8)")
     p.add_argument("--sessions-per-day", type=float, default=24.0, help="sessions per worker per day (default 24)")

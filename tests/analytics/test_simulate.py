@@ -99,3 +99,19 @@ def test_through_the_real_collector(small, chdb_dir, tmp_path):
         assert store.query_rows(FINGERPRINT) == direct.query_rows(FINGERPRINT)
         direct.command(f"DROP DATABASE IF EXISTS {direct.database}")
         store.command(f"DROP DATABASE IF EXISTS {store.database}")
+
+
+def test_every_shape_column_is_written_and_a_scoped_incident_hits_only_its_workers(store, small):
+    sim = simulate_fleet(store, weeks=1, incidents=[("sync:h100", 2)], seed=43, end=END, **small)
+    rel = sim.release("sync")
+    assert rel.scope == "h100"
+    nulls = store.query_rows("SELECT countIf(cond_tokens IS NULL OR decoder_height IS NULL OR decoder_width IS NULL "
+                             "OR chunk_frames IS NULL), uniqExact(decoder_height, decoder_width), "
+                             "countIf(first_forward_tokens - cond_tokens != 757) FROM sessions")
+    assert nulls == [(0, 14, 0)]
+    slow = store.query_rows(
+        "SELECT gpu_kind, quantile(0.5)(step_period_ms) > 200 FROM steps WHERE release = {r:String} "
+        "AND reset_step = 0 GROUP BY gpu_kind ORDER BY gpu_kind", {"r": rel.name})
+    assert slow == [(k, k == "h100") for k in sorted({w.gpu_kind for w in sim.workers})]
+    with pytest.raises(SimulationError, match="a GPU kind .* or a switch"):
+        simulate_fleet(store, weeks=1, incidents=["sync:warp_drive"], seed=1, **small)
