@@ -1,10 +1,12 @@
 """The server app: ``create_app(settings=None) -> FastAPI`` (collector + api routes + scheduler).
 
     app = create_app()                 # settings read once from LIVESTEP_* (see api/settings.py)
-    uvicorn.run(app, host=..., port=...)   # what ``livestep serve`` does (one worker: chDB)
+    uvicorn.Server(uvicorn.Config(app)).run(sockets=[sock])   # what ``livestep serve`` does (api/serve.py)
 
-The lifespan opens the store and makes its schema current once (``collector.migrations.ensure_current``:
-single-node files applied, a cluster's only checked; a schema that is not current stops the server), opens the spool and starts its block writer
+The app is FastAPI through fastapi-offline: ``/docs`` and ``/redoc`` load Swagger UI and ReDoc from
+the server itself. The lifespan opens the store and makes its schema current once
+(``collector.migrations.ensure_current``: single-node files applied, a cluster's only checked; a schema
+that is not current stops the server), opens the spool and starts its block writer
 (role collector), starts the analytics scheduler (role scheduler, if ``analytics.jobs`` imports)
 and, with it, the canary evaluation job (``api.canary.schedule``) and the incident hand-off
 (``api.incidents.install``: every job's findings to the incident logic, in process) -- once per app,
