@@ -1,27 +1,27 @@
 """The fused FP8 GEMM + all-reduce kernel at world size 1 vs ``torch._scaled_mm``, one H200, one run.
 
     python bench/gemm_allreduce.py [--m 757]
-    python bench/gemm_allreduce.py --sweep [--m 757]   # every candidate config, every rank shape
+    python bench/gemm_allreduce.py --sweep [--m 757]   # every tiling in SWEEP_CONFIGS, every rank shape
 
 Shapes: one prod57b TP=3 rank's block GEMMs at M=757 tokens (QKV 7680->3*2560, attn-out 2560->7680,
 FFN up 7680->10240, FFN down 10240->7680). GPU time per call under CUDA graphs (as the worker runs
 with ``cuda_graphs``), both with fp32-promoted accumulation (the default of both) and with fast
-accumulation (same tiles); every tile config `tune` tried; eager us per call (host launch included); the fused
-path's push + reduce with 3 ranks emulated on this GPU. LAST: the rate ratio kernel / _scaled_mm.
+accumulation (same tiles), at the kernel's ``FUSED_CONFIG`` tiling (what the fused path runs); eager us
+per call (host launch included); the fused path's push + reduce with 3 ranks emulated on this GPU.
+LAST: the rate ratio kernel / _scaled_mm.
 
-``--sweep`` times every config of ``ga.CONFIGS`` (classic and variant kernels: persistent, stream-K,
-TMA, promotion modes) at each shape, precise and fast accumulation (fast once per tiling: the `acc`
-mode only changes the precise path), against ``_scaled_mm`` measured in the same run. Each variant's
-result is first checked against ``gemm_allreduce_ref`` (a wrong one is reported "wrong", never
-timed); a variant that fails to compile or launch is reported "failed: <why>" and the sweep goes on.
-LAST: the best config per shape and the time-weighted ratios of the best (precise, then fast).
+``--sweep`` times every tiling of ``SWEEP_CONFIGS`` at each shape, precise and fast accumulation,
+against ``_scaled_mm`` measured in the same run. Each result is first checked against
+``gemm_allreduce_ref`` (a wrong one is reported "wrong", never timed); a config that fails to compile
+or launch is reported "failed: <why>" and the sweep goes on. LAST: the best config per shape and the
+time-weighted ratios of the best (precise, then fast). The variants swept on 2026-11-29 (Gluon,
+persistent and stream-K grids, other promotion schedules) never became the worker's and are gone from
+kernels/; their figures stay in docs/PERFORMANCE.md (issue 7).
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import subprocess
 import sys
 from pathlib import Path
 
@@ -30,7 +30,6 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kernels import gemm_allreduce as ga
-from worker.parallel import gemm_allreduce
 
 SHAPES = {  # name: (N, K) of one TP=3 rank of prod57b
     "qkv": (3 * 2560, 7680),
@@ -50,6 +49,21 @@ def eager_us(fn) -> float:
     return triton.testing.do_bench(fn, warmup=10, rep=100, return_mode="median") * 1e3
 
 
+# tilings the kernel takes (block sizes, warps, stages, TMA or pointer loads); FUSED_CONFIG first
+SWEEP_CONFIGS: tuple[ga.TileConfig, ...] = (
+    ga.FUSED_CONFIG,
+    ga.DEFAULT_CONFIG,
+    ga.TileConfig(128, 128, 128, 8, 8, 4, tma=True),
+    ga.TileConfig(128, 128, 128, 8, 4, 3, tma=True),
+    ga.TileConfig(128, 128, 128, 8, 8, 3, tma=True),
+    ga.TileConfig(128, 256, 128, 8, 8, 3, tma=True),
+    ga.TileConfig(64, 128, 128, 16, 4, 4, tma=True),
+    ga.TileConfig(64, 128, 128, 16, 4, 4),
+    ga.TileConfig(256, 128, 128, 8, 8, 3),
+    ga.TileConfig(64, 256, 128, 8, 4, 4),
+)
+
+
 def _cfg(c: ga.TileConfig) -> str:
     return c.label()
 
@@ -61,22 +75,17 @@ def measure(name: str, m: int, n: int, k: int) -> dict:
     sb = torch.tensor(0.03, device="cuda")
     flops = 2.0 * m * n * k
     row = {"name": name, "n": n, "k": k, "flops": flops}
+    cfg = ga.FUSED_CONFIG
     for fast in (False, True):
-        # the default (fp32-promoted) path is tuned; fast accumulation runs the same tile config
-        cfg = ga.tune(m, n, k) if not fast else ga.pick_config(m, n, k)
-        if fast:
-            ga.TUNED[(m, n, k, True)] = cfg
-        for c, ms in ga.TUNE_LOG.get((m, n, k, fast), []):
-            print(f"  tune {name:9s} {_cfg(c):20s} {ms * 1e3:8.1f} us {flops / ms / 1e9:7.1f} TFLOP/s")
         tag = "fast" if fast else "prec"
         row[f"mm_{tag}"] = gpu_us(
             lambda fast=fast: torch._scaled_mm(a, w.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16,
                                                use_fast_accum=fast))  # fmt: skip
-        row[f"k_{tag}"] = gpu_us(lambda fast=fast: gemm_allreduce(a, w.t(), sa, sb, None, fast_accum=fast))
+        row[f"k_{tag}"] = gpu_us(lambda fast=fast: ga.fp8_gemm(a, w.t(), sa, sb, config=cfg, fast_accum=fast))
         row[f"cfg_{tag}"] = cfg
-    row["eager"] = eager_us(lambda: gemm_allreduce(a, w.t(), sa, sb, None))
+    row["eager"] = eager_us(lambda: ga.fp8_gemm(a, w.t(), sa, sb, config=cfg))
     row["eager_mm"] = eager_us(lambda: torch._scaled_mm(a, w.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16))
-    out = gemm_allreduce(a, w.t(), sa, sb, None).double()
+    out = ga.fp8_gemm(a, w.t(), sa, sb, config=cfg).double()
     ref = ga.gemm_allreduce_ref(a, w.t(), sa, sb).double()
     row["err"] = ((out - ref).abs().max() / ref.abs().max()).item()
     return row
@@ -150,49 +159,9 @@ def _cell(t: float | None, mm_t: float) -> str:
     return f"{t:8.1f} {mm_t / t:6.3f}" if t is not None else f"{'-':>8} {'-':>6}"
 
 
-def precheck_gluon(m: int) -> int:
-    """Child-process half of `_gluon_ok`: run every Gluon config once per shape and mode, check it."""
-    for name, (n, k) in SHAPES.items():
-        a = torch.randn(m, k, device="cuda").to(ga.FP8)
-        w = torch.randn(n, k, device="cuda").to(ga.FP8)
-        sa = torch.rand(m, device="cuda") + 0.5  # rowwise: the worker may switch to per-row scales
-        sb = torch.tensor(0.03, device="cuda")
-        ref = ga.gemm_allreduce_ref(a, w.t(), sa, sb).float()
-        for cfg in (c for c in ga.CONFIGS if c.gluon):
-            for fast in (False, True):
-                out = ga.fp8_gemm(a, w.t(), sa, sb, config=cfg, fast_accum=fast)
-                torch.cuda.synchronize()
-                err = ((out.float() - ref).abs().max() / ref.abs().max()).item()
-                print(f"  precheck {name:9s} {cfg.label():36s} {'fast' if fast else 'prec'} rel err {err:.2e}",
-                      flush=True)  # fmt: skip
-                if not err <= 2.0**-6:
-                    return 1
-    return 0
-
-
-def _gluon_ok(m: int, timeout_s: float = 150.0) -> str | None:
-    """None when every Gluon config ran and was right in a child process, else why not. A wrong
-    mbarrier phase would hang the GPU rather than fail; a child can be killed, this process not."""
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--precheck-gluon", "--m", str(m)]
-    try:
-        done = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        return f"hung (no result in {timeout_s:.0f} s)"
-    print(done.stdout.rstrip())
-    if done.returncode != 0:
-        tail = (done.stderr.strip().splitlines() or done.stdout.strip().splitlines() or ["?"])[-1]
-        return f"precheck failed (rc {done.returncode}): {tail[:200]}"
-    return None
-
-
 def sweep(m: int, rep: int = 10, device: str = "cuda") -> int:
     """Every candidate at every rank shape vs _scaled_mm (precise and fast) in this run."""
-    configs = ga.CONFIGS
-    if any(c.gluon for c in configs) and device == "cuda":
-        why = _gluon_ok(m)
-        if why:
-            print(f"Gluon configs left out of the sweep: {why}")
-            configs = tuple(c for c in configs if not c.gluon)
+    configs = SWEEP_CONFIGS
     best = {}
     for name, (n, k) in SHAPES.items():
         a = torch.randn(m, k, device=device).to(ga.FP8)
@@ -213,14 +182,10 @@ def sweep(m: int, rep: int = 10, device: str = "cuda") -> int:
         print(f"\n## {name} M={m} N={n} K={k}: _scaled_mm prec {mm_us[False]:.1f} us, "
               f"fast {mm_us[True]:.1f} us")  # fmt: skip
         print(f"{'config':44s} | {'prec us':>8} {'ratio':>6} | {'fast us':>8} {'ratio':>6} | note")
-        fast_of: dict[tuple, tuple] = {}  # fast accumulation ignores `acc`: time once per tiling
         res: dict[bool, list] = {False: [], True: []}
         for cfg in configs:
             t_p, why_p = _sweep_one(cfg, False, a, w, sa, sb, mm[False], rep)
-            key = dataclasses.replace(cfg, acc="flag")
-            if key not in fast_of:
-                fast_of[key] = _sweep_one(cfg, True, a, w, sa, sb, mm[True], rep)
-            t_f, why_f = fast_of[key]
+            t_f, why_f = _sweep_one(cfg, True, a, w, sa, sb, mm[True], rep)
             for fast, t in ((False, t_p), (True, t_f)):
                 if t is not None:
                     res[fast].append((t, cfg))
@@ -265,8 +230,7 @@ def sweep(m: int, rep: int = 10, device: str = "cuda") -> int:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--m", type=int, default=757)
-    p.add_argument("--sweep", action="store_true", help="time every candidate config at every shape")
-    p.add_argument("--precheck-gluon", action="store_true", help=argparse.SUPPRESS)  # the sweep's child
+    p.add_argument("--sweep", action="store_true", help="time every SWEEP_CONFIGS tiling at every shape")
     args = p.parse_args()
     if not torch.cuda.is_available():
         print("needs a CUDA GPU")
@@ -274,8 +238,6 @@ def main() -> int:
     m = args.m
     torch.manual_seed(0)
     print(f"# {torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__} M={m}")
-    if args.precheck_gluon:
-        return precheck_gluon(m)
     if args.sweep:
         return sweep(m)
     rows = [measure(name, m, n, k) for name, (n, k) in SHAPES.items()]

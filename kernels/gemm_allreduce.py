@@ -16,9 +16,12 @@ set up with ``TORCH_SYMM_MEM_DISABLE_MULTICAST=1`` (NVLS stays off). The epoch l
 
 Which calls take the fused path is decided by the worker's bounded ``BufferRegistry``
 (worker/buffers.py; ``worker.parallel.gemm_allreduce`` for raw operands). World size 1 is a plain
-FP8 GEMM (`fp8_gemm`). A `TileConfig` picks the classic kernel (one program per tile, pointer loads)
-or the variant kernel (persistent, stream-K, TMA loads, `occupancy` CTAs per SM); `tune` times the
-candidates per steady shape, the fused path keeps `FUSED_CONFIG`.
+FP8 GEMM (`fp8_gemm`). One kernel, one program per output tile, operands through TMA descriptors or
+pointer loads (`TileConfig.tma`), fp32 promotion every BLOCK_K products (as cuBLAS's default); the
+fused path always uses `FUSED_CONFIG`. This module holds what the worker runs: the tuning variants
+that were swept and never became the worker's (Gluon, persistent and stream-K grids, other promotion
+schedules, per-shape tuning) are gone; their H200 sweep stays in docs/PERFORMANCE.md (issue 7) and
+``bench/gemm_allreduce.py --sweep`` times the tilings this kernel still takes.
 """
 
 from __future__ import annotations
@@ -32,48 +35,24 @@ import torch.distributed as dist
 import triton
 import triton.language as tl
 
-try:  # Gluon (Triton >= 3.5): explicit wgmma waits, for the overlapped-promotion kernel
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
-    from triton.experimental.gluon.language.nvidia.hopper import tma as gl_tma
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
-
-    # the TMA load is `async_copy_global_to_shared` in Triton 3.5/3.6, `async_load` later
-    _gl_tma_load = getattr(gl_tma, "async_load", None) or gl_tma.async_copy_global_to_shared
-except Exception:  # noqa: BLE001 -- no (or another) Gluon: the gluon configs report unavailable
-    gluon = None
-
 FP8 = torch.float8_e4m3fn
 log = logging.getLogger("livestep.kernels.gemm_allreduce")
 
 
 class GemmAllReduceError(ValueError):
-    """Bad operands or registry use; the message lists what is valid."""
+    """Bad operands or workspace use; the message lists what is valid."""
 
 
 # ----------------------------------------------------------------------------------------------------
-# Tile configs. Chosen per (M, N, K) by `pick_config`; bench/gemm_allreduce.py sweeps CONFIGS on the
-# H200 and prints the rate of each, so the table below is the measured winner at the rank shapes.
+# Tile configs
 
 
 @dataclass(frozen=True)
 class TileConfig:
-    """One tiling and main-loop variant (every variant computes the same product; see ACCUMULATION).
-
-    persistent: grid = the SM count, each program loops over output tiles (grouped order);
-    stream_k: persistent, and the (tile, K-block) iteration space is cut evenly between programs, a
-    tile split between two programs is summed through a small fp32 workspace (no wave tail);
-    tma: operands loaded through host-side TMA tensor descriptors (K-major operands only; other
-    layouts fall back to pointer loads); flatten: ``tl.range(flatten=True)`` over the persistent
-    tile loop (prefetch across tiles); acc: how fp32 promotion is done (ACCUMULATION); occupancy:
-    persistent programs per SM (2: two CTAs share an SM, so one's fp32 promotion adds overlap the
-    other's tensor-core work; needs tiles small enough for two, e.g. 64x128 on 4 warps).
-    gluon: the Gluon kernel (GPU only, K-major operands, no push epilogue): one program per tile, TMA
-    ring, and with promotion two partial accumulators in turn so each K-block's fp32 add overlaps the
-    next block's wgmma (`acc` is ignored: promotion every BLOCK_K products, as "flag").
-    The classic kernel runs unless persistent, stream_k, tma or gluon is set.
-    """
+    """One tiling of the kernel: BLOCK_M x BLOCK_N output tiles, BLOCK_K per K step (the promotion
+    interval: the FP8 tensor-core sums are added into fp32 every BLOCK_K products; 128 is cuBLAS's
+    default), grouped tile order (GROUP_M), warps and pipeline stages; ``tma``: operands through
+    host-side TMA tensor descriptors (K-major operands only; other layouts fall back to pointer loads)."""
 
     block_m: int
     block_n: int
@@ -81,164 +60,22 @@ class TileConfig:
     group_m: int = 8
     num_warps: int = 8
     num_stages: int = 4
-    persistent: bool = False
-    stream_k: bool = False
     tma: bool = False
-    flatten: bool = False
-    acc: str = "flag"
-    occupancy: int = 1
-    gluon: bool = False
-
-    @property
-    def classic(self) -> bool:
-        return not (self.persistent or self.stream_k or self.tma or self.gluon)
 
     def label(self) -> str:
-        kind = "gluon" if self.gluon else "sk" if self.stream_k else "pers" if self.persistent else "tile"
-        acc = "overlap" if self.gluon else self.acc
-        extra = "".join(f" {f}" for f in ("tma", "flatten") if getattr(self, f))
-        extra += f" x{self.occupancy}" if self.occupancy != 1 else ""
-        return (
-            f"{self.block_m}x{self.block_n}x{self.block_k} w{self.num_warps} s{self.num_stages} "
-            f"{kind}{extra} {acc}"
-        )
+        return (f"{self.block_m}x{self.block_n}x{self.block_k} w{self.num_warps} s{self.num_stages}"
+                + (" tma" if self.tma else ""))
 
 
-# ACCUMULATION (the default, fp32-promoted path; ``fast_accum=True`` ignores `acc` and lets the FP8
-# tensor cores accumulate the whole K in their own reduced-precision accumulator, as
-# ``_scaled_mm(use_fast_accum=True)``). In every `acc` mode a partial sum of BLOCK_K products is
-# formed in the tensor-core accumulator (starting from zero) and then added into the fp32
-# accumulator, so the promotion interval is exactly BLOCK_K products:
-#   "flag": ``tl.dot(a, b, acc, max_num_imprecise_acc=BLOCK_K)`` (the compiler's partial accumulator);
-#   "add":  ``acc += tl.dot(a, b)`` (an explicit zero-initialised dot, then an fp32 add);
-#   "lag":  as "add", but the add of block i is issued after the dot of block i+1 (same sums, same
-#           order of fp32 additions as "add": identical results; only the schedule differs).
-# BLOCK_K = 128 matches cuBLAS/CUTLASS's default FP8 promotion (every 4 wgmma k-groups of 32 = 128
-# products, ``use_fast_accum=False``); BLOCK_K = 64 promotes more often (more precise than cuBLAS);
-# BLOCK_K = 256 promotes every 256 products (less precise than cuBLAS: not its default).
-ACC_MODES = {"flag": 0, "add": 1, "lag": 2}
-
-
-# candidates: the best of a first H200 sweep at M=757 (10 configs; 128x256x64, 64x128, 128x64 and
-# 64x256 w8 never won); `tune` picks among them per steady shape
-CLASSIC_CONFIGS: tuple[TileConfig, ...] = (
-    TileConfig(128, 128, 128, 8, 8, 4),
-    TileConfig(128, 128, 128, 8, 4, 5),
-    TileConfig(128, 128, 128, 8, 8, 3),
-    TileConfig(256, 128, 128, 8, 8, 3),
-    TileConfig(64, 256, 128, 8, 4, 4),
-    TileConfig(128, 256, 128, 8, 8, 3),
-)
-# Variants: bench/gemm_allreduce.py --sweep compares them all at the rank shapes (the 12:45 H200 sweep
-# picked TUNE_CONFIGS below from them). Two costs are targeted (register/smem figures
-# are ptxas -v for sm_90a with Triton 3.6):
-#  - promotion: with fp32 promotion ptxas must wait for each K-block's wgmma before the fp32 adds
-#    (its C7517 "warpgroup.wait injected"), so the tensor cores idle during the adds unless another
-#    CTA on the SM fills the gap: 128x128 on 4 warps (255 regs, 96 KiB smem) and 64x128 on 4 warps
-#    (~165 regs) fit two (three with 3 stages) CTAs per SM; 128x128 on 8 warps (158 regs) fits one.
-#  - the wave tail at M=757 (6 row tiles of 128: 360 / 180 tiles on 132 SMs = 2.73 / 1.36 waves):
-#    persistent and stream-K grids. 128x256 stream-K spills (> 255 regs) and is left out.
-VARIANT_CONFIGS: tuple[TileConfig, ...] = (
-    # two or three CTAs per SM (promotion overlapped by the other CTA)
-    TileConfig(128, 128, 128, 8, 4, 3),
-    TileConfig(128, 128, 128, 8, 4, 3, tma=True),
-    TileConfig(128, 128, 128, 8, 4, 3, persistent=True, tma=True, occupancy=2),
-    TileConfig(64, 128, 128, 16, 4, 4),
-    TileConfig(64, 128, 128, 16, 4, 4, tma=True),
-    TileConfig(64, 128, 128, 16, 4, 3, tma=True),
-    TileConfig(64, 128, 128, 16, 4, 4, persistent=True, tma=True, occupancy=2),
-    TileConfig(64, 128, 128, 16, 4, 3, persistent=True, tma=True, occupancy=3),
-    TileConfig(64, 128, 128, 16, 4, 4, stream_k=True, tma=True, occupancy=2),
-    # one CTA per SM: TMA, persistent, stream-K
-    TileConfig(128, 128, 128, 8, 8, 4, tma=True),
-    TileConfig(128, 128, 128, 8, 8, 4, persistent=True, tma=True),
-    TileConfig(128, 128, 128, 8, 8, 4, persistent=True, tma=True, flatten=True),
-    TileConfig(128, 128, 128, 8, 8, 4, stream_k=True),
-    TileConfig(128, 128, 128, 8, 8, 4, stream_k=True, tma=True),
-    TileConfig(128, 256, 128, 8, 8, 3, tma=True),
-    TileConfig(128, 256, 128, 8, 8, 3, persistent=True, tma=True),
-    # fast accumulation fits two of these per SM (127 regs); with promotion one (155)
-    TileConfig(128, 128, 128, 8, 8, 3, tma=True),
-    TileConfig(128, 128, 128, 8, 8, 3, persistent=True, tma=True, occupancy=2),
-    # promotion written as an explicit add (see ACCUMULATION)
-    TileConfig(128, 128, 128, 8, 8, 4, acc="add"),
-    TileConfig(128, 128, 128, 8, 8, 4, tma=True, acc="add"),
-    TileConfig(64, 128, 128, 16, 4, 4, tma=True, acc="add"),
-    TileConfig(128, 128, 128, 8, 8, 4, stream_k=True, tma=True, acc="lag"),
-    # Gluon, promotion overlapped with the wgmma inside the CTA (no C7514/C7517 serialization; 205
-    # regs: 64x128 on 4 warps fits two CTAs per SM). 128x256 spills with promotion: fast only.
-    TileConfig(64, 128, 128, 16, 4, 4, gluon=True),
-    TileConfig(64, 128, 128, 16, 4, 3, gluon=True),
-    TileConfig(128, 128, 128, 8, 8, 4, gluon=True),
-    TileConfig(128, 128, 128, 8, 8, 3, gluon=True),
-    TileConfig(128, 256, 128, 8, 8, 3, gluon=True),
-)
-CONFIGS: tuple[TileConfig, ...] = CLASSIC_CONFIGS + VARIANT_CONFIGS
-# What `tune` tries at warm-up: the winners of the H200 sweep (2026-11-29 12:45 UTC, `bench/gemm_allreduce.py
-# --sweep`, M=757, every config checked against the reference first; docs/PERFORMANCE.md), so warm-up
-# times 7 configs per shape, not 33. Fp32-promoted accumulation: Gluon 128x128 w8 s4 won QKV, FFN up and
-# FFN down (0.956 / 0.931 / 0.936 of _scaled_mm), the persistent 64x128 TMA grid of 3 CTAs per SM
-# attention-out (0.998). Fast accumulation: the persistent 128x128 TMA grids and 128x256 for FFN up.
-# The Gluon configs passed the sweep's hang-guarded child check on all four shapes before joining.
-TUNE_CONFIGS: tuple[TileConfig, ...] = (
-    TileConfig(128, 128, 128, 8, 8, 4, gluon=True),
-    TileConfig(64, 128, 128, 16, 4, 3, persistent=True, tma=True, occupancy=3),
-    TileConfig(64, 128, 128, 16, 4, 3, tma=True),
-    TileConfig(128, 128, 128, 8, 8, 4, persistent=True, tma=True, flatten=True),
-    TileConfig(128, 128, 128, 8, 8, 4, persistent=True, tma=True),
-    TileConfig(128, 256, 128, 8, 8, 3, persistent=True, tma=True),
-    CLASSIC_CONFIGS[0],
-)
+# A plain GEMM's tiling (benches and tests: the worker's own GEMMs are torch._scaled_mm).
+DEFAULT_CONFIG = TileConfig(128, 128, 128, 8, 8, 4)
 # The fused path always uses this tiling: every rank must cut the output into the same tiles (the
-# flags are per tile), and a per-rank `tune` could disagree. Of the configs with the push epilogue
-# (not Gluon), 64x128 with TMA loads and 3 stages was the fastest over both row-parallel shapes in
-# the sweep above (attn-out 0.967, FFN down 0.873 of _scaled_mm; the classic 128x128: 0.686, 0.735).
+# flags are per tile). 64x128 with TMA loads and 3 stages was the fastest push-epilogue config over
+# both row-parallel shapes in the 2026-11-29 H200 sweep (attn-out 0.967, FFN down 0.873 of _scaled_mm;
+# 128x128 pointer loads: 0.686, 0.735; docs/PERFORMANCE.md).
 FUSED_CONFIG = TileConfig(64, 128, 128, 16, 4, 3, tma=True)
-# (M, N, K, fast_accum) -> the config `tune` measured fastest on this GPU (plain GEMMs only)
-TUNED: dict[tuple[int, int, int, bool], TileConfig] = {}
-# the same key -> [(config, ms per call under CUDA graphs)] of every candidate `tune` timed
-TUNE_LOG: dict[tuple[int, int, int, bool], list[tuple[TileConfig, float]]] = {}
-# the smallest tile any config uses: flags are sized for it so one buffer serves every config
+# the smallest tile a config may use: flags are sized for it so one buffer serves every config
 _MIN_TILE = 64
-
-
-def pick_config(m: int, n: int, k: int, fast_accum: bool = False) -> TileConfig:
-    """The tile config for an (M, N, K) problem: the tuned one where known, else a safe default."""
-    return TUNED.get((m, n, k, fast_accum), CONFIGS[0])
-
-
-def tune(m: int, n: int, k: int, fast_accum: bool = False, device="cuda",
-         candidates: tuple[TileConfig, ...] | None = None) -> TileConfig:  # fmt: skip
-    """Time every candidate config (default TUNE_CONFIGS) at (M, N, K) under CUDA graphs and keep the
-    fastest for `pick_config`. A candidate that fails to compile/launch or gives a wrong result is
-    skipped. Call at warm-up for the steady-state shapes (it synchronises), never per step."""
-    key = (m, n, k, fast_accum)
-    if key in TUNED:
-        return TUNED[key]
-    a = torch.randn(m, k, device=device).to(FP8)
-    w = torch.randn(n, k, device=device).to(FP8)
-    one = torch.ones((), device=device)
-    ref = gemm_allreduce_ref(a, w.t(), one, one).float()
-    tol = 2.0**-6 * ref.abs().max().item()
-    best, best_t = CONFIGS[0], float("inf")
-    tlog = TUNE_LOG.setdefault(key, [])
-    for cfg in candidates or TUNE_CONFIGS:
-        try:
-            out = fp8_gemm(a, w.t(), one, one, config=cfg, fast_accum=fast_accum)
-            if not (out.float() - ref).abs().max().item() <= tol:
-                log.warning("tune: %s gives a wrong result at %s: skipped", cfg, key)
-                continue
-            t = triton.testing.do_bench_cudagraph(
-                lambda cfg=cfg: fp8_gemm(a, w.t(), one, one, config=cfg, fast_accum=fast_accum), rep=20
-            )
-        except Exception as e:  # noqa: BLE001 -- does not compile / fit on this GPU: not a candidate
-            log.info("tune: %s unavailable at %s (%s)", cfg, key, type(e).__name__)
-            continue
-        tlog.append((cfg, t))
-        if t < best_t:
-            best, best_t = cfg, t
-    TUNED[key] = best
-    return best
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -257,31 +94,6 @@ def _tile_coords(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_
     pid_m = first_m + (pid % width) % group_size
     pid_n = (pid % width) // group_size
     return pid_m, pid_n, pid_m * num_pid_n + pid_n
-
-
-@triton.jit
-def _fp8_gemm_kernel(
-    a_ptr, b_ptr, c_ptr, a_scale_ptr, b_scale_ptr,
-    slot_ptrs, flag_ptrs, epoch_ptr,
-    M, N, K,
-    stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
-    rank, max_tiles,
-    A_ROWWISE: tl.constexpr, B_COLWISE: tl.constexpr,
-    PUSH: tl.constexpr, WORLD: tl.constexpr, EVEN_K: tl.constexpr, MAX_IMPRECISE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    ACC: tl.constexpr = 0,
-):  # fmt: skip
-    # a: [M, K] e4m3; b: [K, N] e4m3 (any strides; K-major is fastest); c: [M, N] bf16 (when not PUSH)
-    pid = tl.program_id(0)
-    pid_m, pid_n, tile = _tile_coords(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    # one tile, every K-block, pointer loads: the shared loop (MAX_IMPRECISE=BLOCK_K promotes the FP8
-    # tensor-core sums to fp32 every BLOCK_K products, as cuBLAS does by default; ACC: see ACCUMULATION)
-    acc = _k_loop(a_ptr, b_ptr, a_ptr, b_ptr, pid_m * BLOCK_M, pid_n * BLOCK_N, 0, tl.cdiv(K, BLOCK_K), M, N, K,
-                  stride_am, stride_ak, stride_bk, stride_bn, False, EVEN_K, ACC, MAX_IMPRECISE,
-                  BLOCK_M, BLOCK_N, BLOCK_K)  # fmt: skip
-    _epilogue(acc, pid_m, pid_n, tile, c_ptr, a_scale_ptr, b_scale_ptr, slot_ptrs, flag_ptrs, epoch_ptr,
-              M, N, stride_cm, stride_cn, rank, max_tiles, A_ROWWISE, B_COLWISE, PUSH, WORLD,
-              BLOCK_M, BLOCK_N)  # fmt: skip
 
 
 @triton.jit
@@ -307,21 +119,21 @@ def _push_tile(c, mask, offs_m, offs_n, tile, slot_ptrs, flag_ptrs, epoch_ptr, M
 
 
 @triton.jit
-def _k_loop(a_ptr, b_ptr, a_desc, b_desc, off_m, off_n, k_lo, k_hi, M, N, K,
+def _k_loop(a_ptr, b_ptr, a_desc, b_desc, off_m, off_n, M, N, K,
             stride_am, stride_ak, stride_bk, stride_bn,
-            TMA: tl.constexpr, EVEN_K: tl.constexpr, ACC: tl.constexpr, MAX_IMPRECISE: tl.constexpr,
+            TMA: tl.constexpr, EVEN_K: tl.constexpr, MAX_IMPRECISE: tl.constexpr,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
-    """fp32 sum over K-blocks [k_lo, k_hi) of one output tile (rows off_m.., cols off_n..)."""
+    """fp32 sum over every K-block of one output tile (rows off_m.., cols off_n..): the tensor cores'
+    partial sums promoted into fp32 every MAX_IMPRECISE (= BLOCK_K) products, None: never (fast)."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    prev = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     offs_k = tl.arange(0, BLOCK_K)
     if not TMA:
         # rows/cols past the edge wrap around (loads stay in bounds without masks)
         offs_am = (off_m + tl.arange(0, BLOCK_M)) % M
         offs_bn = (off_n + tl.arange(0, BLOCK_N)) % N
-        a_ptrs = a_ptr + offs_am[:, None] * stride_am + (k_lo * BLOCK_K + offs_k)[None, :] * stride_ak
-        b_ptrs = b_ptr + (k_lo * BLOCK_K + offs_k)[:, None] * stride_bk + offs_bn[None, :] * stride_bn
-    for kk in range(k_lo, k_hi):
+        a_ptrs = a_ptr + offs_am[:, None] * stride_am + offs_k[None, :] * stride_ak
+        b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_bn[None, :] * stride_bn
+    for kk in range(tl.cdiv(K, BLOCK_K)):
         if TMA:  # out-of-bounds rows and the K tail read as zeros
             a = a_desc.load([off_m, kk * BLOCK_K])
             b = b_desc.load([off_n, kk * BLOCK_K]).T
@@ -335,15 +147,7 @@ def _k_loop(a_ptr, b_ptr, a_desc, b_desc, off_m, off_n, k_lo, k_hi, M, N, K,
                 b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
             a_ptrs += BLOCK_K * stride_ak
             b_ptrs += BLOCK_K * stride_bk
-        if ACC == 0:
-            acc = tl.dot(a, b, acc, max_num_imprecise_acc=MAX_IMPRECISE)
-        elif ACC == 1:
-            acc += tl.dot(a, b)
-        else:
-            acc += prev
-            prev = tl.dot(a, b)
-    if ACC == 2:
-        acc += prev
+        acc = tl.dot(a, b, acc, max_num_imprecise_acc=MAX_IMPRECISE)
     return acc
 
 
@@ -374,216 +178,28 @@ def _epilogue(acc, pid_m, pid_n, tile, c_ptr, a_scale_ptr, b_scale_ptr, slot_ptr
 
 
 @triton.jit
-def _fp8_gemm_tiles_kernel(
+def _fp8_gemm_kernel(
     a_ptr, b_ptr, a_desc, b_desc, c_ptr, a_scale_ptr, b_scale_ptr,
-    slot_ptrs, flag_ptrs, epoch_ptr, part_ptr, count_ptr,
+    slot_ptrs, flag_ptrs, epoch_ptr,
     M, N, K,
     stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
     rank, max_tiles,
     A_ROWWISE: tl.constexpr, B_COLWISE: tl.constexpr,
     PUSH: tl.constexpr, WORLD: tl.constexpr, EVEN_K: tl.constexpr, MAX_IMPRECISE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    ACC: tl.constexpr, TMA: tl.constexpr, STREAM_K: tl.constexpr, FLATTEN: tl.constexpr,
+    TMA: tl.constexpr,
 ):  # fmt: skip
-    """The variant kernel: programs loop over output tiles (grid = tiles: one each; grid = SMs:
-    persistent), or with STREAM_K over an even share of the (tile, K-block) iterations.
-
-    TMA: a_desc [M, K] and b_desc [N, K] (K-major) tensor descriptors, else pointer loads. Tile ids
-    and the epilogue (incl. PUSH) are the classic kernel's, so `_tile_reduce_kernel` pairs with it.
-    Stream-K: the grid never exceeds the tile count, so a program's share is at least one tile's K
-    and a tile is split between at most two programs, programs p-1 (its first K-blocks) and p (the
-    rest): both store their fp32 partial in boundary slot p of `part_ptr` [grid, 2, BLOCK_M*BLOCK_N]
-    and bump `count_ptr[p]`; whichever arrives second adds the other's partial (a + b: the same
-    value in either order) and finishes the tile, then re-arms the counter for the next call.
-    """
+    """One output tile per program: a [M, K] e4m3, b [K, N] e4m3 (any strides; K-major is fastest;
+    TMA: a_desc [M, K] and b_desc [N, K] K-major descriptors, else pointer loads); c [M, N] bf16, or
+    with PUSH the partial tile into every rank's slot and its flags (`_tile_reduce_kernel` sums them)."""
     pid = tl.program_id(0)
-    nprog = tl.num_programs(0)
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    num_tiles = num_pid_m * num_pid_n
-    k_tiles = tl.cdiv(K, BLOCK_K)
-    if STREAM_K:
-        total = num_tiles * k_tiles
-        share = total // nprog
-        extra = total % nprog
-        it = pid * share + tl.minimum(pid, extra)
-        end = it + share + (pid < extra).to(tl.int32)
-        offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-        while it < end:
-            t = it // k_tiles
-            k0 = it - t * k_tiles
-            k1 = tl.minimum(k_tiles, k0 + (end - it))
-            pid_m, pid_n, tile = _tile_coords(t, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-            acc = _k_loop(a_ptr, b_ptr, a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, k0, k1, M, N, K,
-                          stride_am, stride_ak, stride_bk, stride_bn,
-                          TMA, EVEN_K, ACC, MAX_IMPRECISE, BLOCK_M, BLOCK_N, BLOCK_K)  # fmt: skip
-            if (k0 == 0) & (k1 == k_tiles):
-                _epilogue(acc, pid_m, pid_n, tile, c_ptr, a_scale_ptr, b_scale_ptr, slot_ptrs, flag_ptrs,
-                          epoch_ptr, M, N, stride_cm, stride_cn, rank, max_tiles,
-                          A_ROWWISE, B_COLWISE, PUSH, WORLD, BLOCK_M, BLOCK_N)  # fmt: skip
-            else:
-                head = (k0 == 0).to(tl.int32)  # this program holds the tile's first K-blocks
-                slot = pid + head
-                part = part_ptr + slot.to(tl.int64) * (2 * BLOCK_M * BLOCK_N)
-                tl.store(part + (1 - head) * (BLOCK_M * BLOCK_N) + offs, acc)
-                tl.debug_barrier()  # every thread's partial precedes the counter (release below)
-                seen = tl.atomic_add(count_ptr + slot, 1, sem="acq_rel", scope="gpu")
-                if seen == 1:  # the other half is there: finish the tile
-                    tl.debug_barrier()
-                    acc += tl.load(part + head * (BLOCK_M * BLOCK_N) + offs, cache_modifier=".cg")
-                    tl.atomic_xchg(count_ptr + slot, 0)
-                    _epilogue(acc, pid_m, pid_n, tile, c_ptr, a_scale_ptr, b_scale_ptr, slot_ptrs,
-                              flag_ptrs, epoch_ptr, M, N, stride_cm, stride_cn, rank, max_tiles,
-                              A_ROWWISE, B_COLWISE, PUSH, WORLD, BLOCK_M, BLOCK_N)  # fmt: skip
-            it += k1 - k0
-    else:
-        for t in tl.range(pid, num_tiles, nprog, flatten=FLATTEN):
-            pid_m, pid_n, tile = _tile_coords(t, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-            acc = _k_loop(a_ptr, b_ptr, a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, 0, k_tiles, M, N, K,
-                          stride_am, stride_ak, stride_bk, stride_bn,
-                          TMA, EVEN_K, ACC, MAX_IMPRECISE, BLOCK_M, BLOCK_N, BLOCK_K)  # fmt: skip
-            _epilogue(acc, pid_m, pid_n, tile, c_ptr, a_scale_ptr, b_scale_ptr, slot_ptrs, flag_ptrs,
-                      epoch_ptr, M, N, stride_cm, stride_cn, rank, max_tiles,
-                      A_ROWWISE, B_COLWISE, PUSH, WORLD, BLOCK_M, BLOCK_N)  # fmt: skip
-
-
-if gluon is not None:
-
-    @gluon.jit
-    def _gl_mma(a_bufs, b_bufs, bars, blk, zero, STAGES: gl.constexpr):
-        """Issue K-block `blk`'s wgmma (async, into a fresh accumulator) once its stage has landed."""
-        s = blk % STAGES
-        mbarrier.wait(bars.index(s), (blk // STAGES) & 1)
-        b = b_bufs.index(s).permute((1, 0))
-        return warpgroup_mma(a_bufs.index(s), b, zero, use_acc=False, is_async=True)
-
-    @gluon.jit
-    def _gl_refill(a_desc, b_desc, a_bufs, b_bufs, bars, blk, k_tiles, off_m, off_n,
-                   STAGES: gl.constexpr, BLOCK_K: gl.constexpr):  # fmt: skip
-        """Once the wgmma of block blk-1 is done, its stage takes block blk + STAGES - 1 (if any)."""
-        nxt = blk + STAGES - 1
-        ok = nxt < k_tiles
-        t = nxt % STAGES
-        mbarrier.expect(bars.index(t), a_desc.block_type.nbytes + b_desc.block_type.nbytes, pred=ok)
-        _gl_tma_load(a_desc, [off_m, nxt * BLOCK_K], bars.index(t), a_bufs.index(t), pred=ok)
-        _gl_tma_load(b_desc, [off_n, nxt * BLOCK_K], bars.index(t), b_bufs.index(t), pred=ok)
-
-    @gluon.jit
-    def _gl_fp8_gemm_kernel(
-        a_desc, b_desc, c_ptr, a_scale_ptr, b_scale_ptr, M, N, K, stride_cm,
-        A_ROWWISE: gl.constexpr, B_COLWISE: gl.constexpr, FAST: gl.constexpr,
-        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, GROUP_M: gl.constexpr,
-        STAGES: gl.constexpr, WARPS_M: gl.constexpr, WARPS_N: gl.constexpr,
-    ):  # fmt: skip
-        """One output tile: a [M, K] and b [N, K] (K-major) TMA descriptors into a STAGES-deep ring.
-
-        FAST: one accumulator chained through the wgmmas (the hardware's accumulation). Otherwise
-        each K-block's products go into a fresh accumulator, alternately p0 / p1, and the other one
-        (the previous block, complete after ``wait(1)``) is added into the fp32 `acc` while this
-        block's wgmma runs: promotion every BLOCK_K products, the same sums as the "flag" mode.
-        The loop is unrolled by two so no in-flight accumulator is ever copied (a copy would make
-        ptxas serialise the wgmmas).
-        """
-        pid = gl.program_id(0)
-        num_pid_m = gl.cdiv(M, BLOCK_M)
-        num_pid_n = gl.cdiv(N, BLOCK_N)
-        width = GROUP_M * num_pid_n
-        first_m = (pid // width) * GROUP_M
-        group_size = gl.minimum(num_pid_m - first_m, GROUP_M)
-        off_m = (first_m + (pid % width) % group_size) * BLOCK_M
-        off_n = ((pid % width) // group_size) * BLOCK_N
-
-        layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[WARPS_M, WARPS_N], instr_shape=[16, BLOCK_N // WARPS_N, 32]
-        )
-        a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], a_desc.layout)
-        b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
-        bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(STAGES):
-            mbarrier.init(bars.index(i), count=1)
-        k_tiles = gl.cdiv(K, BLOCK_K)
-        for i in gl.static_range(STAGES - 1):
-            ok = i < k_tiles
-            mbarrier.expect(bars.index(i), a_desc.block_type.nbytes + b_desc.block_type.nbytes, pred=ok)
-            _gl_tma_load(a_desc, [off_m, i * BLOCK_K], bars.index(i), a_bufs.index(i), pred=ok)
-            _gl_tma_load(b_desc, [off_n, i * BLOCK_K], bars.index(i), b_bufs.index(i), pred=ok)
-
-        acc = gl.zeros((BLOCK_M, BLOCK_N), gl.float32, layout)
-        if FAST:
-            for kk in range(k_tiles):
-                s = kk % STAGES
-                mbarrier.wait(bars.index(s), (kk // STAGES) & 1)
-                acc = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), acc, is_async=True)
-                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-                _gl_refill(a_desc, b_desc, a_bufs, b_bufs, bars, kk, k_tiles, off_m, off_n, STAGES, BLOCK_K)
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        else:
-            zero = gl.zeros((BLOCK_M, BLOCK_N), gl.float32, layout)
-            p0 = _gl_mma(a_bufs, b_bufs, bars, 0, zero, STAGES)
-            _gl_refill(a_desc, b_desc, a_bufs, b_bufs, bars, 0, k_tiles, off_m, off_n, STAGES, BLOCK_K)
-            for j in range((k_tiles - 1) // 2):
-                p1 = _gl_mma(a_bufs, b_bufs, bars, 2 * j + 1, zero, STAGES)
-                acc = acc + warpgroup_mma_wait(num_outstanding=1, deps=(p0,))
-                _gl_refill(
-                    a_desc, b_desc, a_bufs, b_bufs, bars, 2 * j + 1, k_tiles, off_m, off_n, STAGES, BLOCK_K
-                )
-                p0 = _gl_mma(a_bufs, b_bufs, bars, 2 * j + 2, zero, STAGES)
-                acc = acc + warpgroup_mma_wait(num_outstanding=1, deps=(p1,))
-                _gl_refill(
-                    a_desc, b_desc, a_bufs, b_bufs, bars, 2 * j + 2, k_tiles, off_m, off_n, STAGES, BLOCK_K
-                )
-            if k_tiles % 2 == 0:
-                p1 = _gl_mma(a_bufs, b_bufs, bars, k_tiles - 1, zero, STAGES)
-                acc = acc + warpgroup_mma_wait(num_outstanding=1, deps=(p0,))
-                acc = acc + warpgroup_mma_wait(num_outstanding=0, deps=(p1,))
-            else:
-                acc = acc + warpgroup_mma_wait(num_outstanding=0, deps=(p0,))
-        for i in gl.static_range(STAGES):
-            mbarrier.invalidate(bars.index(i))
-
-        offs_m = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
-        offs_n = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
-        if A_ROWWISE:
-            acc = acc * gl.expand_dims(gl.load(a_scale_ptr + offs_m, mask=offs_m < M, other=0.0), 1)
-        else:
-            acc = acc * gl.load(a_scale_ptr)
-        if B_COLWISE:
-            acc = acc * gl.expand_dims(gl.load(b_scale_ptr + offs_n, mask=offs_n < N, other=0.0), 0)
-        else:
-            acc = acc * gl.load(b_scale_ptr)
-        mask = (gl.expand_dims(offs_m, 1) < M) & (gl.expand_dims(offs_n, 0) < N)
-        ptrs = c_ptr + gl.expand_dims(offs_m, 1) * stride_cm + gl.expand_dims(offs_n, 0)
-        gl.store(ptrs, acc.to(gl.bfloat16), mask=mask)
-
-
-def _gluon_layout(cfg: TileConfig) -> tuple[int, int]:
-    """warps_per_cta of the Gluon kernel's wgmma layout: warps along M first (16 rows each)."""
-    warps_m = min(cfg.num_warps, cfg.block_m // 16)
-    return warps_m, cfg.num_warps // warps_m
-
-
-def _launch_gluon(a, b, a_scale, b_scale, c, m, n, k, cfg: TileConfig, fast_accum: bool):
-    if gluon is None:
-        raise GemmAllReduceError(
-            f"this Triton ({triton.__version__}) has no Gluon: {cfg.label()} unavailable"
-        )
-    fp8 = gl.float8e4nv
-    a_desc = GluonDescriptor.from_tensor(
-        a, [cfg.block_m, cfg.block_k], gl.NVMMASharedLayout.get_default_for([cfg.block_m, cfg.block_k], fp8)
-    )
-    b_desc = GluonDescriptor.from_tensor(  # b.t(): the [N, K] K-major weight
-        b.t(),
-        [cfg.block_n, cfg.block_k],
-        gl.NVMMASharedLayout.get_default_for([cfg.block_n, cfg.block_k], fp8),
-    )
-    warps_m, warps_n = _gluon_layout(cfg)
-    tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
-    return _gl_fp8_gemm_kernel[(tiles,)](
-        a_desc, b_desc, c, a_scale, b_scale, m, n, k, c.stride(0),
-        A_ROWWISE=a_scale.numel() > 1, B_COLWISE=b_scale.numel() > 1, FAST=fast_accum,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-        STAGES=cfg.num_stages, WARPS_M=warps_m, WARPS_N=warps_n, num_warps=cfg.num_warps,
-    )  # fmt: skip
+    pid_m, pid_n, tile = _tile_coords(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    acc = _k_loop(a_ptr, b_ptr, a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, M, N, K,
+                  stride_am, stride_ak, stride_bk, stride_bn, TMA, EVEN_K, MAX_IMPRECISE,
+                  BLOCK_M, BLOCK_N, BLOCK_K)  # fmt: skip
+    _epilogue(acc, pid_m, pid_n, tile, c_ptr, a_scale_ptr, b_scale_ptr, slot_ptrs, flag_ptrs, epoch_ptr,
+              M, N, stride_cm, stride_cn, rank, max_tiles, A_ROWWISE, B_COLWISE, PUSH, WORLD,
+              BLOCK_M, BLOCK_N)  # fmt: skip
 
 
 @triton.jit
@@ -649,36 +265,6 @@ def _use_triton(t: torch.Tensor) -> bool:
     return t.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def _num_sms(device) -> int:
-    """Programs of a persistent grid: the SM count on a GPU; 4 under the interpreter (tests)."""
-    device = torch.device(device)
-    if device.type != "cuda":
-        return _INTERPRET_SMS
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _SMS:
-        _SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    return _SMS[idx]
-
-
-_SMS: dict[int, int] = {}
-_INTERPRET_SMS = 4
-# stream-K boundary workspaces per (device, grid, BLOCK_M, BLOCK_N): fp32 partials [grid, 2, BM*BN]
-# and int32 counters [grid] (zero between calls: the finishing program re-arms its counter). One
-# stream at a time may use a workspace (the worker's GEMMs run on one stream).
-_STREAM_K_WS: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
-
-
-def _stream_k_workspace(device, grid: int, cfg: TileConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    key = (str(device), grid, cfg.block_m, cfg.block_n)
-    ws = _STREAM_K_WS.get(key)
-    if ws is None:  # first use (tune / warm-up, before any graph capture)
-        ws = _STREAM_K_WS[key] = (
-            torch.empty((grid, 2, cfg.block_m * cfg.block_n), dtype=torch.float32, device=device),
-            torch.zeros(grid, dtype=torch.int32, device=device),
-        )
-    return ws
-
-
 def _tma_ok(a: torch.Tensor, b: torch.Tensor) -> bool:
     """TMA descriptors need K-major rows with 16-byte aligned bases and row strides."""
     return (
@@ -688,34 +274,10 @@ def _tma_ok(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def _launch_gemm(a, b, a_scale, b_scale, c, m, n, k, cfg: TileConfig, push=None, fast_accum=False):
-    """Launch the kernel `cfg` selects; returns Triton's launched kernel (n_regs / n_spills on GPUs)."""
+    """Launch the kernel for `cfg`; returns Triton's launched kernel (n_regs / n_spills on GPUs)."""
     tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
     dummy = a_scale  # any tensor: pointer arguments unused when PUSH is off
     slot_ptrs, flag_ptrs, epoch, rank, world, max_tiles = push or (dummy, dummy, dummy, 0, 1, 0)
-    acc_mode = 0 if fast_accum else ACC_MODES[cfg.acc]
-    common = dict(  # noqa: C408 -- kernel keyword arguments
-        A_ROWWISE=a_scale.numel() > 1, B_COLWISE=b_scale.numel() > 1,
-        PUSH=push is not None, WORLD=world, EVEN_K=k % cfg.block_k == 0,
-        MAX_IMPRECISE=None if fast_accum else cfg.block_k,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, ACC=acc_mode,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )  # fmt: skip
-    strides = (
-        a.stride(0), a.stride(1), b.stride(0), b.stride(1),
-        c.stride(0) if c is not None else 0, c.stride(1) if c is not None else 0,
-    )  # fmt: skip
-    if cfg.gluon:
-        if push is not None or not a.is_cuda or c is None or c.stride(1) != 1:
-            raise GemmAllReduceError(f"{cfg.label()}: the Gluon kernel is a plain GEMM on a GPU (no push)")
-        if _tma_ok(a, b):
-            return _launch_gluon(a, b, a_scale, b_scale, c, m, n, k, cfg, fast_accum)
-        cfg = TileConfig(cfg.block_m, cfg.block_n, cfg.block_k, cfg.group_m, cfg.num_warps, cfg.num_stages)
-    if cfg.classic:
-        return _fp8_gemm_kernel[(tiles,)](
-            a, b, c if c is not None else dummy, a_scale, b_scale, slot_ptrs, flag_ptrs, epoch,
-            m, n, k, *strides, rank, max_tiles, **common,
-        )  # fmt: skip
-    grid = min(tiles, _num_sms(a.device) * cfg.occupancy) if (cfg.persistent or cfg.stream_k) else tiles
     tma = cfg.tma and _tma_ok(a, b)
     if tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
@@ -724,12 +286,15 @@ def _launch_gemm(a, b, a_scale, b_scale, c, m, n, k, cfg: TileConfig, push=None,
         b_desc = TensorDescriptor.from_tensor(b.t(), [cfg.block_n, cfg.block_k])  # [N, K] K-major
     else:
         a_desc = b_desc = dummy
-    part, count = _stream_k_workspace(a.device, grid, cfg) if cfg.stream_k else (dummy, dummy)
-    return _fp8_gemm_tiles_kernel[(grid,)](
-        a, b, a_desc, b_desc, c if c is not None else dummy, a_scale, b_scale,
-        slot_ptrs, flag_ptrs, epoch, part, count,
-        m, n, k, *strides, rank, max_tiles, **common,
-        TMA=tma, STREAM_K=cfg.stream_k, FLATTEN=cfg.flatten,
+    return _fp8_gemm_kernel[(tiles,)](
+        a, b, a_desc, b_desc, c if c is not None else dummy, a_scale, b_scale, slot_ptrs, flag_ptrs, epoch,
+        m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+        c.stride(0) if c is not None else 0, c.stride(1) if c is not None else 0, rank, max_tiles,
+        A_ROWWISE=a_scale.numel() > 1, B_COLWISE=b_scale.numel() > 1,
+        PUSH=push is not None, WORLD=world, EVEN_K=k % cfg.block_k == 0,
+        MAX_IMPRECISE=None if fast_accum else cfg.block_k,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, TMA=tma,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
 
 
@@ -745,7 +310,7 @@ def fp8_gemm(
     if not _use_triton(a):
         return _gemm_torch(a, b, a_scale, b_scale)
     c = torch.empty((m, n), dtype=torch.bfloat16, device=a.device)
-    cfg = config or pick_config(m, n, k, fast_accum)
+    cfg = config or DEFAULT_CONFIG
     _launch_gemm(a, b, a_scale, b_scale, c, m, n, k, cfg, fast_accum=fast_accum)
     return c
 
@@ -770,7 +335,7 @@ def gemm_allreduce_ref(
 
 
 # ----------------------------------------------------------------------------------------------------
-# Symmetric workspaces and the registry
+# Symmetric workspaces
 
 
 @dataclass

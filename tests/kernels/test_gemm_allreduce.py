@@ -1,13 +1,10 @@
 """FP8 GEMM + all-reduce: the GEMM and the tile-reduction protocol (ranks emulated as separate buffers
-in one process; TRITON_INTERPRET=1 on CPU, compiled on the GPU), and the bounded buffer registry."""
+in one process; TRITON_INTERPRET=1 on CPU, compiled on the GPU); the registry: tests/worker/test_buffers.py."""
 
 from __future__ import annotations
 
 import importlib
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -27,22 +24,10 @@ DEV = "cuda" if CUDA else "cpu"
 # the interpreter's fp8/bf16 rounding differs from the GPU's: compare loosely there, tightly on the GPU
 REL = 2.0**-8 if CUDA else 2.0**-6
 SMALL = ga.TileConfig(16, 16, 32, group_m=2, num_warps=4, num_stages=1) if not CUDA else None
-# every variant kernel at interpreter-sized tiles (the interpreter runs _INTERPRET_SMS=4 persistent
-# programs, so persistent loops take several tiles and stream-K splits tiles between programs)
-VARIANT_KINDS = {
-    "add": {"acc": "add"},
-    "lag": {"acc": "lag"},
-    "tma": {"tma": True},
-    "persistent": {"persistent": True},
-    "persistent_tma_flatten_add": {"persistent": True, "tma": True, "flatten": True, "acc": "add"},
-    "stream_k": {"stream_k": True},
-    "stream_k_tma_lag": {"stream_k": True, "tma": True, "acc": "lag"},
-    "stream_k_x2": {"stream_k": True, "occupancy": 2},  # 8 programs: nearly one tile each
-}
-
-
-def _small_variant(kind: str) -> ga.TileConfig:
-    return ga.TileConfig(16, 16, 32, group_m=2, num_warps=4, num_stages=1, **VARIANT_KINDS[kind])
+SMALL_TMA = ga.TileConfig(16, 16, 32, group_m=2, num_warps=4, num_stages=1, tma=True) if not CUDA else None
+# what bench/gemm_allreduce.py --sweep times on the GPU: every one must compute the same product
+GPU_CONFIGS = (ga.DEFAULT_CONFIG, ga.FUSED_CONFIG, ga.TileConfig(128, 128, 128, 8, 4, 3, tma=True),
+               ga.TileConfig(128, 256, 128, 8, 8, 3, tma=True), ga.TileConfig(64, 128, 128, 16, 4, 4))
 
 
 def _operands(m, n, k, rowwise=False, seed=0):
@@ -84,106 +69,23 @@ def test_fp8_gemm_matches_reference(m, n, k, rowwise):
     _assert_close_to(ref, _exact(a, w, sa, sb))
 
 
-@pytest.mark.skipif(CUDA, reason="interpreter-sized tiles; the GPU test below runs the real configs")
-@pytest.mark.parametrize("kind", sorted(VARIANT_KINDS))
+@pytest.mark.skipif(CUDA, reason="interpreter-sized tiles; the GPU tests below run the real configs")
 @pytest.mark.parametrize("fast", [False, True])
 @pytest.mark.parametrize("m,n,k,rowwise", [(37, 48, 80, False), (29, 40, 64, True), (8, 16, 32, False)])
-def test_variant_kernels_match_reference(kind, fast, m, n, k, rowwise):
+def test_tma_loads_compute_what_pointer_loads_compute(fast, m, n, k, rowwise):
     """M and N not multiples of the tile, K not a multiple of BLOCK_K (80 = 2.5 blocks), rowwise scales,
-    and a single tile (fewer tiles than persistent programs)."""
-    cfg = _small_variant(kind)
+    a single tile: the same products in the same fp32 order either way, so identical results."""
     a, w, sa, sb = _operands(m, n, k, rowwise, seed=m + k)
-    out = ga.fp8_gemm(a, w.t(), sa, sb, config=cfg, fast_accum=fast)
+    out = ga.fp8_gemm(a, w.t(), sa, sb, config=SMALL_TMA, fast_accum=fast)
     assert out.dtype == torch.bfloat16 and out.shape == (m, n)
     _assert_close_to(out, _exact(a, w, sa, sb))
-    # the same products in the same fp32 order as the classic kernel (stream-K: a 2-way split's sum
-    # is order-free): identical to it, and to itself on a second call
-    assert torch.equal(out, ga.fp8_gemm(a, w.t(), sa, sb, config=cfg, fast_accum=fast))
-    if not cfg.stream_k:
-        plain = ga.fp8_gemm(a, w.t(), sa, sb, config=SMALL, fast_accum=fast)
-        assert torch.equal(out, plain)
+    assert torch.equal(out, ga.fp8_gemm(a, w.t(), sa, sb, config=SMALL, fast_accum=fast))
 
 
-@pytest.mark.skipif(CUDA, reason="interpreter grid size")
-def test_stream_k_splits_tiles_and_rearms_its_counters():
-    m, n, k = 37, 48, 80  # 9 tiles x 3 K-blocks = 27 iterations over 4 programs: 7, 7, 7, 6
-    cfg = _small_variant("stream_k")
-    a, w, sa, sb = _operands(m, n, k)
-    ga._STREAM_K_WS.clear()
-    first = ga.fp8_gemm(a, w.t(), sa, sb, config=cfg)
-    ((part, count),) = ga._STREAM_K_WS.values()
-    assert part.shape == (ga._INTERPRET_SMS, 2, 16 * 16)
-    assert (count == 0).all()  # every split tile was finished and its counter re-armed
-    part.fill_(float("nan"))
-    out = ga.fp8_gemm(a, w.t(), sa, sb, config=cfg)  # the same workspace, counters from the last call
-    # programs start at iterations 0, 7, 14, 21 of 3 K-blocks per tile: programs 1 and 2 start
-    # mid-tile (both halves of those tiles written), programs 0 and 3 at a tile's start
-    assert torch.isfinite(part[1:3]).all()
-    assert torch.isnan(part[0]).all() and torch.isnan(part[3]).all()
-    assert (count == 0).all() and torch.equal(out, first)
-    _assert_close_to(out, _exact(a, w, sa, sb))
-
-
-def test_variant_configs_are_well_formed():
-    assert not ga.FUSED_CONFIG.gluon and ga.pick_config(1, 2, 3) == ga.CONFIGS[0]  # the fused path pushes
-    assert set(ga.TUNE_CONFIGS) <= set(ga.CONFIGS)
-    assert len(set(ga.CONFIGS)) == len(ga.CONFIGS)
-    for cfg in ga.CONFIGS:
-        assert cfg.acc in ga.ACC_MODES and cfg.block_m >= ga._MIN_TILE and cfg.block_n >= ga._MIN_TILE
-    assert len({c.label() for c in ga.CONFIGS}) == len(ga.CONFIGS)  # a sweep row names one config
-
-
-_COMPILE_GLUON = """
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.experimental.gluon._runtime import GluonASTSource
-import kernels.gemm_allreduce as ga
-
-gl = ga.gl
-for cfg in (c for c in ga.CONFIGS if c.gluon):
-    warps_m, warps_n = ga._gluon_layout(cfg)
-    for fast, rowwise in ((False, False), (False, True), (True, False)):
-        sig = {
-            name: f"tensordesc<fp8e4nv[{rows}, {cfg.block_k}],"
-            f"{gl.NVMMASharedLayout.get_default_for([rows, cfg.block_k], gl.float8e4nv)!r}>"
-            for name, rows in (("a_desc", cfg.block_m), ("b_desc", cfg.block_n))
-        }
-        sig.update(c_ptr="*bf16", a_scale_ptr="*fp32", b_scale_ptr="*fp32")
-        sig.update(dict.fromkeys(("M", "N", "K", "stride_cm"), "i32"))
-        consts = dict(A_ROWWISE=rowwise, B_COLWISE=rowwise, FAST=fast, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-                      BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, STAGES=cfg.num_stages, WARPS_M=warps_m, WARPS_N=warps_n)
-        sig.update(dict.fromkeys(consts, "constexpr"))
-        src = GluonASTSource(ga._gl_fp8_gemm_kernel, sig, consts)
-        kernel = triton.compile(src, target=GPUTarget("cuda", 90, 64), options={"num_warps": cfg.num_warps})
-        assert "wgmma.mma_async" in kernel.asm["ptx"], cfg
-        print("compiled", cfg.label(), "fast" if fast else "prec", "rowwise" if rowwise else "tensor")
-"""
-
-
-def test_gluon_kernel_compiles_for_sm90():
-    """The Gluon kernel needs a GPU to run: here it is compiled for sm_90a (both accumulation modes,
-    both scale kinds), so an API break in Triton shows on CPU; the GPU tests check its results. In
-    a child process without TRITON_INTERPRET (the interpreter patches language builtins Gluon shares)."""
-    if ga.gluon is None:
-        pytest.skip("no Gluon in this Triton")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = Path(__file__).resolve().parents[2]
-    done = subprocess.run(
-        [sys.executable, "-c", _COMPILE_GLUON], cwd=root, env=env, capture_output=True, text=True, check=False
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.count("compiled") == 3 * sum(c.gluon for c in ga.CONFIGS)
-
-
-def test_gluon_configs_refuse_the_interpreter_and_the_push_path():
-    cfg = next(c for c in ga.CONFIGS if c.gluon)
-    a, w, sa, sb = _operands(64, 128, 128)
-    if not CUDA:
-        with pytest.raises(ga.GemmAllReduceError, match="Gluon kernel is a plain GEMM on a GPU"):
-            ga.fp8_gemm(a, w.t(), sa, sb, config=cfg)
-    (ws,) = ga.emulated_workspaces(1, 64, 128, device=DEV, min_tile=64)
-    with pytest.raises(ga.GemmAllReduceError, match="no push"):
-        ga.push_partials(ws, a, w.t(), sa, sb, config=cfg)
+def test_configs_are_well_formed():
+    for cfg in (*GPU_CONFIGS, ga.FUSED_CONFIG):
+        assert cfg.block_m >= ga._MIN_TILE and cfg.block_n >= ga._MIN_TILE  # the flags' sizing
+    assert len({c.label() for c in GPU_CONFIGS}) == len(GPU_CONFIGS)  # a sweep row names one config
 
 
 def test_tma_falls_back_to_pointer_loads_for_other_layouts():
@@ -191,7 +93,7 @@ def test_tma_falls_back_to_pointer_loads_for_other_layouts():
     assert ga._tma_ok(a, w.t())
     b_n_major = w.t().contiguous()  # [K, N] row-major: not K-major, so pointer loads
     assert not ga._tma_ok(a, b_n_major)
-    cfg = _small_variant("tma") if not CUDA else ga.TileConfig(64, 64, 64, tma=True)
+    cfg = SMALL_TMA if not CUDA else ga.TileConfig(64, 64, 64, tma=True)
     _assert_close_to(ga.fp8_gemm(a, b_n_major, sa, sb, config=cfg), _exact(a, w, sa, sb))
 
 
@@ -214,12 +116,10 @@ def _emulated_call(wss, ops, config=None):
 
 
 @pytest.mark.parametrize("world", [2, 3])
-@pytest.mark.parametrize("kind", [None, "tma", "persistent_tma_flatten_add", "stream_k"])
-def test_tile_reduction_across_emulated_ranks(world, kind):
-    """The push epilogue of the classic kernel and of the variant kernels (same tile ids)."""
-    if kind is not None and CUDA:
-        pytest.skip("interpreter-sized variant tiles")
-    config = SMALL if kind is None else _small_variant(kind)
+@pytest.mark.parametrize("tma", [False, True])
+def test_tile_reduction_across_emulated_ranks(world, tma):
+    """The push epilogue with pointer loads and with TMA loads (same tile ids)."""
+    config = (SMALL_TMA if tma else SMALL) if not CUDA else ga.TileConfig(64, 64, 64, tma=tma)
     m, n, k = 37, 48, 64
     wss = ga.emulated_workspaces(world, m, n, device=DEV)
     for call in range(3):  # parity 1, 0, 1: both slot sets, and a set reused after the other
@@ -277,8 +177,8 @@ def test_gpu_world1_matches_reference_at_rank_shapes(m, n, k):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cfg", ga.VARIANT_CONFIGS, ids=lambda c: c.label().replace(" ", "-"))
-def test_gpu_variant_configs_at_a_rank_shape(cfg):
+@pytest.mark.parametrize("cfg", GPU_CONFIGS, ids=lambda c: c.label().replace(" ", "-"))
+def test_gpu_configs_at_a_rank_shape(cfg):
     m, n, k = 757, 7680, 2560
     a, w, sa, sb = _operands(m, n, k, seed=k)
     truth = _exact(a, w, sa, sb)
@@ -288,13 +188,13 @@ def test_gpu_variant_configs_at_a_rank_shape(cfg):
     except triton.runtime.errors.OutOfResources:
         pytest.skip("does not fit this GPU")
     assert (out.double() - truth).abs().max().item() <= bound
-    assert torch.equal(out, ga.fp8_gemm(a, w.t(), sa, sb, config=cfg))  # stream-K: repeatable
+    assert torch.equal(out, ga.fp8_gemm(a, w.t(), sa, sb, config=cfg))  # repeatable
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cfg", ga.VARIANT_CONFIGS, ids=lambda c: c.label().replace(" ", "-"))
+@pytest.mark.parametrize("cfg", GPU_CONFIGS, ids=lambda c: c.label().replace(" ", "-"))
 @pytest.mark.parametrize("fast", [False, True])
-def test_gpu_variant_configs_at_awkward_shapes(cfg, fast):
+def test_gpu_configs_at_awkward_shapes(cfg, fast):
     """M, N not multiples of the tile, K = 2.5 K-blocks (TMA still aligned), rowwise scales."""
     m, n, k = 157, 320, 336
     a, w, sa, sb = _operands(m, n, k, rowwise=True, seed=7)
