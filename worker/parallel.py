@@ -337,7 +337,7 @@ class TPWorker(Worker):
             kw["session_id"] = box[0]
         if not self.place.decodes:
             kw.update(collector_url=None, client_kwargs=None, switch_source=None, telemetry=False)
-        summary = TPSession(self, **kw).run()
+        summary = self.observed(TPSession(self, **kw))
         self._rewarm(summary)  # every rank ends on the same switches (broadcast): all re-warm alike
         return summary
 
@@ -389,6 +389,11 @@ def run_cli(args) -> int:
         raise ParallelError(f"--tp {args.tp} but torchrun started {place.tp} ranks; start --nproc-per-node={args.tp}")
     w = TPWorker(args.preset, place, group, device=device, control=control, worker_id=args.worker_id,
                  release=args.release)  # fmt: skip
+    if getattr(args, "metrics_port", None) is not None and place.decodes:  # the rank whose telemetry ships
+        from worker.metrics import WorkerMetrics, serve
+
+        server = serve(WorkerMetrics(w).registry, args.metrics_host, args.metrics_port, args.metrics_token)
+        print(f"metrics: http://{args.metrics_host}:{server.server_port}/metrics (tp rank {place.tp_rank})", flush=True)
     try:
         for _ in range(args.sessions):
             s = w.run_session(seconds=args.seconds, steps=args.steps, collector_url=args.collector,

@@ -225,7 +225,12 @@ class Worker:
             self.registry.lookup(tokens, self.shape.d_model, torch.bfloat16, self.device)
 
     def run_session(self, **kw) -> SessionSummary:
-        s = Session(self, **kw)
+        summary = self.observed(Session(self, **kw))
+        self._rewarm(summary)
+        return summary
+
+    def observed(self, s: Session) -> SessionSummary:
+        """Run ``s``, telling the observers (worker/metrics.py) of its start and end."""
         for o in self.observers:
             o.session_started(s)
         summary = None
@@ -234,7 +239,6 @@ class Worker:
         finally:
             for o in self.observers:
                 o.session_ended(s, summary)
-        self._rewarm(summary)
         return summary
 
     def _rewarm(self, summary: SessionSummary) -> None:

@@ -15,6 +15,7 @@ from collector.telemetry_file import read_file
 from worker import parallel
 from worker.cache import make_cache
 from worker.config import ModelShape, Switches, tp_rank_of
+from worker.metrics import WorkerMetrics
 from worker.model import DiT
 
 # tiny, with heads and FFN divisible by 2 and 3; window 40, 9 new tokens per step: wraps by step 4
@@ -70,6 +71,7 @@ def _rank_main(rank: int, world: int, init_file: str, out_dir: str) -> None:
         # the session loop on the group: rank 0 flips fused_allreduce off at step 3 (control plane)
         control = dist.new_group(backend="gloo")
         w = parallel.TPWorker(SHAPE, place, group, device="cpu", control=control)
+        metrics = WorkerMetrics(w)
         flips = {3: {"fused_allreduce": False}}
         # every rank is given the telemetry file, as `worker run --tp N --telemetry-file` does; the
         # rank that decodes (0) writes it, the others open nothing
@@ -78,6 +80,7 @@ def _rank_main(rank: int, world: int, init_file: str, out_dir: str) -> None:
                           client_kwargs={"telemetry_file": os.path.join(out_dir, "telemetry.arrows")})
         res["session"] = (s.session_id, s.steps, s.switches, [e["step"] for e in s.switch_events],
                           s.buffers_registered, s.mean_decode_ms)
+        res["metrics_steps"] = metrics.registry.get_sample_value("livestep_worker_step_period_seconds_count")
         torch.save(res, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
@@ -109,6 +112,7 @@ def test_tensor_parallel_equals_single_process(world, tmp_path):
         assert steps == 6 and flipped_at == [3] and "fused_allreduce" not in switches
         assert registered == 1  # the steady shape only, the 12-token first forward took NCCL
         assert (decode_ms is not None) == (rank == 0)  # only rank 0 hands chunks to the decoder
+        assert res["metrics_steps"] == (6 if rank == 0 else 0)  # the rank whose telemetry ships (worker/metrics.py)
     assert len({torch.load(tmp_path / f"rank{r}.pt")["session"][0] for r in range(world)}) == 1
     scan = read_file(tmp_path / "telemetry.arrows")
     assert (scan.streams, scan.closed) == (1, True)  # one writer: rank 0's session client
