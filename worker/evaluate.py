@@ -83,7 +83,6 @@ def evaluate(preset: str = "tiny", device: str = "cpu", switches: list[str] | No
     ``tamper`` (tests only): configuration name -> ``fn(model, cache)`` that breaks that candidate."""
     import torch
 
-    from worker import evaluation_judges as J
     from worker.config import ModelShape, tp_rank_of
     from worker.evaluation_runs import Models, free_running, load_metric, teacher_forced
 
@@ -107,22 +106,21 @@ def evaluate(preset: str = "tiny", device: str = "cpu", switches: list[str] | No
         judges = tuple(dict.fromkeys([*judges, "drift"]))
         drift_steps = drift_steps or 14_400
     models = Models(shape, dev, dtype=torch.bfloat16, fp8=True, truth_dtype=truth_dtype)
-    kd = {"k": J.K if k is None else k, "atol": J.ATOL if atol is None else atol}
     out: dict[str, Any] = {
         "preset": preset, "tp": tp, "device": str(dev), "release": release,
         "gpu_kind": gpu_kind or (torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"),
         "commit": _commit(), "date": datetime.now(UTC).isoformat(timespec="seconds"), "truth": truth,
         "metric": metric_name, "steps": steps, "reruns": reruns, "drift_steps": drift_steps, "seed": seed,
         "evaluation_id": uuid.uuid4().hex[:16], "skipped": skipped, "timings_s": {},
-        "configurations": {n: sw.encode() for n, sw in cands.items()}, "verdicts": {n: [] for n in cands},
+        "configurations": {n: sw.encode() for n, sw in cands.items()},
     }
+    series: dict[str, Any] = {}
+    out["series"] = series
     if "teacher_forced" in judges:
         t0 = time.perf_counter()
         tf = teacher_forced(models, cands, steps, metric=metric_fn, seed=seed, tamper=tamper)
         out["timings_s"]["teacher_forced"] = round(time.perf_counter() - t0, 2)
-        for n in cands:
-            out["verdicts"][n].append(J.teacher_forced_verdict(tf.candidates[n], tf.plain, identical=tf.identical[n],
-                                                               **kd).as_dict())
+        series["teacher_forced"] = {"plain": tf.plain, "candidates": tf.candidates, "identical": tf.identical}
         log(f"teacher-forced: {steps} steps, {len(cands)} configurations, {out['timings_s']['teacher_forced']} s")
     if "free_running" in judges:
         t0 = time.perf_counter()
@@ -130,8 +128,7 @@ def evaluate(preset: str = "tiny", device: str = "cpu", switches: list[str] | No
                           tamper=tamper)
         out["timings_s"]["free_running"] = round(time.perf_counter() - t0, 2)
         out["perturbation"] = fr.perturbation
-        for n in cands:
-            out["verdicts"][n].append(J.divergence_verdict(fr.candidates[n], fr.reruns).as_dict())
+        series["free_running"] = {"reruns": fr.reruns, "candidates": fr.candidates}
         log(f"free-running: {steps} steps x {reruns} reruns, {out['timings_s']['free_running']} s")
     if "drift" in judges:
         name = PRODUCTION if PRODUCTION in cands else next(iter(cands))
@@ -141,19 +138,51 @@ def evaluate(preset: str = "tiny", device: str = "cpu", switches: list[str] | No
                             tamper=tamper, probe_every=every,
                             progress=lambda i: (i + 1) % 1000 == 0 and log(f"drift: step {i + 1}/{drift_steps}"))
         out["timings_s"]["drift"] = round(time.perf_counter() - t0, 2)
-        seg = shape.reset_every
-        ratio = [c / max(p, 1e-30) for c, p in zip(dr.candidates[name], dr.plain, strict=True)]
-        out["verdicts"][name].append(J.drift_verdict(ratio, segment=seg, metric="drift_tau").as_dict())
-        out["verdicts"][name].append(J.drift_verdict(dr.candidates[name], segment=seg, metric="drift_error_tau")
-                                     .as_dict())
-        resets = [c for c, r in zip(ratio, dr.reset, strict=True) if r]
-        steady = [c for c, r in zip(ratio, dr.reset, strict=True) if not r]
-        out["drift"] = {"configuration": name, "steps": drift_steps, "resets": len(resets),
+        series["drift"] = {"configuration": name, "segment": shape.reset_every, "plain": dr.plain,
+                           "candidate": dr.candidates[name], "reset": dr.reset, "saturated": dr.saturated[name]}
+        log(f"drift: {drift_steps} steps, {out['timings_s']['drift']} s")
+    from worker import evaluation_judges as J  # numpy only; scipy when judging
+
+    out["judge"] = {"k": J.K if k is None else k, "atol": J.ATOL if atol is None else atol,
+                    "k_divergence": J.K_DIVERGENCE}
+    try:
+        return judge(out)
+    except ImportError as e:  # no scipy on this machine: the series are kept, judge them where it is
+        out["judge_error"] = f"{e}: judge elsewhere with `livestep evaluate --from FILE`"
+        log(out["judge_error"])
+        return out
+
+
+def judge(out: dict[str, Any]) -> dict[str, Any]:
+    """The verdicts of a result's measured ``series`` (worker/evaluation_judges.py; needs scipy), in place."""
+    from worker import evaluation_judges as J
+
+    series, kd = out["series"], {"k": out["judge"]["k"], "atol": out["judge"]["atol"]}
+    verdicts: dict[str, list] = {n: [] for n in out["configurations"]}
+    if "teacher_forced" in series:
+        tf = series["teacher_forced"]
+        for n, got in verdicts.items():
+            got.append(J.teacher_forced_verdict(tf["candidates"][n], tf["plain"], identical=tf["identical"][n],
+                                                **kd).as_dict())
+    if "free_running" in series:
+        fr = series["free_running"]
+        for n, got in verdicts.items():
+            got.append(J.divergence_verdict(fr["candidates"][n], fr["reruns"], k=out["judge"]["k_divergence"]).as_dict())
+    if "drift" in series:
+        dr = series["drift"]
+        name, seg = dr["configuration"], dr["segment"]
+        ratio = [c / max(p, 1e-30) for c, p in zip(dr["candidate"], dr["plain"], strict=True)]
+        verdicts[name].append(J.drift_verdict(ratio, segment=seg, metric="drift_tau").as_dict())
+        verdicts[name].append(J.drift_verdict(dr["candidate"], segment=seg, metric="drift_error_tau").as_dict())
+        resets = [c for c, r in zip(ratio, dr["reset"], strict=True) if r]
+        steady = [c for c, r in zip(ratio, dr["reset"], strict=True) if not r]
+        out["drift"] = {"configuration": name, "steps": len(ratio), "resets": len(resets),
                         "mean_ratio_reset_steps": sum(resets) / len(resets) if resets else None,
                         "mean_ratio_other_steps": sum(steady) / len(steady) if steady else None,
-                        "saturated": dr.saturated[name]}
-        log(f"drift: {drift_steps} steps, {out['timings_s']['drift']} s")
-    out["overall"] = {n: _overall(v) for n, v in out["verdicts"].items()}
+                        "saturated": dr["saturated"]}
+    out["verdicts"] = verdicts
+    out["overall"] = {n: _overall(v) for n, v in verdicts.items()}
+    out.pop("judge_error", None)
     return out
 
 
@@ -260,12 +289,25 @@ def register(subparsers) -> None:
     p.set_defaults(func=cmd)
 
 
+def main(argv: list[str] | None = None) -> int:
+    """``python -m worker.evaluate ...`` (the GPU machine: no ``livestep`` entry point installed)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m worker.evaluate")
+    register(parser.add_subparsers())
+    args = parser.parse_args(["evaluate", *(sys.argv[1:] if argv is None else argv)])
+    return args.func(args)
+
+
+
 def cmd(args) -> int:
     if args.from_:
         try:
             result = json.loads(Path(args.from_).read_text())
         except (OSError, ValueError) as e:
             raise EvaluateError(f"cannot read {args.from_}: {e}") from e
+        if "verdicts" not in result:  # measured where scipy is missing: judge here
+            result = judge(result)
     else:
         from worker.device import check_device
 
@@ -276,10 +318,17 @@ def cmd(args) -> int:
                           perturbation=args.perturbation, seed=args.seed, tp=args.tp, k=args.k, atol=args.atol,
                           release=args.release, gpu_kind=args.gpu_kind,
                           log=lambda s: print(s, file=sys.stderr, flush=True))
-    print(table(result))
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1))
+    if "verdicts" not in result:
+        print(f"measured ({result['timings_s']}), not judged: {result['judge_error']}")
+        return 0
+    print(table(result))
     if args.collector:
         print(f"shipped {ship(result, args.collector, args.token)} evaluation records to {args.collector}")
     failed = [n for n, v in result["overall"].items() if v == "fail"]
     return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -152,3 +152,18 @@ def test_drift_trend_test():
     assert v.verdict == "fail" and v.value > 0.5 and v.detail["growth"] > 0.3
     with pytest.raises(ValueError, match=">= 4"):
         J.drift_verdict(flat[:100])
+
+
+def test_a_result_measured_without_scipy_is_judged_from_its_file(real, tmp_path, capsys):
+    """The H200 machine may lack scipy: the measured series travel in the JSON, the verdicts come here."""
+    import json
+
+    from api.cli import main
+
+    measured = {k: v for k, v in real.items() if k not in ("verdicts", "overall", "drift")}
+    path = tmp_path / "eval.json"
+    path.write_text(json.dumps(measured))
+    assert main(["evaluate", "--from", str(path), "--out", str(tmp_path / "judged.json")]) == 0
+    judged = json.loads((tmp_path / "judged.json").read_text())
+    assert judged["overall"] == real["overall"] and judged["verdicts"] == json.loads(json.dumps(real["verdicts"]))
+    assert "ratio production / plain (teacher-forced error)" in capsys.readouterr().out
