@@ -58,6 +58,9 @@ def register(subparsers) -> None:
     p.add_argument("--token", default=os.environ.get("LIVESTEP_TOKEN"),
                    help="the collector's ingest bearer token (default LIVESTEP_TOKEN)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--turns", action="store_true", help="conversational turns too (a turn every 2-5 s per session)")
+    p.add_argument("--turn-queue", default=None, metavar="RELEASE",
+                   help="with --turns: the release (e.g. v1.2) whose workers keep the whole buffer at a turn")
     p.set_defaults(func=_simulate)
 
     a = subparsers.add_parser("analyze", help="run analytics jobs now and print their findings")
@@ -74,7 +77,8 @@ def _simulate(args) -> int:
 
     kwargs = {"weeks": args.weeks, "incidents": args.incident, "seed": args.seed, "workers": args.workers,
               "sessions_per_day": args.sessions_per_day, "session_median_s": args.session_median_s,
-              "rollout_days": args.rollout_days, "progress": False if args.no_progress else None}
+              "rollout_days": args.rollout_days, "progress": False if args.no_progress else None,
+              "turns": args.turns, "turn_queue": args.turn_queue}
     if args.direct:
         from collector.store import open_store
 

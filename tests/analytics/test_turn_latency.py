@@ -125,3 +125,19 @@ def test_the_judges_on_literal_cohorts(latency, queue, stalled_every, flagged):
     treatment = _frame(120, latency, queue, stalled_every, seed=2)
     got = {j.metric for j in turns.judge(treatment, control) if j.regressed}
     assert got == flagged
+
+
+@pytest.mark.e2e
+def test_simulate_with_turns_then_analyze_as_commands(tmp_path):
+    from tests.analytics.test_cli import livestep
+
+    dsn = f"chdb://{tmp_path / 'chdb'}"
+    out = livestep("simulate", "--direct", "--dsn", dsn, "--weeks", "1", "--incident", "benign@3", "--workers", "6",
+                   "--sessions-per-day", "48", "--session-median-s", "20", "--turns", "--turn-queue", "v1.1",
+                   "--no-progress")
+    assert out.returncode == 0, out.stderr
+    out = livestep("analyze", "turn_regressions", "--dsn", dsn)
+    assert out.returncode == 0, out.stderr
+    assert "turn_latency_ms" in out.stdout and "release=v1.1" in out.stdout
+    bad = livestep("simulate", "--direct", "--dsn", dsn, "--turns", "--turn-queue", "v9")
+    assert bad.returncode != 0 and "valid: v1.0" in bad.stderr
