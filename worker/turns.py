@@ -293,8 +293,14 @@ class Turns:
         return time.perf_counter()
 
     def _depth_at(self, t: float) -> int:
-        kept = sum(1 for e in self.player.log if not e.dropped and e.arrived <= t)
-        return max(0, kept - self.player.started(t, kept))
+        """Chunks buffered for the player at time t (this step boundary's recent past): O(chunks since t)."""
+        pl = self.player
+        kept = pl.slot(pl.delivered)
+        for e in reversed(pl.log):
+            if e.arrived <= t:
+                break
+            kept -= not e.dropped
+        return max(0, kept - pl.started(t, kept))
 
     def apply(self, step: int, cond_kv, cache, in_flight: int, chunk_s: float):
         """At the boundary before ``step``: the turns arrived so far (the latest applies) -> the cross K/V
