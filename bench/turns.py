@@ -6,16 +6,18 @@
 One session of the real loop (worker/session.py, real time: the player takes a chunk every 166.7 ms from
 a buffer of 4) gets ``3 x --turns`` turns (worker/turns.py), the policies taking turns (keep,
 drop_unplayed, trim, keep, ...) so each meets the same load; speaking and listening alternate, each
-turn's conditioning length uniform in the shape's range, the gaps uniform in ``--every`` seconds. A
-warm-up session first (compile, autotune, graph capture of the steady step). Per policy: turns, turn
+turn's conditioning length uniform in the shape's range, the gaps uniform in ``--every`` seconds. The
+worker is warmed first (``Worker.warm``: compile once, every CUDA graph captured per conditioning bucket),
+as in production. Per policy: turns, turn
 latency p50 / p95 (arrival of the conditioning -> the first played frame that uses it, as the worker's
 player clocks it), each part's median (wait for the step in progress, cross-attention recompute,
 generation of the first chunk, queue), chunks dropped, late chunks (those delivered after a turn of
 that policy and before the next turn) and the stall they cost the player. Last: each policy's median
 latency against ``keep`` (the plain path) in the same run.
 
-Under cuda_graphs a turn's new cross-attention windows are recaptured at its first step (the graph
-reads the windows' tensors): part of that turn's generation time here.
+On a warm worker a turn's conditioning is padded to its bucket and its cross K/V copied into the windows the
+bucket's graphs read (worker/session.py ``_turn_cross``): no capture. ``--no-warm``: the session's own cache
+and lazy capture, where a turn's new windows are recaptured at its first step (in its generation time).
 """
 
 from __future__ import annotations
@@ -32,13 +34,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
-from worker.config import ModelShape, parse_switch_args
+from worker.config import ModelShape, Switches, parse_switch_args
 from worker.session import Session, Worker
 from worker.telemetry import ListSink
 from worker.turns import POLICIES, TurnSchedule
 
-GPU_SWITCHES = ["ring_cache=on", "rope_at_write=on", "fp8_cache=on", "delta_rotation=on", "triton_kernels=on",
-                "cuda_graphs=on", "compile=on", "static_scales=on"]  # bench/worker_step.py's best row
+PLAIN_CPU = ["cuda_graphs=off", "compile=off", "triton_kernels=off", "decoder_own_gpu=off"]
 
 
 def schedule(turns_per_policy: int, every: tuple[float, float], tokens: tuple[int, int], seed: int,
@@ -94,9 +95,10 @@ def main() -> int:
     ap.add_argument("--every", default="2,5", help="seconds between turns: lo,hi (uniform)")
     ap.add_argument("--tokens", default=None, help="conditioning length range lo,hi (default: the shape's)")
     ap.add_argument("--policies", default=",".join(POLICIES))
-    ap.add_argument("--switch", action="append", default=None, metavar="NAME=on|off",
-                    help="switches (default on CUDA: bench/worker_step.py's best row; on CPU: all off)")
-    ap.add_argument("--warmup-s", type=float, default=None, help="warm-up session seconds (default 8 CUDA, 1 CPU)")
+    ap.add_argument("--switch", action="append", default=[], metavar="NAME=on|off",
+                    help="changes to the production switches (every one on, fused_allreduce off; on CPU also "
+                         "cuda_graphs, compile, triton_kernels, decoder_own_gpu off)")
+    ap.add_argument("--no-warm", action="store_true", help="no Worker.warm: lazy capture in the session")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None, help="also write the table and every turn record here")
     a = ap.parse_args()
@@ -106,10 +108,12 @@ def main() -> int:
     shape = ModelShape.from_name(a.preset)
     tokens = tuple(int(x) for x in a.tokens.split(",")) if a.tokens else shape.cond_tokens
     cuda = a.device.startswith("cuda")
-    switches = parse_switch_args(a.switch if a.switch is not None else (GPU_SWITCHES if cuda else []))
+    base = Switches.all_on(fused_allreduce=False)
+    switches = parse_switch_args([*([] if cuda else PLAIN_CPU), *a.switch], base=base)
     w = Worker(a.preset, device=a.device, tp=tp)
     t0 = time.perf_counter()
-    w.run_session(seconds=a.warmup_s or (8.0 if cuda else 1.0), switches=switches, sink=ListSink(), seed=a.seed)
+    if not a.no_warm:
+        w.warm(switches)
     warm_s = time.perf_counter() - t0
     items = schedule(a.turns, every, tokens, a.seed, policies)
     sink = ListSink()
@@ -123,7 +127,8 @@ def main() -> int:
         r["_arrived"] = sess.tel._perf0 + (r["ts"] - sess.tel._wall0).total_seconds()
     table = summarize(rows, sess.playout.log, policies)
     print(f"# {a.preset} rank of tp={tp} on {w.gpu_kind}, switches [{s.switches}], {s.steps} steps, "
-          f"{len(rows)} turns of {len(items)} sent, warm-up {warm_s:.1f} s, session {s.wall_s:.1f} s, "
+          f"{len(rows)} turns of {len(items)} sent, warm-up {warm_s:.1f} s ({'warm' if s.warm else 'not warm'}), "
+          f"session {s.wall_s:.1f} s, "
           f"mean diffusion {s.mean_diffusion_ms or 0:.1f} ms/step, {s.late_chunks} late chunks in all")
     head = ["policy", "turns", "p50_ms", "p95_ms", "wait_ms", "recompute_ms", "generation_ms", "queue_ms",
             "dropped", "late_chunks", "stall_ms"]
