@@ -23,7 +23,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from worker.config import PRESETS, SWITCH_NAMES
+from worker.config import PREROLL, PRESETS, SWITCH_NAMES
 
 
 def register(subparsers) -> None:
@@ -56,6 +56,12 @@ def register(subparsers) -> None:
                      help="conversational turns every LO-HI seconds, speaking and listening by turns (worker/turns.py)")
     run.add_argument("--playout-policy", default="keep", choices=("keep", "drop_unplayed", "trim"),
                      help="what a turn does with the chunks made before it (default keep: play them)")
+    run.add_argument("--preroll", type=int, default=PREROLL, metavar="CHUNKS",
+                     help=f"chunks the player buffers before playback starts, 1..4 (default {PREROLL}): each is about "
+                          "one step of time to first frame, and slack before a slow step makes a chunk late")
+    run.add_argument("--no-warm", action="store_true",
+                     help="skip the warm-up at start (compile and CUDA-graph capture once per worker, for the "
+                          "initial switches): each session then captures its own graphs once its window fills")
     run.add_argument("--json", action="store_true", help="print each session summary as JSON")
     run.add_argument("--metrics-port", type=int, default=None,
                      help="serve Prometheus metrics on this port (GET /metrics; off by default; 0 = any free port)")
@@ -89,14 +95,25 @@ def cmd_run(args) -> int:
 
         server = serve(WorkerMetrics(w).registry, args.metrics_host, args.metrics_port, args.metrics_token)
         print(f"metrics: http://{args.metrics_host}:{server.server_port}/metrics", flush=True)
+    warm_up(w, switches, args)
     for _ in range(args.sessions):
         s = w.run_session(seconds=args.seconds, steps=args.steps, collector_url=args.collector, token=args.token,
                           switches=switches, switch_source=args.switch_source, cond_tokens=args.cond_tokens,
                           realtime=not args.no_realtime, client_kwargs=client_kwargs(args),
-                          turns=_turns(args, w), playout_policy=args.playout_policy)
+                          turns=_turns(args, w), playout_policy=args.playout_policy, preroll=args.preroll)
         _print_session(s, args.json)
         switches = Switches.decode(s.switches)  # the next session starts where the control plane left it
     return 0
+
+
+def warm_up(w, switches, args, say: bool = True) -> None:
+    """``Worker.warm`` for the initial switches unless ``--no-warm`` (worker/session.py says what it does)."""
+    if args.no_warm:
+        return
+    warm = w.warm(switches)
+    if say:
+        print(f"warm: {warm.runner.n_graphs} CUDA graphs for prompt buckets {list(warm.buckets)} in "
+              f"{warm.seconds:.1f} s", flush=True)
 
 
 def client_kwargs(args) -> dict | None:

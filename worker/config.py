@@ -25,6 +25,12 @@ class SwitchError(ValueError):
     """An unknown switch name, a bad value, or an invalid combination of switches."""
 
 
+# Chunks the player buffers before it starts playing (Session's ``preroll``, ``--preroll``): each is
+# about one step of time to first frame, and slack against a slow step (a position reset) before the
+# first late chunk; 1..the playout buffer's capacity (4).
+PREROLL = 2
+
+
 @dataclass(frozen=True)
 class ModelShape:
     """One model size. ``n_heads``/``ffn`` are the full model's; a TP rank sees ``heads``/``ffn_local``."""

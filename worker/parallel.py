@@ -380,7 +380,7 @@ def run_cli(args) -> int:
     if not launched_by_torchrun():
         cmd = launch_command(args.tp, sys.argv[1:])
         os.execv(cmd[0], cmd)
-    from worker.cli import client_kwargs
+    from worker.cli import client_kwargs, warm_up
     from worker.config import parse_switch_args
 
     sw = parse_switch_args(args.switch)
@@ -395,11 +395,12 @@ def run_cli(args) -> int:
         server = serve(WorkerMetrics(w).registry, args.metrics_host, args.metrics_port, args.metrics_token)
         print(f"metrics: http://{args.metrics_host}:{server.server_port}/metrics (tp rank {place.tp_rank})", flush=True)
     try:
+        warm_up(w, sw, args, say=place.decodes)  # every rank alike: its sessions run the same forwards
         for _ in range(args.sessions):
             s = w.run_session(seconds=args.seconds, steps=args.steps, collector_url=args.collector,
                               token=args.token, switches=sw, switch_source=args.switch_source,
                               cond_tokens=args.cond_tokens, realtime=not args.no_realtime,
-                              client_kwargs=client_kwargs(args))  # fmt: skip
+                              client_kwargs=client_kwargs(args), preroll=args.preroll)  # fmt: skip
             if place.decodes:
                 print(f"session {s.session_id} tp={place.tp}: {s.steps} steps, {s.frames} frames, "
                       f"avg_fps {s.avg_fps}, late {s.late_chunks}, diffusion {s.mean_diffusion_ms} ms/step, "

@@ -37,7 +37,15 @@ import torch
 from collector.switch_names import SWITCH_NAMES
 from worker.buffers import BufferRegistry
 from worker.cache import CACHE_SWITCHES, KVCache, make_cache, rebuild_cache
-from worker.config import ModelShape, ShapeError, SwitchError, Switches, parse_switch_args, tp_rank_of
+from worker.config import (
+    PREROLL,
+    ModelShape,
+    ShapeError,
+    SwitchError,
+    Switches,
+    parse_switch_args,
+    tp_rank_of,
+)
 from worker.decoder import Decoder
 from worker.fp8 import SaturationProbe
 from worker.graphs import ChunkRunner
@@ -51,9 +59,6 @@ log = logging.getLogger("livestep.worker.session")
 CHUNK_PERIOD_S = 4 / 24  # 166.7 ms: four frames at 24 fps
 DYNAMIC_SCALES = "row"  # DiT.act_scales with static_scales off: per-token scales, the plain path
 SATURATION_EVERY = {"cuda": 64, "cpu": 8}  # a saturation probe every N steps (Session's default)
-# chunks the player buffers before it starts playing: each is ~one step of time-to-first-frame, and
-# the slack against a slow step (a position reset) before the first late chunk; 1..playout_capacity
-PREROLL = 2
 
 
 @dataclass

@@ -169,3 +169,16 @@ def test_warm_up_runs_a_position_reset_and_sessions_share_the_workers_decoder(cp
     a.run()
     b.run()
     assert a.decoder is b.decoder is w.decoder(False)
+
+
+def test_the_cli_warms_the_worker_once_and_passes_the_preroll(capsys):
+    from api.cli import main
+
+    assert main(["worker", "run", "--preset", "tiny", "--device", "cpu", "--steps", "4", "--sessions", "2",
+                 "--no-realtime", "--preroll", "3", "--json"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("warm: 0 CUDA graphs for prompt buckets [4, 8, 16]")  # CPU: one cache, no graphs
+    import json
+
+    sessions = [json.loads(line) for line in out[1:]]
+    assert [s["preroll"] for s in sessions] == [3, 3] and all(s["warm"] for s in sessions)
