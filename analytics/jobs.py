@@ -97,17 +97,27 @@ def past_iso_week(now: datetime) -> str:
     return queries.iso_week_of(now - timedelta(days=7))
 
 
+# The weekly report's writer and its default directory: registered by the api (api/report.py ``install``),
+# whose HTML it is; the analytics never import the api.
+_report_writer: tuple[Callable[..., Any], Callable[[], Path] | None] | None = None
+
+
+def set_report_writer(fn: Callable[..., Any] | None, default_dir: Callable[[], Path] | None = None) -> None:
+    """Register ``fn(store, iso_week, out_dir) -> paths`` as the weekly report (None: no report job)."""
+    global _report_writer
+    _report_writer = None if fn is None else (fn, default_dir)
+
+
 def _report_dir() -> Path:
     env = os.environ.get("LIVESTEP_REPORTS_DIR")
     if env:
         return Path(env)
-    try:
-        from api.settings import get_settings
-
-        return Path(get_settings().reports_dir)
-    except Exception:
-        log.exception("server settings unavailable; reports go under var/reports")
-        return Path(__file__).resolve().parent.parent / "var" / "reports"
+    if _report_writer is not None and _report_writer[1] is not None:
+        try:
+            return Path(_report_writer[1]())
+        except Exception:
+            log.exception("the report writer's directory is unavailable; reports go under var/reports")
+    return Path(__file__).resolve().parent.parent / "var" / "reports"
 
 
 # -- the jobs: (store, start, end, **extra) -> findings rows --------------------------------------------
@@ -153,13 +163,10 @@ def _rollup(store, start, end, **_):
 
 
 def _weekly_report(store, start, end, week=None, out_dir=None, **_):
-    try:
-        from analytics.report import build_weekly_report  # written by the api helper
-    except ImportError as e:
-        raise JobError(f"the weekly report is not available ({e}); valid jobs here: "
-                       f"{', '.join(n for n in JOBS if n != 'weekly_report')}") from e
-
-    paths = build_weekly_report(store, week or queries.iso_week_of(start), Path(out_dir or _report_dir()))
+    if _report_writer is None:
+        raise JobError("the weekly report is not available (no writer registered: the api's api/report.py "
+                       f"install); valid jobs here: {', '.join(n for n in JOBS if n != 'weekly_report')}")
+    paths = _report_writer[0](store, week or queries.iso_week_of(start), Path(out_dir or _report_dir()))
     log.info("weekly report written: %s", ", ".join(str(p) for p in paths))
     # no findings of its own: returns None
 
@@ -222,7 +229,7 @@ def run_job(name: str, store, *, trigger: str = "demand", attempt: int = 1, **wi
 def run_all(store, now: datetime | None = None, weeks: int = 4) -> list[dict]:
     """Every job once at ``now`` (the demo): fps fractions for each of the last ``weeks`` ISO weeks
     (the current one included), memory growth, FP8 saturation, regressions, change points, and the past week's
-    report when ``analytics.report`` imports. Returns the findings written."""
+    report when a writer is registered (``set_report_writer``). Returns the findings written."""
     now = _utc(now) or datetime.now(UTC)
     out: list[dict] = []
     for k in range(weeks, -1, -1):
@@ -239,11 +246,7 @@ def run_all(store, now: datetime | None = None, weeks: int = 4) -> list[dict]:
 
 
 def _report_available() -> bool:
-    try:
-        import analytics.report  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return _report_writer is not None
 
 
 _RUNS_SCHEMA = pa.schema(
@@ -313,10 +316,14 @@ class ReleaseWatch:
         return new
 
 
-def start_scheduler(store, *, timezone=UTC, reports_dir: Path | None = None) -> BackgroundScheduler:
+def start_scheduler(store, *, timezone=UTC, reports_dir: Path | None = None,
+                    report_writer: Callable[..., Any] | None = None) -> BackgroundScheduler:
     """A started BackgroundScheduler with the analytics schedule (the server's lifespan shuts it down).
     ``reports_dir``: where the weekly report goes (the server passes its settings'; default
-    ``_report_dir()``)."""
+    ``_report_dir()``); ``report_writer``: registered as the weekly report (``set_report_writer``);
+    without one registered there is no weekly report job."""
+    if report_writer is not None:
+        set_report_writer(report_writer, None if _report_writer is None else _report_writer[1])
     s = BackgroundScheduler(
         timezone=timezone, job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": 3600}
     )

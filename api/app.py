@@ -121,7 +121,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             except ImportError as e:
                 log.info("analytics scheduler not started (analytics.jobs unavailable: %s)", e)
             else:
-                scheduler = start_scheduler(app.state.store, reports_dir=Path(settings.reports_dir))
+                from api.report import build_weekly_report  # the report's HTML lives with the api
+
+                scheduler = start_scheduler(app.state.store, reports_dir=Path(settings.reports_dir),
+                                            report_writer=build_weekly_report)
                 handoff = _wire_scheduler(settings, scheduler, app.state.store)
         app.state.scheduler, app.state.incidents = scheduler, handoff
         try:

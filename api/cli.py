@@ -70,6 +70,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"livestep: unknown command {first!r}; valid commands: {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
     try:
+        if first in ("analyze", "demo"):  # the analytics' weekly report is the api's (api/report.py)
+            from api.report import install
+
+            install()
         parser = build_parser(only=first)
     except ModuleNotFoundError as e:
         return _missing_extra(first, e)

@@ -1,5 +1,5 @@
 """Dashboard rendering: plotly figures and the HTML page shell (used by api/routes/dashboard.py and
-analytics/report.py).
+api/report.py).
 
     html = page("Fleet", [section("fps", chart(fig_fps_weeks(df)))])
 

@@ -452,7 +452,7 @@ def rollback_story(server: DemoServer, token: str | None, weeks: float, live_sec
     from analytics.cli import print_findings
     from analytics.jobs import run_all
     from analytics.queries import iso_week_of
-    from analytics.report import build_weekly_report
+    from api.report import build_weekly_report
     from analytics.simulate import simulate_fleet
     from collector.client import TelemetryClient
     from worker.config import Switches

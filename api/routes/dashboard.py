@@ -289,7 +289,7 @@ def findings_page(store: StoreDep, tr: TimeRangeDep,
 
 @router.get("/dashboard/reports", response_class=HTMLResponse)
 def reports_page(settings: SettingsDep) -> str:
-    from analytics.report import list_reports
+    from api.report import list_reports
 
     rows = list_reports(settings.reports_dir) if settings.reports_dir.exists() else []
     table = [{"week": r["iso_week"], "html": d.Link(f"/v1/reports/{r['iso_week']}.html", "report"),

@@ -1,4 +1,4 @@
-"""Weekly reports: list, serve, and build on demand (``analytics/report.py``).
+"""Weekly reports: list, serve, and build on demand (``api/report.py``).
 
     GET  /v1/reports                    the reports in the reports directory, newest first
     GET  /v1/reports/2026-W47.html      one report (HTML; plotly.js linked relatively, works offline)
@@ -14,7 +14,7 @@ from fastapi import APIRouter, Depends, HTTPException, Path
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse
 
-from analytics.report import PLOTLY_NAME, build_weekly_report, list_reports, report_paths
+from api.report import PLOTLY_NAME, build_weekly_report, list_reports, report_paths
 from api import dashboard as d
 from api.deps import AdminDep, SettingsDep, StoreDep, require_reader
 

@@ -66,7 +66,7 @@ def test_failing_job_is_recorded_retried_and_never_raises(store):
 
 
 def test_scheduler_has_the_schedule_and_watches_releases(store, small, tmp_path):
-    sched = jobs.start_scheduler(store, reports_dir=tmp_path / "reports")
+    sched = jobs.start_scheduler(store, reports_dir=tmp_path / "reports", report_writer=lambda *a: ())
     try:
         ids = {j.id for j in sched.get_jobs()}
         assert {"weekly_fps", "memory", "regressions", "changepoints", "release_watch"} <= ids
@@ -75,6 +75,7 @@ def test_scheduler_has_the_schedule_and_watches_releases(store, small, tmp_path)
         assert report is not None and report.kwargs == {"out_dir": tmp_path / "reports"}
     finally:
         sched.shutdown(wait=True)
+        jobs.set_report_writer(None)
     watch = jobs.ReleaseWatch()
     sim = simulate_fleet(store, weeks=1, incidents=[("sync", 3)], seed=34, end=None, **small)
     assert watch(None, store) == []  # the first poll learns what exists

@@ -59,7 +59,7 @@ def test_an_empty_store_says_how_to_get_an_evaluation(client):
 
 
 def test_the_weekly_report_has_an_evaluation_section_only_in_a_week_with_evaluations(evaluated, tmp_path, result):
-    from analytics.report import build_weekly_report
+    from api.report import build_weekly_report
 
     html_path, json_path = build_weekly_report(evaluated, iso_week_of(datetime.now(UTC)), tmp_path)
     data = orjson.loads(json_path.read_bytes())

@@ -91,7 +91,7 @@ def test_saturating_release_turns_static_scales_off_through_its_incident(client,
 
 def test_weekly_report_has_a_saturation_section_only_with_findings(fleet, tmp_path):
     from analytics.queries import iso_week_of
-    from analytics.report import build_weekly_report
+    from api.report import build_weekly_report
 
     week = iso_week_of(END)
     html, js = build_weekly_report(fleet, week, tmp_path / "before")

@@ -38,7 +38,7 @@ def test_report_of_this_week_shows_fps_and_switch_changes(client, admin, fleet, 
 
 
 def test_report_json_is_valid_for_an_empty_week(store, tmp_path):
-    from analytics.report import build_weekly_report
+    from api.report import build_weekly_report
 
     html_path, json_path = build_weekly_report(store, "2026-W01", tmp_path)
     data = orjson.loads(json_path.read_bytes())

@@ -31,7 +31,7 @@ SIGN_IN = f"document.getElementById('token').value = {READ!r}; document.forms[0]
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory, chdb_dir):
-    from analytics.report import build_weekly_report
+    from api.report import build_weekly_report
     from analytics.simulate import simulate_fleet
     from collector.store import open_store
 

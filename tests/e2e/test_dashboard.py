@@ -27,7 +27,7 @@ PAGES = ("/dashboard/", "/dashboard/releases", "/dashboard/sessions", "/dashboar
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory, chdb_dir):
-    from analytics.report import build_weekly_report
+    from api.report import build_weekly_report
     from analytics.simulate import simulate_fleet
     from collector.store import open_store
 

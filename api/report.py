@@ -1,5 +1,9 @@
 """The weekly regression report: one ISO week as HTML (plotly charts, works offline) and JSON.
 
+It lives with the api (its HTML is the dashboards' ``api.dashboard``); the analytics schedule writes it
+through the writer this module registers (``install``: ``analytics.jobs.set_report_writer``), so the
+analytics never import the api.
+
     html_path, json_path = build_weekly_report(store, "2026-W47", Path("var/reports"))
 
 Sections: incidents (open during the week, api/incidents.py), fps fractions against the week before,
@@ -175,3 +179,11 @@ def list_reports(out_dir) -> list[dict[str, Any]]:
                     "generated_at": datetime.fromtimestamp(p.stat().st_mtime, UTC).isoformat()})
     return out
 
+
+def install() -> None:
+    """Make this the analytics' weekly report writer (api/app.py's lifespan and ``livestep analyze`` call it);
+    its default directory is the settings' ``reports_dir``."""
+    from analytics.jobs import set_report_writer
+    from api.settings import get_settings
+
+    set_report_writer(build_weekly_report, lambda: Path(get_settings().reports_dir))
