@@ -402,7 +402,7 @@ class Receiver:
         box: list[Receiver] = []
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802 (http.server's name)
+            def do_POST(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 box[0].got.append({"signed": bool(self.headers.get("X-Livestep-Signature")), **json.loads(body)})
                 self.send_response(200)
@@ -452,8 +452,8 @@ def rollback_story(server: DemoServer, token: str | None, weeks: float, live_sec
     from analytics.cli import print_findings
     from analytics.jobs import run_all
     from analytics.queries import iso_week_of
-    from api.report import build_weekly_report
     from analytics.simulate import simulate_fleet
+    from api.report import build_weekly_report
     from collector.client import TelemetryClient
     from worker.config import Switches
     from worker.session import run_session

@@ -31,11 +31,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from analytics import jobs  # noqa: E402
-from analytics.simulate import simulate_fleet  # noqa: E402
-from api import incidents  # noqa: E402
-from api.switchboard import get_switchboard, parse_scope  # noqa: E402
-from collector.store import open_store  # noqa: E402
+from analytics import jobs
+from analytics.simulate import simulate_fleet
+from api import incidents
+from api.switchboard import get_switchboard, parse_scope
+from collector.store import open_store
 
 
 def old_reach(rules: list[tuple[str, bool, int]], workers: list[str], release: str) -> float:

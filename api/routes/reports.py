@@ -14,9 +14,9 @@ from fastapi import APIRouter, Depends, HTTPException, Path
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse
 
-from api.report import PLOTLY_NAME, build_weekly_report, list_reports, report_paths
 from api import dashboard as d
 from api.deps import AdminDep, SettingsDep, StoreDep, require_reader
+from api.report import PLOTLY_NAME, build_weekly_report, list_reports, report_paths
 
 router = APIRouter(prefix="/v1/reports", tags=["reports"], dependencies=[Depends(require_reader)])
 Week = Annotated[str, Path(pattern=r"^\d{4}-W(0[1-9]|[1-4]\d|5[0-3])$", description="ISO week, e.g. 2026-W47")]

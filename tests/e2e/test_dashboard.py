@@ -27,8 +27,8 @@ PAGES = ("/dashboard/", "/dashboard/releases", "/dashboard/sessions", "/dashboar
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory, chdb_dir):
-    from api.report import build_weekly_report
     from analytics.simulate import simulate_fleet
+    from api.report import build_weekly_report
     from collector.store import open_store
 
     store = open_store(f"chdb://{chdb_dir}?database=t_{uuid.uuid4().hex[:12]}")

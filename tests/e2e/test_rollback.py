@@ -56,8 +56,8 @@ def test_incident_notification_flip_worker_applies_fix_re_enable_resolved(tmp_pa
 def _story(app, sock, receiver, tmp_path):
     from analytics.jobs import run_job
     from analytics.queries import iso_week_of
-    from api.report import build_weekly_report
     from analytics.simulate import simulate_fleet
+    from api.report import build_weekly_report
     from worker.config import Switches
     from worker.session import run_session
     from worker.switches import HttpSource
