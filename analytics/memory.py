@@ -223,7 +223,8 @@ def judge_release(explainers: list[dict[str, np.ndarray]], ys: list[np.ndarray])
             fits[name] = release_fit(xs, ys)
     significant = [n for n, f in fits.items() if f["p_value"] < MAX_P]
     if not fits:
-        return {"flagged": False, "explained_by": "", "aliases": [], "also_fits": [], "fits": {}}
+        return {"flagged": False, "significant": False, "explained_by": "", "aliases": [], "also_fits": [],
+                "fits": {}}
     best = max(significant or fits, key=lambda n: (fits[n]["r2"], -list(fits).index(n)))
     f = fits[best]
     aliases = [n for n in fits if n != best and n in SHAPE_KEYS
@@ -231,7 +232,8 @@ def judge_release(explainers: list[dict[str, np.ndarray]], ys: list[np.ndarray])
     also = [n for n in significant if n != best and n not in aliases and f.get("ss_res") is not None
             and fits[n]["ss_res"] - f["ss_res"] < AMBIGUOUS_CHI2 * f["spread"] ** 2]
     flagged = best in significant and f["growth"] > GROWTH_NOISE_K * f["spread"]
-    return {"flagged": flagged, "explained_by": best, "aliases": aliases, "also_fits": also,
+    return {"flagged": flagged, "significant": best in significant, "explained_by": best, "aliases": aliases,
+            "also_fits": also,
             "fits": {n: {k: v for k, v in x.items() if k != "ss_res"} for n, x in fits.items()},
             **{k: v for k, v in f.items() if k != "ss_res"}}
 
@@ -404,7 +406,10 @@ def _findings(procs: list[dict], releases: dict[str, dict], oom_counts: pl.DataF
         judged = same if rel["flagged"] else bad  # a release-wide growth: every process of it grows
         ttos = [p["hours_to_oom"] for p in judged if p["hours_to_oom"] is not None]
         n_oom = sum(v for (w, r), v in ooms.items() if r == release)
-        unit = rel["explained_by"] if rel["flagged"] else max(keys := [p["explained_by"] for p in bad], key=keys.count)
+        # the release's own judgement names it when significant (short processes after OOMs each fit
+        # noisily; a vote of their explanations named the wrong key), else the flagged processes' vote
+        named = rel["flagged"] or rel["significant"]
+        unit = rel["explained_by"] if named else max(keys := [p["explained_by"] for p in bad], key=keys.count)
         fits = {n: {k: v for k, v in f.items()} for n, f in rel["fits"].items()}
         rows.append(
             finding(
@@ -422,8 +427,8 @@ def _findings(procs: list[dict], releases: dict[str, dict], oom_counts: pl.DataF
                 evidence={
                     **b,
                     "explained_by": unit,
-                    "aliases": rel["aliases"] if rel["flagged"] else [],
-                    "also_fits": rel["also_fits"] if rel["flagged"] else [],
+                    "aliases": rel["aliases"] if named else [],
+                    "also_fits": rel["also_fits"] if named else [],
                     "release_bytes_per_unit": rel.get("slope") if rel["flagged"] else None,
                     "release_p_value": rel.get("p_value") if rel["flagged"] else None,
                     "fits": fits,
