@@ -183,8 +183,8 @@ def _pct(k: int, n: int) -> str:
 
 def summarize(outcomes: list[Outcome]) -> list[str]:
     """The table: per class, then per detector, then the totals against the goals."""
-    lines = [f"{'class':<22} {'detector':<12} {'recall':>14} {'scope right':>14} {'attrib right':>14} "
-             f"{'severity':>14} {'h to first':>10} {'false alarms':>16}"]
+    lines = [(f"{'class':<22} {'detector':<12} {'recall':>14} {'scope right':>14} {'attrib right':>14} "
+             f"{'severity':>14} {'h to first':>10} {'false alarms':>16}")]
     by_case: dict[str, list[Outcome]] = {}
     for o in outcomes:
         by_case.setdefault(o.case, []).append(o)
@@ -244,7 +244,9 @@ def _main(args) -> int:
     import json
 
     if args.load:
-        outcomes = [Outcome(**o) for path in args.load.split(",") for o in json.load(open(path))]
+        from pathlib import Path
+
+        outcomes = [Outcome(**o) for path in args.load.split(",") for o in json.loads(Path(path).read_text())]
         for line in summarize(outcomes):
             print(line)
         return 0

@@ -52,10 +52,9 @@ def _frame(rng, *, workers=4, sessions=72, leak_on=None, per_value=16e6, headroo
     """memory_sessions-shaped rows: one session every 10 minutes per worker, prompt lengths from 400
     values (mostly new ones), 14 decoder resolutions in rotation; reserved grows ``per_value`` per new
     value of ``leak_on`` (a SHAPE_KEYS name, or None)."""
-    import numpy as np
-    import polars as pl
-
     from datetime import UTC, datetime
+
+    import polars as pl
     cap = memory.GPU_MEMORY_BYTES[kind]
     t0 = datetime(2026, 11, 2, tzinfo=UTC)
     rows = []
@@ -81,7 +80,7 @@ def test_a_small_leak_with_a_day_to_oom_is_critical_and_names_its_key():
     import numpy as np
 
     s, ooms = _frame(np.random.default_rng(1), leak_on="first_forward_tokens")
-    procs, rows = memory.analyze_frame(s, ooms)
+    _procs, rows = memory.analyze_frame(s, ooms)
     release = [r for r in rows if r["scope"] == "release=v2"]
     assert len(release) == 1 and release[0]["severity"] == "critical"
     ev = json.loads(release[0]["evidence"])
@@ -97,7 +96,7 @@ def test_a_leak_keyed_on_decoder_resolution_is_named_for_it_and_bounded():
 
     s, ooms = _frame(np.random.default_rng(2), leak_on="decoder_resolution", per_value=180e6, headroom=20e9,
                      noise=300e6)
-    procs, rows = memory.analyze_frame(s, ooms)
+    _procs, rows = memory.analyze_frame(s, ooms)
     release = [r for r in rows if r["scope"] == "release=v2"]
     assert len(release) == 1
     ev = json.loads(release[0]["evidence"])
