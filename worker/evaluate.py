@@ -10,8 +10,9 @@ optimization on) three judges (worker/evaluation_judges.py) on the measurements 
 worker/evaluation_runs.py: the teacher-forced error against the plain path's own, the free-running
 divergence against the rerun band, and -- for the production set, ``--drift-steps`` -- the
 teacher-forced error over session age (its trend). A configuration passes when every judge it ran
-passes; a switch whose latents equal the plain path's on this device (``compile`` or the Triton kernels
-on CPU) is ``no_effect``, never a pass. ``fused_allreduce`` needs a TP group: skipped at world size 1.
+passes; a switch whose latents equal the plain path's on this device is ``no_effect``, never a pass.
+Skipped: ``fused_allreduce`` at world size 1 (it needs a TP group), and on the CPU ``compile`` (inductor
+runs on CUDA only here) and ``triton_kernels`` unless ``TRITON_INTERPRET=1``.
 
 Results print as a table; ``--out`` writes them as JSON (the H200 machine has no pydantic: measure
 there, ship here with ``--from``); ``--collector`` ships them as ``evaluation`` records, the evidence
@@ -101,6 +102,13 @@ def evaluate(preset: str = "tiny", device: str = "cpu", switches: list[str] | No
     metric_name, metric_fn = load_metric(metric)
     cands = configurations(switches)
     skipped = {n: why for n, why in TP_ONLY.items() if n in cands}  # one process: world size 1
+    if dev.type == "cpu":  # what does nothing here would measure its configuration's other switches
+        import os
+
+        off_cpu = {"compile": "inductor compiles the model only on CUDA"}
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            off_cpu["triton_kernels"] = "Triton runs on CUDA, or on the CPU under TRITON_INTERPRET=1"
+        skipped.update({n: why for n, why in off_cpu.items() if n in cands})
     cands = {n: sw for n, sw in cands.items() if n not in skipped}
     if "drift" in judges or drift_steps:
         judges = tuple(dict.fromkeys([*judges, "drift"]))

@@ -23,7 +23,7 @@ TOKEN = "test-ingest-token"
 def result():
     from worker.evaluate import evaluate
 
-    return evaluate("tiny", "cpu", ["fp8_cache", "compile"], steps=8, reruns=2, release="v9", gpu_kind="h200")
+    return evaluate("tiny", "cpu", ["fp8_cache", "static_scales"], steps=8, reruns=2, release="v9", gpu_kind="h200")
 
 
 def test_evaluation_records_round_trip_through_the_collector(result, tmp_path, chdb_dir):
@@ -47,7 +47,7 @@ def test_evaluation_records_round_trip_through_the_collector(result, tmp_path, c
         assert (g["value"], g["band_lo"], g["band_hi"], g["verdict"], g["n"]) == (
             w["value"], w["band_lo"], w["band_hi"], w["verdict"], w["n"])
     assert {(x["switch"], x["verdict"]) for x in latest["latest"]} == {
-        ("fp8_cache", result["overall"]["fp8_cache"]), ("compile", "no_effect")}
+        ("fp8_cache", result["overall"]["fp8_cache"]), ("static_scales", result["overall"]["static_scales"])}
     assert bad.status_code == 422 and "valid: teacher_forced_ratio" in bad.json()["detail"]
 
 
