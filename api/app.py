@@ -27,12 +27,11 @@ import threading
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 
 import api.routes
+from api import errors
 from api.settings import Settings, load_settings
 from collector.migrations import SchemaError, ensure_current
 from collector.store import Store, open_store
@@ -48,16 +47,6 @@ _EVERY_ROLE = ("health", "metrics")  # route modules every role serves
 def _route_modules() -> list[str]:
     found = sorted(m.name for m in pkgutil.iter_modules(api.routes.__path__) if not m.name.startswith("_"))
     return [m for m in _CORE_ROUTES if m in found] + [m for m in found if m not in _CORE_ROUTES]
-
-
-def _validation_detail(exc: RequestValidationError) -> str:
-    parts = []
-    for err in exc.errors()[:5]:
-        loc = err.get("loc", ())
-        where = f"{loc[0]} parameter '{'.'.join(map(str, loc[1:]))}'" if len(loc) > 1 else ".".join(map(str, loc))
-        shown = repr(err.get("input"))
-        parts.append(f"{where}: {err.get('msg')} (got {shown if len(shown) <= 60 else shown[:57] + '...'})")
-    return "; ".join(parts) or "invalid request"
 
 
 def _wire_scheduler(settings: Settings, scheduler, store: Store):
@@ -154,9 +143,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.scheduler = app.state.incidents = None
     app.state.ingest_metrics = app.state.fleet_counters = app.state.metrics_registry = None
 
-    @app.exception_handler(RequestValidationError)
-    async def _invalid_request(request: Request, exc: RequestValidationError):
-        return JSONResponse({"detail": _validation_detail(exc)}, status_code=422)
+    errors.install(app)  # every 4xx body is {"detail": str}, in the OpenAPI too (api/errors.py)
 
     if "collector" in settings.roles:
         from collector.routes import router as collector_router

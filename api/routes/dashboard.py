@@ -173,7 +173,7 @@ def sessions_page(store: StoreDep, tr: TimeRangeDep, release: Label = None, gpu_
     ])
 
 
-@router.get("/dashboard/sessions/{session_id}", response_class=HTMLResponse)
+@router.get("/dashboard/sessions/{session_id:path}", response_class=HTMLResponse)
 def session_page(store: StoreDep, session_id: Annotated[str, Path(min_length=1, max_length=128)]) -> str:
     steps = qr.session_steps(store, session_id)
     events = qr.session_events(store, session_id)

@@ -391,7 +391,7 @@ def _known_session(store, session_id: str) -> None:
         raise HTTPException(404, detail=f"no session {session_id!r} in the store (list sessions at /v1/sessions)")
 
 
-@router.get("/sessions/{session_id}/events")
+@router.get("/sessions/{session_id:path}/events")
 def events_of_session(store: StoreDep, session_id: SessionId, page: PageDep) -> dict[str, Any]:
     _known_session(store, session_id)
     df = session_events(store, session_id, page.limit, page.offset)
@@ -399,7 +399,7 @@ def events_of_session(store: StoreDep, session_id: SessionId, page: PageDep) -> 
     return {"session_id": session_id, "events": out, "limit": page.limit, "offset": page.offset}
 
 
-@router.get("/sessions/{session_id}/memory")
+@router.get("/sessions/{session_id:path}/memory")
 def memory_of_session(store: StoreDep, session_id: SessionId) -> dict[str, Any]:
     _known_session(store, session_id)
     df = store.query_df(

@@ -17,18 +17,14 @@ from fastapi.responses import FileResponse
 from api import dashboard as d
 from api.deps import AdminDep, SettingsDep, StoreDep, require_reader
 from api.report import PLOTLY_NAME, build_weekly_report, list_reports, report_paths
+from api.routes._common import ISO_WEEK, iso_week_range
 
 router = APIRouter(prefix="/v1/reports", tags=["reports"], dependencies=[Depends(require_reader)])
-Week = Annotated[str, Path(pattern=r"^\d{4}-W(0[1-9]|[1-4]\d|5[0-3])$", description="ISO week, e.g. 2026-W47")]
+Week = Annotated[str, Path(pattern=ISO_WEEK, description="ISO week of the years 2000-2199, e.g. 2026-W47")]
 
 
 def _check_week(week: str) -> None:
-    from analytics.queries import QueryError, iso_week_bounds
-
-    try:
-        iso_week_bounds(week)
-    except QueryError as e:
-        raise HTTPException(422, detail=str(e)) from e
+    iso_week_range(week)  # a 422 naming the week unless it exists and lies in the store's range
 
 
 @router.get("")

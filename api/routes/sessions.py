@@ -12,7 +12,7 @@ latest steps. The time range selects sessions that overlap [start, end).
 from __future__ import annotations
 
 import math
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query
@@ -20,13 +20,12 @@ from pydantic import BaseModel
 
 from analytics.queries import FRAMES_PER_STEP, session_list
 from api.deps import StoreDep, require_reader
+from api.routes._common import utc_in_range
 
 router = APIRouter(tags=["sessions"], dependencies=[Depends(require_reader)])
 
 MAX_LIMIT = 1000
 MAX_OFFSET = 10_000_000
-TIME_MIN = datetime(1970, 1, 1, tzinfo=UTC)  # what DateTime64(3, 'UTC') holds, with margin
-TIME_MAX = datetime(2200, 1, 1, tzinfo=UTC)
 
 LabelQ = Annotated[str | None, Query(min_length=1, max_length=128)]
 
@@ -75,10 +74,6 @@ def _finite(v):
     return None if isinstance(v, float) and not math.isfinite(v) else v
 
 
-def _utc(t: datetime) -> datetime:
-    return t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)
-
-
 @router.get("/v1/sessions", response_model=SessionPage, summary="Sessions with their per-session figures")
 def list_sessions(
     store: StoreDep,
@@ -92,15 +87,12 @@ def list_sessions(
     limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = 100,
     offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
 ) -> SessionPage:
-    for name, t in (("start", start), ("end", end)):
-        if t is not None and not TIME_MIN <= _utc(t) <= TIME_MAX:
-            raise HTTPException(422, f"{name} ({t.isoformat()}) is out of range; valid: a UTC time between "
-                                     f"{TIME_MIN.date()} and {TIME_MAX.date()}")
-    if start is not None and end is not None and _utc(start) >= _utc(end):
+    start, end = utc_in_range("start", start), utc_in_range("end", end)
+    if start is not None and end is not None and start >= end:
         raise HTTPException(422, f"start ({start.isoformat()}) must be before end ({end.isoformat()})")
     filters = {k: v for k, v in (("release", release), ("gpu_kind", gpu_kind), ("worker_id", worker_id)) if v is not None}
     rows, total = session_list(
-        store, filters, start=_utc(start) if start is not None else None, end=_utc(end) if end is not None else None,
+        store, filters, start=start, end=end,
         min_streamed_s=min_streamed_s, simulated=simulated, limit=limit, offset=offset)
     out = []
     for r in rows:
@@ -121,7 +113,7 @@ def list_sessions(
     return SessionPage(sessions=out, total=total, limit=limit, offset=offset)
 
 
-@router.get("/v1/sessions/{session_id}/steps", response_model=StepPage, summary="Raw steps of one session")
+@router.get("/v1/sessions/{session_id:path}/steps", response_model=StepPage, summary="Raw steps of one session")
 def session_steps(
     store: StoreDep,
     session_id: Annotated[str, Path(min_length=1, max_length=128)],

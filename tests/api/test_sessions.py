@@ -92,7 +92,9 @@ def test_paging(sessions_client):
     ("start=yesterday", ["start", "datetime"]),
     ("start=2026-02-01T00:00:00Z&end=2026-01-01T00:00:00Z", ["start", "must be before end"]),
     ("release=" + "x" * 200, ["release", "at most 128"]),
-    ("end=0999-01-01T00:00:00Z", ["end", "out of range", "1970-01-01"]),
+    ("end=0999-01-01T00:00:00Z", ["end", "out of range", "2000-01-01"]),
+    ("end=0001-01-01T00:30:00%2B01:00", ["end", "out of range", "2200-01-01"]),  # was an OverflowError (500)
+    ("start=9999-12-31T23:30:00-01:00", ["start", "out of range"]),
 ])
 def test_bad_queries_are_422_with_the_reason(sessions_client, query, words):
     r = sessions_client.get(f"/v1/sessions?{query}")
@@ -123,3 +125,13 @@ def test_read_token_required_when_configured(sessions_client):
     assert sessions_client.get("/v1/sessions", headers={"Authorization": ""}).status_code == 401
     assert sessions_client.get("/v1/sessions", headers={"Authorization": "Bearer wrong"}).status_code == 403
     assert sessions_client.get("/v1/health", headers={"Authorization": ""}).status_code == 200
+
+
+def test_session_ids_with_a_slash_are_routed_on_every_session_route(store, sessions_client):
+    """A session id is any 1-128 character label: 'a/b' (sent as a/b or a%2Fb) reaches its routes."""
+    _insert(store, step_rows(4, session_id="room/7", ts=T1), "slash")
+    c = sessions_client
+    for path in ("/v1/sessions/room/7/steps", "/v1/sessions/room%2F7/steps"):
+        r = c.get(path)
+        assert r.status_code == 200 and r.json()["session_id"] == "room/7" and r.json()["total"] == 4, r.text
+    assert c.get("/v1/sessions/room/8/steps").status_code == 404
