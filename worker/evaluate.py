@@ -149,10 +149,7 @@ def evaluate(preset: str = "tiny", device: str = "cpu", switches: list[str] | No
         series["drift"] = {"configuration": name, "segment": shape.reset_every, "plain": dr.plain,
                            "candidate": dr.candidates[name], "reset": dr.reset, "saturated": dr.saturated[name]}
         log(f"drift: {drift_steps} steps, {out['timings_s']['drift']} s")
-    from worker import evaluation_judges as J  # numpy only; scipy when judging
-
-    out["judge"] = {"k": J.K if k is None else k, "atol": J.ATOL if atol is None else atol,
-                    "k_divergence": J.K_DIVERGENCE}
+    out["judge"] = {"k": k, "atol": atol, "k_divergence": None}  # None: the judges' defaults
     try:
         return judge(out)
     except ImportError as e:  # no scipy on this machine: the series are kept, judge them where it is
@@ -163,8 +160,12 @@ def evaluate(preset: str = "tiny", device: str = "cpu", switches: list[str] | No
 
 def judge(out: dict[str, Any]) -> dict[str, Any]:
     """The verdicts of a result's measured ``series`` (worker/evaluation_judges.py; needs scipy), in place."""
-    from worker import evaluation_judges as J
+    from worker import evaluation_judges as J  # numpy + scipy: imported only to judge
 
+    given = out["judge"]
+    out["judge"] = {"k": J.K if given.get("k") is None else given["k"],
+                    "atol": J.ATOL if given.get("atol") is None else given["atol"],
+                    "k_divergence": J.K_DIVERGENCE if given.get("k_divergence") is None else given["k_divergence"]}
     series, kd = out["series"], {"k": out["judge"]["k"], "atol": out["judge"]["atol"]}
     verdicts: dict[str, list] = {n: [] for n in out["configurations"]}
     if "teacher_forced" in series:
