@@ -87,6 +87,7 @@ _FILED_INSTEAD = frozenset(("gave_up", "close_timeout", "unauthorized", "no_coll
 
 _LIVE: weakref.WeakSet[TelemetryClient] = weakref.WeakSet()
 AT_EXIT_TIMEOUT_S = 2.0
+FILE_GRACE_S = 30.0  # close(): the most it waits past its deadline for the telemetry file's writes
 
 
 @atexit.register
@@ -331,8 +332,9 @@ class TelemetryClient:
         as are later ``put``s (``after_close``). A request already in flight when the time runs out
         is not cut short: its rows count as ``close_timeout`` now, and move back to ``sent`` (or
         ``filed``) if the collector acks them after all -- the counters never leave a row uncounted.
-        Returns True when every row ever put was acked or filed (``dropped == 0``). Idempotent;
-        never raises.
+        With a telemetry file, what is left at the deadline is filed, and close() waits up to
+        ``FILE_GRACE_S`` more for those local writes (a request in flight ends first: its timeout). Returns True when every row ever put was
+        acked or filed (``dropped == 0``). Idempotent; never raises.
         """
         try:
             with self._lock:
@@ -345,7 +347,10 @@ class TelemetryClient:
                 self._stopped = True
             self._interrupt.set()
             self._wake.set()
-            self._thread.join(max(0.0, self._deadline - time.monotonic()) + 0.5)
+            # past the deadline the sender only files what is left (local writes): with a file it gets
+            # FILE_GRACE_S for them, so a starved CPU does not turn a filed batch into a loss
+            grace = FILE_GRACE_S if self._file is not None else 0.5
+            self._thread.join(max(0.0, self._deadline - time.monotonic()) + grace)
             with self._lock:
                 if self._buffered:
                     if self._thread.is_alive():  # a request outlived the deadline: lost unless acked later
