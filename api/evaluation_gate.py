@@ -8,8 +8,9 @@ evaluation (``livestep evaluate``) of that GPU kind and release.
 
 A configuration's evidence is the ``overall`` evaluation row of the newest evaluation run for that
 switch, GPU kind and release: ``pass`` needs both the teacher-forced and the free-running judge passed
-(worker/evaluate.py); ``fail``, ``no_effect`` (the switch did nothing on that device) and
-``incomplete`` do not count. A canary of a numeric switch must name the release in
+(worker/evaluate.py); ``fail`` and ``no_effect`` (the switch did nothing on that device) do not count.
+A run that judged less (``incomplete``: e.g. drift alone) is no evidence either way and never hides the
+run before it; one of its judges failing makes it a ``fail``, which does. A canary of a numeric switch must name the release in
 its scope and has a passing evaluation (409 otherwise) for the scope's GPU kind, or, when it names none,
 for every GPU kind the release runs on (its workers' sessions and its evaluations say which): defaults are
 per GPU kind, as the paper's FP8 cache helps on H100 and costs time on B200. A canary about to be promoted
@@ -27,7 +28,7 @@ SELECT switch, gpu_kind, release, argMax(verdict, ts) AS latest_verdict,
        argMax(session_id, ts) AS evaluation_id, max(ts) AS latest_ts, argMax(preset, ts) AS latest_preset,
        argMax(configuration, ts) AS latest_configuration
 FROM evaluations
-WHERE metric = 'overall' {where}
+WHERE metric = 'overall' AND verdict != 'incomplete' {where}
 GROUP BY switch, gpu_kind, release
 ORDER BY switch, gpu_kind, release"""
 

@@ -31,9 +31,13 @@ def _one_of(name: str, value: str | None, valid: tuple[str, ...]) -> None:
 
 
 def query(store, *, switch=None, gpu_kind=None, release=None, metric=None, verdict=None, evaluation_id=None,
-          start=None, end=None, limit: int = 100, offset: int = 0) -> list[dict[str, Any]]:
-    """Evaluation rows, newest first then by step (the dashboard and the weekly report read these)."""
+          start=None, end=None, metrics: tuple[str, ...] = (), limit: int = 100, offset: int = 0) -> list[dict[str, Any]]:
+    """Evaluation rows, newest first then by step (the dashboard and the weekly report read these);
+    ``metrics``: only these."""
     where, params = ["1"], {"limit": limit, "offset": offset}
+    if metrics:
+        where.append("metric IN {metrics:Array(String)}")
+        params["metrics"] = list(metrics)
     for col, v in (("switch", switch), ("gpu_kind", gpu_kind), ("release", release), ("metric", metric),
                    ("verdict", verdict), ("session_id", evaluation_id)):
         if v is not None:

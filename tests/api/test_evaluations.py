@@ -76,6 +76,7 @@ def test_a_canary_of_a_numeric_switch_without_a_passing_evaluation_is_refused(cl
     put_evaluation(store, "fused_allreduce", "b200", "v7", verdict="no_effect")  # another kind of the release
     r = _canary(client, admin)
     assert r.status_code == 409 and "gpu_kind=b200" in r.json()["detail"] and "'no_effect'" in r.json()["detail"]
+    put_evaluation(store, "fused_allreduce", "h200", "v7", verdict="incomplete")  # drift alone: no evidence
     r = _canary(client, admin, scope="gpu_kind=h200,release=v7")  # the kind with the passing evaluation
     assert r.status_code == 201, r.text
     assert r.json()["evidence"]["evaluations"][0]["verdict"] == "pass"
