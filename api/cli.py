@@ -9,7 +9,7 @@
 
 A subcommand is one line of ``COMMANDS`` (name -> the module whose ``register(subparsers)`` adds its
 parser and sets ``func``); the module is imported only when its subcommand runs, so the server's
-commands never import torch. tests/api/test_cli.py walks every subcommand's ``--help``, so every
+commands never import torch. tests/api/test_commands.py walks every subcommand's ``--help``, so every
 option needs a help text. A parser that hands its arguments on untouched (``worker bench``) sets
 ``passthrough=True``: what it does not know arrives as ``args.passthrough_args``. Typed errors are
 caught here, once, and printed as one line with exit status 2.
