@@ -71,6 +71,9 @@ def run(args: argparse.Namespace) -> int:
     port = sock.getsockname()[1]
     print(f"livestep serve: http://{settings.host}:{port} role={settings.role} "
           f"store={settings.clickhouse_dsn.split('@')[-1]} spool={settings.spool_dir}", flush=True)
-    config = uvicorn.Config(app, workers=1, log_level=args.log_level, access_log=args.log_level == "debug")
+    from api.http_limits import server_limits
+
+    config = uvicorn.Config(app, workers=1, log_level=args.log_level, access_log=args.log_level == "debug",
+                            **server_limits())  # a request's head is bounded (431 beyond it)
     uvicorn.Server(config).run(sockets=[sock])
     return 0

@@ -27,10 +27,10 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from collector import records
-from collector.auth import check_bearer
+from collector.auth import bearer_token, check_bearer
 from collector.limits import DEFAULT as DEFAULT_LIMITS
 from collector.limits import Limits
-from collector.spool import IpcStream, SpoolError, SpoolFullError, read_ipc_stream
+from collector.spool import IpcStream, KeyConflictError, SpoolError, SpoolFullError, read_ipc_stream
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 JSON = "application/json"
@@ -454,6 +454,7 @@ _ERRORS = {
     s: {"model": ErrorBody, "description": d}
     for s, d in {400: "unreadable body or header", 401: "missing bearer token",
                  403: "bearer token that is not an ingest token", 413: "body too large",
+                 409: "Idempotency-Key already used for a different body (nothing stored)",
                  415: "unknown content type", 422: "invalid values or schema",
                  429: "spool full: retry after Retry-After seconds"}.items()
 }
@@ -507,14 +508,24 @@ async def _read_body(receive: Receive, cl: str | None, limit: int) -> bytes:
         chunks.append(chunk)
 
 
-def _batch_id(key: str | None, body: bytes) -> str:
+def _batch_id(key: str | None, body: bytes, authorization: str) -> str:
+    """The spool's id of a batch: ``sha256:<body>`` without a key; with one, ``<token scope>/<key>#<body
+    digest>``: keys are scoped per ingest token (two workers' "batch-1" are two batches) and a key
+    reused with a different body is told apart from a retry (409, see ``_ingest``)."""
+    digest = hashlib.sha256(body).hexdigest()
     if key is None:
-        return "sha256:" + hashlib.sha256(body).hexdigest()
+        return "sha256:" + digest
     key = key.strip()
     if not 1 <= len(key) <= 200 or not key.isprintable() or not key.isascii():
         raise HTTPException(400, "Idempotency-Key is not valid: 1 to 200 printable ASCII characters "
                                  "(one per batch, the same on every retry)")
-    return key
+    token = bearer_token(authorization)
+    scope = hashlib.sha256(token.encode()).hexdigest()[:16] if token else "open"
+    return f"{scope}/{key}#{digest[:32]}"
+
+
+def _key_conflict(key: str) -> HTTPException:
+    return HTTPException(409, str(KeyConflictError(key)))
 
 
 async def _ingest(scope: Scope, receive: Receive) -> bytes:
@@ -528,14 +539,20 @@ async def _ingest(scope: Scope, receive: Receive) -> bytes:
         raise HTTPException(415, f"Content-Type {media or '(none)'!r} is not supported; valid: "
                                  f"{', '.join(CONTENT_TYPES)}")
     body = await _read_body(receive, headers.get(b"content-length"), settings.max_body_bytes)
-    batch_id = _batch_id(headers.get(b"idempotency-key"), body)
+    key = headers.get(b"idempotency-key")
+    batch_id = _batch_id(key, body, headers.get(b"authorization", ""))
     spool = state.spool
+    if key is not None and spool.key_conflict(batch_id):  # the key names another body: nothing stored
+        raise _key_conflict(key.strip())
+    shown = key.strip() if key is not None else batch_id  # the ack names the batch as the client did
+    if key is not None and (legacy := spool.known(shown)) is not None:  # spooled before keys were scoped
+        return _ack(shown, legacy, True)
     metrics = getattr(state, "ingest_metrics", None)  # collector/metrics.py (None in apps without it)
     known = spool.known(batch_id)
     if known is not None:  # a retry of a stored batch: no need to parse it again
         if metrics is not None:
             metrics.deduplicated()
-        return _ack(batch_id, known, True)
+        return _ack(shown, known, True)
     limits = state.writer.limits if getattr(state, "writer", None) is not None else DEFAULT_LIMITS
     try:
         if len(body) > _THREADPOOL_BYTES:
@@ -547,9 +564,11 @@ async def _ingest(scope: Scope, receive: Receive) -> bytes:
             metrics.refused_rows(e.status, e.rows)
         raise HTTPException(e.status, str(e)) from e
     if not tables:
-        return _ack(batch_id, {}, False)
+        return _ack(shown, {}, False)
     try:
         ack = await spool.submit_async(batch_id, tables)
+    except KeyConflictError as e:  # a twin request with the same key and another body won the race
+        raise HTTPException(409, str(e)) from e
     except SpoolError as e:
         status = 429 if isinstance(e, SpoolFullError) else 503
         if metrics is not None:
@@ -561,7 +580,7 @@ async def _ingest(scope: Scope, receive: Receive) -> bytes:
         metrics.deduplicated()
     elif metrics is not None:
         metrics.accepted(ack.rows)
-    return _ack(ack.batch_id, ack.rows, ack.duplicate)
+    return _ack(shown, ack.rows, ack.duplicate)
 
 
 async def ingest_asgi(scope: Scope, receive: Receive, send: Send) -> None:

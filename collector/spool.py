@@ -50,6 +50,20 @@ class SpoolError(Exception):
     """The spool cannot store a batch (disk error, closed spool)."""
 
 
+class KeyConflictError(SpoolError):
+    """An Idempotency-Key already names another batch (same key, different body): nothing is stored."""
+
+    def __init__(self, key: str):
+        super().__init__(f"Idempotency-Key {key!r} was already used for a different batch; a key names one "
+                         "batch (send the same body on a retry, a new key for a new batch)")
+
+
+def key_of(batch_id: str) -> str | None:
+    """The key part of a keyed batch id (``<scope>/<key>#<body digest>``); None for an unkeyed one."""
+    base, sep, _ = batch_id.rpartition("#")
+    return base if sep else None
+
+
 class SpoolFullError(SpoolError):
     """The spool holds more than its bound of unstored bytes; retry after ``retry_after_s``."""
 
@@ -252,6 +266,7 @@ class Spool:
         self._cond = threading.Condition(self._lock)
         self._entries: deque[Entry] = deque()  # uncommitted, in seq order
         self._keys: OrderedDict[str, dict[str, int]] = OrderedDict()
+        self._by_key: dict[str, str] = {}  # key part of a keyed batch id -> that batch id (``key_of``)
         self._inflight: dict[str, Future] = {}
         self._segments: dict[Path, list[tuple[int, str, dict[str, int]]]] = {}  # seg -> [(seq, id, rows)]
         self._depth_bytes = 0  # uncommitted + queued bytes
@@ -370,8 +385,29 @@ class Spool:
     def _remember(self, batch_id: str, rows: dict[str, int]) -> None:
         self._keys[batch_id] = rows
         self._keys.move_to_end(batch_id)
+        key = key_of(batch_id)
+        if key is not None:
+            self._by_key[key] = batch_id
         while len(self._keys) > self.keys_max:
-            self._keys.popitem(last=False)
+            old, _ = self._keys.popitem(last=False)
+            k = key_of(old)
+            if k is not None and self._by_key.get(k) == old:
+                del self._by_key[k]
+
+    def _other_batch_for_key(self, batch_id: str) -> str | None:
+        """(under the lock) Another batch id with ``batch_id``'s key, stored or in flight."""
+        key = key_of(batch_id)
+        if key is None:
+            return None
+        other = self._by_key.get(key)
+        if other is None:
+            other = next((b for b in self._inflight if key_of(b) == key), None)
+        return other if other != batch_id else None
+
+    def key_conflict(self, batch_id: str) -> bool:
+        """True when ``batch_id``'s key already names a different batch (its body differs)."""
+        with self._lock:
+            return self._other_batch_for_key(batch_id) is not None
 
     def known(self, batch_id: str) -> dict[str, int] | None:
         with self._lock:
@@ -430,11 +466,15 @@ class Spool:
                 raise SpoolError("spool is closed (server shutting down); retry")
             if batch_id in self._keys or batch_id in self._inflight:
                 return self._dup_future(batch_id), None
+            if self._other_batch_for_key(batch_id) is not None:
+                raise KeyConflictError(key_of(batch_id).partition("/")[2])
         payload, rows = encode_payload(batch_id, tables)
         fut: Future = Future()
         with self._lock:
             if batch_id in self._keys or batch_id in self._inflight:  # a twin request won the race
                 return self._dup_future(batch_id), None
+            if self._other_batch_for_key(batch_id) is not None:  # same key, other body, won the race
+                raise KeyConflictError(key_of(batch_id).partition("/")[2])
             size = HEADER.size + len(payload)
             if self._depth_bytes > 0 and self._depth_bytes + size > self.max_bytes:
                 raise SpoolFullError(self._depth_bytes, self.max_bytes, retry_after_s=1)

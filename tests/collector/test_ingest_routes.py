@@ -309,3 +309,30 @@ def test_rows_older_than_the_tables_retention_are_refused_with_422_naming_the_wi
     wait_for(lambda: c.app.state.writer.limits.retention["step"].days == 100, what="limits re-read")
     r = _post_arrow(c, arrow_body("step", step_rows(10, ts=datetime.now(UTC) - timedelta(days=150))), key="r2")
     assert r.status_code == 422 and "keeps 100 days" in r.json()["detail"]
+
+
+def test_a_key_reused_with_a_different_body_is_409_and_stores_nothing(collector):
+    c = collector()
+    first, other = arrow_body("step", step_rows(5)), arrow_body("step", step_rows(7, start=5))
+    r = _post_arrow(c, first, key="batch-1")
+    assert r.status_code == 200 and r.json() == {"batch_id": "batch-1", "rows": {"step": 5}, "duplicate": False}
+    r = _post_arrow(c, other, key="batch-1")
+    assert r.status_code == 409, r.text
+    assert "batch-1" in r.json()["detail"] and "different" in r.json()["detail"]
+    assert _post_arrow(c, first, key="batch-1").json()["duplicate"] is True  # a true retry is still a duplicate
+    r = c.post("/v1/telemetry", json={"steps": json_rows(step_rows(2, start=50))}, headers={"idempotency-key": "batch-1"})
+    assert r.status_code == 409
+    assert _stored(c) == (5, 0)
+
+
+def test_keys_are_scoped_per_ingest_token(collector):
+    from tests.collector.conftest import TOKEN
+
+    c = collector(ingest_tokens=[TOKEN, "second-ingest-token"])
+    a, b = arrow_body("step", step_rows(5, worker_id="wa")), arrow_body("step", step_rows(3, worker_id="wb"))
+    assert _post_arrow(c, a, key="batch-1").json()["duplicate"] is False
+    r = _post_arrow(c, b, key="batch-1", authorization="Bearer second-ingest-token")
+    assert r.status_code == 200 and r.json()["duplicate"] is False, r.text  # another client's batch-1
+    r = _post_arrow(c, b, key="batch-1", authorization="Bearer second-ingest-token")
+    assert r.json()["duplicate"] is True
+    assert _stored(c) == (8, 0)

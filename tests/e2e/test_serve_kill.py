@@ -70,8 +70,11 @@ class Server:
         return self.proc.wait(30)
 
 
+_T0 = step_rows(1)[0]["ts"]  # one start for every batch: a re-sent batch is the same body (same key)
+
+
 def _batch(i: int) -> dict:
-    rows = step_rows(40, session_id=f"k{i % 4}", start=40 * (i // 4))
+    rows = step_rows(40, session_id=f"k{i % 4}", start=40 * (i // 4), ts=_T0)
     if i % 5 == 0:
         return {"json": {"steps": json_rows(rows)}, "headers": {**AUTH, "idempotency-key": f"b{i}"}}
     return {"content": arrow_body("step", rows), "headers": {**AUTH, "content-type": ARROW, "idempotency-key": f"b{i}"}}
