@@ -1,4 +1,4 @@
-"""Alert webhook payloads, their HMAC signature and bearer senders (used by api/routes/alerts.py, api/notify.py).
+"""Alert webhook payloads, their HMAC signature and bearer senders (api/routes/alerts.py; ``sign`` also api/notify.py).
 
     headers = sign(secret, body)                      # X-Livestep-Timestamp, X-Livestep-Signature
     verify(secret, body, headers_ts, headers_sig, window_s=300, now=time.time())   # raises SignatureError

@@ -8,8 +8,8 @@ Extends ``collector.settings.CollectorSettings`` (store DSN, ingest tokens, spoo
 flat ``LIVESTEP_*`` namespace configures the whole server; routes read the app's copy through
 api/deps.py. On loopback everything may stay unset (development; an unset webhook secret becomes
 the public development secret); on any other bind the server refuses to start until the tokens and
-secret its role needs are set (the scheduler's findings notifier needs the webhook secret and admin
-tokens; the development secret never counts). Token lists are comma-separated in the environment.
+secret its role needs are set (the scheduler signs its incident notifications with the webhook
+secret; the development secret never counts). Token lists are comma-separated in the environment.
 """
 
 from __future__ import annotations

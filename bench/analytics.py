@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{statistics.median(weekly):>9.2f}s {wk:>9.2f}s {GOAL_WEEKLY_S:>8.0f}s {wk / GOAL_WEEKLY_S:>7.3f}x")
     if report_s is not None:
         total = statistics.median(weekly) + report_s
-        print(f"{'weekly report (analytics.report, same week)':<52} {report_s:>9.2f}s {report_s:>9.2f}s")
+        print(f"{'weekly report (api.report, same week)':<52} {report_s:>9.2f}s {report_s:>9.2f}s")
         print(f"{'weekly job + report':<52} {total:>9.2f}s {total:>9.2f}s {GOAL_WEEKLY_S:>8.0f}s "
               f"{total / GOAL_WEEKLY_S:>7.3f}x")
     for name, xs in (("fleet query: fps fractions (whole window)", fracs),

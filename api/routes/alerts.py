@@ -13,8 +13,8 @@ signature counts as accepted once its decisions are stored, so a delivery that f
 is; body-only signatures and bearer deliveries have no signature to replay, and the alert dedup keys
 keep each alert's effect single), a malformed body 422, an unknown switch 422 (the message lists the
 valid ones); resolved, duplicate and unmapped alerts are answered 200 with recorded no-ops.
-Where the app runs the analytics scheduler, api/notify.py posts their critical findings here (wired by
-api/app.py's lifespan; ``_act`` is also its in-process delivery).
+This route is for external senders: the server's own findings go to api/incidents.py by a function
+call (the scheduler's hand-off), never through here.
 """
 
 from __future__ import annotations

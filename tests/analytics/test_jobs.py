@@ -11,7 +11,7 @@ from analytics.simulate import simulate_fleet
 
 
 def test_rerun_replaces_never_duplicates(store, small, tmp_path, monkeypatch):
-    monkeypatch.setenv("LIVESTEP_REPORTS_DIR", str(tmp_path))  # the weekly report, once analytics.report lands
+    monkeypatch.setenv("LIVESTEP_REPORTS_DIR", str(tmp_path))  # where a report would go (none: no writer here)
     sim = simulate_fleet(store, weeks=2, incidents=[("august", 5), ("sync", 10)], seed=31, **small)
     first = jobs.run_all(store, now=sim.end, weeks=2)
     n1 = len(read_findings(store))
