@@ -139,7 +139,8 @@ def pending(store: Store, cluster: str | None = None) -> list[Step]:
                 else "use a fresh database for the cluster schema")
         raise SchemaError(f"database {store.database} holds {have} migrations, not {want}: it never mixes "
                           f"single-node and cluster tables; {hint}")
-    return [Step(f.name, statements(f, cluster)) for f in schema_files(cluster is not None) if f.name not in done]
+    return [Step(f.name, statements(f, cluster)) for f in store.migration_files(cluster is not None)
+            if f.name not in done]
 
 
 def check_parses(store: Store, steps: list[Step]) -> None:

@@ -107,7 +107,7 @@ def store_before(store, migration: str) -> Iterator:
 
     old = Store(store.dsn.redacted().replace(store.database, store.database + "_old"))
     files = old.migration_files
-    old.migration_files = lambda: [f for f in files() if f.name != migration]
+    old.migration_files = lambda cluster=False: [f for f in files(cluster) if f.name != migration]
     try:
         old.migrate()
         del old.migration_files  # the class's again: every file
