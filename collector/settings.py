@@ -118,6 +118,11 @@ class CollectorSettings(BaseSettings):
         le=100_000_000,
         description="how many recent batch ids are remembered (a retried batch within them is acked as duplicate)",
     )
+    fault_refuse_writes_file: Path | None = Field(
+        default=None,
+        description="TEST/DRILL ONLY: while this file exists every insert fails as a store refusing writes "
+        "would (ClickHouse's TOO_MANY_PARTS) while pings still answer (bench/faults.py); None disables the hook",
+    )
     fault_store_down_file: Path | None = Field(
         default=None,
         description="TEST/DRILL ONLY: while this file exists the writer treats the store as unavailable "

@@ -175,6 +175,7 @@ class BlockWriter:
         retry_max_s: float = 5.0,
         fault_store_down_file: Path | None = None,
         poison_after: int = 20,
+        fault_refuse_writes_file: Path | None = None,
     ):
         self.spool = spool
         self.get_store = get_store
@@ -182,6 +183,7 @@ class BlockWriter:
         self.flush_interval_s = flush_interval_s
         self.retry_max_s = retry_max_s
         self.fault_file = fault_store_down_file
+        self.refuse_file = fault_refuse_writes_file
         self.poison_after = poison_after
         self.quarantined = 0
         self.unquarantined = 0  # quarantined batches the store took after all (their files removed)
@@ -257,6 +259,9 @@ class BlockWriter:
         self._stop.wait(min(self.retry_max_s, 0.05 * 2 ** min(attempt, 30)) * (0.5 + random.random() / 2))
 
     def insert_table(self, kind: str, table: pa.Table, token: str) -> None:
+        if self.refuse_file is not None and self.refuse_file.exists():
+            raise StoreUnavailableError(f"Code: 252. DB::Exception: Too many parts (TOO_MANY_PARTS), drill: the "
+                                        f"fault hook file {self.refuse_file} refuses writes")
         insert_parts(self.get_store(), self.limits, kind, table, token)
 
     # -- the loop --------------------------------------------------------------------------------
