@@ -4,6 +4,8 @@ the judges give known answers on literal series."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -39,6 +41,16 @@ def rope_twice_at_write(model, cache) -> None:
         write(apply_rope_tables(k, cos, sin) if rope_k else k, v, positions, cos, sin, slots, ks, vs, kc, vc, rope_k)
 
     cache.ops.write_kv = write_twice
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _torch_chains_only():
+    """CPU evaluations here run the block's torch chains: the Triton chains under the interpreter are
+    tests/kernels' subject (and a worker's interpreter another test left patched is not this test's)."""
+    old = os.environ.pop("TRITON_INTERPRET", None)
+    yield
+    if old is not None:
+        os.environ["TRITON_INTERPRET"] = old
 
 
 @pytest.fixture(scope="module")
