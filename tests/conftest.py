@@ -14,6 +14,14 @@ import tempfile
 import uuid
 
 import pytest
+import torch
+
+# Triton runs through its interpreter on a machine without CUDA, and it must be set before anything
+# imports triton: any test module may import the worker (worker.session -> kernels -> triton) while
+# pytest collects, before tests/kernels/conftest.py is reached; a triton imported without it makes
+# every interpreted kernel fail with "Cannot call @triton.jit'd outside of the scope of a kernel".
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 _CHDB_ROOT = os.path.join(tempfile.gettempdir(), "livestep-test-chdb")
 

@@ -1,7 +1,7 @@
 """Kernel tests: on a machine without CUDA, run Triton through its interpreter (TRITON_INTERPRET=1).
 
-The variable must be set before any ``@triton.jit`` kernel is defined, so it is set here, when pytest
-loads this folder, ahead of the test modules' imports. GPU runs leave it unset. ``rng`` gives each test
+The variable must be set before triton is imported: tests/conftest.py sets it, ahead of every test
+module's import (this folder's own setting covers running it alone). GPU runs leave it unset. ``rng`` gives each test
 a fresh seed (printed in failure messages) so no fixed seed hides a bug.
 """
 

@@ -3,7 +3,6 @@ in one process; TRITON_INTERPRET=1 on CPU, compiled on the GPU); the registry: t
 
 from __future__ import annotations
 
-import importlib
 import os
 
 import pytest
@@ -15,10 +14,7 @@ if not CUDA:
 
 import triton
 
-import kernels.gemm_allreduce as ga
-
-if not CUDA and not isinstance(ga._fp8_gemm_kernel, triton.runtime.interpreter.InterpretedFunction):
-    ga = importlib.reload(ga)  # imported earlier in this process without the interpreter
+import kernels.gemm_allreduce as ga  # interpreted on CPU: tests/conftest.py set TRITON_INTERPRET first
 
 DEV = "cuda" if CUDA else "cpu"
 # the interpreter's fp8/bf16 rounding differs from the GPU's: compare loosely there, tightly on the GPU
