@@ -2,7 +2,8 @@
 
     summary = run_session(shape="tiny", seconds=5, collector_url="http://127.0.0.1:8000", token=T,
                           switches=["ring_cache=on", "rope_at_write=on"], switch_source=URL_or_file)
-    worker = Worker("tiny"); worker.run_session(steps=50); worker.run_session(steps=50)  # shared registry
+    worker = Worker("tiny"); worker.warm(switches)          # once per worker: compile, every CUDA graph
+    worker.run_session(steps=50, switches=switches); worker.run_session(...)   # sessions only replay
 
 Each step denoises one chunk (``shape.passes`` passes over all blocks), hands the latents to the
 decoder (which overlaps the next step when it has its own GPU or stream), and leaves its timing
@@ -11,8 +12,10 @@ from a buffer of a few chunks; the producer waits while the buffer is full (real
 that arrives after its due time is a stall, counted. Switches are polled between steps from the
 source (HTTP control plane, file or callable) and applied at the next step boundary without ending
 the session (the cache is rebuilt holding the same window), each change reported as a
-``switch_applied`` event. With ``cuda_graphs`` on CUDA, once the window is full the denoising of a
-step is captured once and replayed (the cache's advance/reset stays eager outside the graph).
+``switch_applied`` event. With ``cuda_graphs`` on CUDA a warm worker (``Worker.warm``) replays graphs
+captured once for the worker (worker/graphs.py) on its own cache; an unwarmed session captures the
+step once its window is full (the cache's advance/reset stays eager outside the graph either way).
+What a session made is freed by reference counting when it ends (tests/worker/test_lifetime.py).
 
 With ``static_scales`` (FP8 activations quantized with per-tensor scales calibrated on the session's
 first forward and chunk; off: per-token dynamic scales), one step in ``saturation_every`` (64 on CUDA,
