@@ -320,6 +320,7 @@ class Session:
         self.cache: KVCache | None = None
         self.decoder: Decoder | None = None
         self.runner: ChunkRunner | None = None
+        self._runner_marks: list[tuple[ChunkRunner, int, int]] = []  # (runner, captures, misses) at first use
 
     def _cpu_mem(self) -> tuple[int, int]:
         held = self.w.model.nbytes + (self.cache.nbytes if self.cache else 0) + self.w.registry.nbytes
@@ -376,8 +377,18 @@ class Session:
             self.probe.compiled = self.switches.compile
         warm = self.w.warm_for(self.switches)
         if warm is not None and self.cache is warm.cache:
-            return warm.runner
-        return ChunkRunner(self.w.model, self.switches.cuda_graphs, probe=self.probe)
+            runner = warm.runner
+        else:
+            runner = ChunkRunner(self.w.model, self.switches.cuda_graphs, probe=self.probe)
+        self._runner_marks.append((runner, runner.captures, runner.misses))  # its counts before this session
+        return runner
+
+    def _graph_counts(self) -> tuple[int, int]:
+        """Graphs captured and steps run eagerly for want of one, by this session, on every runner it used
+        (a warm worker's runner counts over the worker's life)."""
+        marks = {id(r): (r, c, m) for r, c, m in reversed(self._runner_marks)}  # each runner's first mark
+        return (sum(r.captures - c for r, c, _ in marks.values()),
+                sum(r.misses - m for r, _, m in marks.values()))
 
     def _poll_switches(self, step: int) -> None:
         try:
@@ -416,7 +427,6 @@ class Session:
         else:
             self.cache = make_cache(shape, self.switches, dev, w.model.dtype)
             self.ff_tokens = self.cond_tokens
-        captures0 = warm.runner.captures if warm else 0
         self.decoder = w.decoder(self.switches.decoder_own_gpu)
         self.runner = self._runner()
         tel.sync_clock(dev)
@@ -491,7 +501,7 @@ class Session:
             model.set_timer(_null_timer())
             model.set_probe(None)
             self.source.close()
-        self.graph_captures = (warm.runner.captures - captures0) if warm else self.runner.captures
+        self.graph_captures, self.graph_misses = self._graph_counts()
         return self._finish(t_wall0, common)
 
     def _chunk_s(self) -> float:
@@ -559,7 +569,7 @@ class Session:
             turns=self.turns.applied if self.turns is not None else 0,
             cond_tokens=self.cond_tokens, ttff_ms=self.ttff_ms, preroll=pl.prebuffer,
             warm=self.started_warm,
-            graph_captures=self.graph_captures, graph_misses=self.runner.misses,
+            graph_captures=self.graph_captures, graph_misses=self.graph_misses,
         )
 
 

@@ -182,3 +182,22 @@ def test_the_cli_warms_the_worker_once_and_passes_the_preroll(capsys):
 
     sessions = [json.loads(line) for line in out[1:]]
     assert [s["preroll"] for s in sessions] == [3, 3] and all(s["warm"] for s in sessions)
+
+
+def test_a_sessions_graph_counts_are_its_own(cpu_graphs):
+    """graph_captures / graph_misses count this session's work on every runner it used: not the warm
+    runner's lifetime totals, and not only the runner it ended with."""
+    from worker.turns import TurnInbox
+
+    w = _worker()
+    w.warm(PROD)
+    inbox = TurnInbox()
+    inbox.submit(tokens=11)  # during the fill: that bucket's graphs lack these window sizes -> misses
+    first = w.run_session(steps=10, realtime=False, switches=PROD, cond_tokens=3, turns=inbox)
+    assert first.graph_misses > 0
+    again = w.run_session(steps=10, realtime=False, switches=PROD, cond_tokens=3)
+    assert again.graph_misses == 0 and again.graph_captures == 0
+    # a flip rebuilds the cache: the session's own runner captures, and those captures are this session's
+    flipped = w.run_session(steps=12, realtime=False, switches=PROD, cond_tokens=3,
+                            switch_source={2: {"delta_rotation": False}}.get)
+    assert flipped.graph_captures == 2  # plain + probed, once the rebuilt window is full
