@@ -113,7 +113,10 @@ def evaluate(preset: str = "tiny", device: str = "cpu", switches: list[str] | No
     if "drift" in judges or drift_steps:
         judges = tuple(dict.fromkeys([*judges, "drift"]))
         drift_steps = drift_steps or 14_400
+    t0 = time.perf_counter()
     models = Models(shape, dev, dtype=torch.bfloat16, fp8=True, truth_dtype=truth_dtype)
+    log(f"models built ({preset}, truth {truth}) in {time.perf_counter() - t0:.1f} s; configurations: "
+        f"{', '.join(cands)}")
     out: dict[str, Any] = {
         "preset": preset, "tp": tp, "device": str(dev), "release": release,
         "gpu_kind": gpu_kind or (torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"),
@@ -126,14 +129,14 @@ def evaluate(preset: str = "tiny", device: str = "cpu", switches: list[str] | No
     out["series"] = series
     if "teacher_forced" in judges:
         t0 = time.perf_counter()
-        tf = teacher_forced(models, cands, steps, metric=metric_fn, seed=seed, tamper=tamper)
+        tf = teacher_forced(models, cands, steps, metric=metric_fn, seed=seed, tamper=tamper, log=log)
         out["timings_s"]["teacher_forced"] = round(time.perf_counter() - t0, 2)
         series["teacher_forced"] = {"plain": tf.plain, "candidates": tf.candidates, "identical": tf.identical}
         log(f"teacher-forced: {steps} steps, {len(cands)} configurations, {out['timings_s']['teacher_forced']} s")
     if "free_running" in judges:
         t0 = time.perf_counter()
         fr = free_running(models, cands, steps, reruns, metric=metric_fn, seed=seed, perturbation=perturbation,
-                          tamper=tamper)
+                          tamper=tamper, log=log)
         out["timings_s"]["free_running"] = round(time.perf_counter() - t0, 2)
         out["perturbation"] = fr.perturbation
         series["free_running"] = {"reruns": fr.reruns, "candidates": fr.candidates}
@@ -143,8 +146,7 @@ def evaluate(preset: str = "tiny", device: str = "cpu", switches: list[str] | No
         t0 = time.perf_counter()
         every = max(1, drift_steps // 200)
         dr = teacher_forced(models, {name: cands[name]}, drift_steps, metric=metric_fn, seed=seed,
-                            tamper=tamper, probe_every=every,
-                            progress=lambda i: (i + 1) % 1000 == 0 and log(f"drift: step {i + 1}/{drift_steps}"))
+                            tamper=tamper, probe_every=every, log=log)
         out["timings_s"]["drift"] = round(time.perf_counter() - t0, 2)
         series["drift"] = {"configuration": name, "segment": shape.reset_every, "plain": dr.plain,
                            "candidate": dr.candidates[name], "reset": dr.reset, "saturated": dr.saturated[name]}

@@ -196,6 +196,27 @@ def _sync_window(src: KVCache, dst: KVCache) -> None:
     dst.load_tokens(k.to(dst.dtype), v.to(dst.dtype), next_pos)
 
 
+class _Progress:
+    """Log lines with the seconds since the run began: at steps 1, 2, 5, 10, 20, 50, 100, 200, 500 and
+    every 1,000 after; reading a step's result has synced by then, so the times are the device's."""
+
+    LADDER = (1, 2, 5, 10, 20, 50, 100, 200, 500)
+
+    def __init__(self, what: str, steps: int, log: Callable[[str], None] | None):
+        import time
+
+        self.what, self.steps, self.log, self.t0, self._now = what, steps, log, time.perf_counter(), time.perf_counter
+
+    def say(self, msg: str) -> None:
+        if self.log is not None:
+            self.log(f"{self.what}: {msg} at {self._now() - self.t0:.1f} s")
+
+    def step(self, i: int) -> None:
+        n = i + 1
+        if n in self.LADDER or n % 1000 == 0 or n == self.steps:
+            self.say(f"step {n}/{self.steps}")
+
+
 @dataclass
 class TeacherForced:
     """Per step: the plain path's error and each candidate's, against the truth from the same state."""
@@ -210,11 +231,14 @@ class TeacherForced:
 
 def teacher_forced(models: Models, candidates: dict[str, Switches], steps: int, *, metric: Metric = rel_l2,
                    seed: int = 0, tamper: dict[str, Callable] | None = None, probe_every: int = 0,
-                   progress: Callable[[int], None] | None = None) -> TeacherForced:
+                   log: Callable[[str], None] | None = None) -> TeacherForced:
     """Each candidate and the plain path stepped from the truth's window and inputs, ``steps`` steps.
     ``probe_every`` > 0: every that many steps, the share of a static-scale candidate's FP8 GEMM inputs at
-    +-448 (the clipping of its calibrated scales; reading it syncs, fine outside serving)."""
+    +-448 (the clipping of its calibrated scales; reading it syncs, fine outside serving). ``log``: a
+    line per arm started and at a ladder of steps (a prod-sized run takes minutes before its first)."""
     from worker.fp8 import SaturationProbe
+
+    clock = _Progress("teacher-forced", steps, log)
 
     shape, dev = models.shape, models.device
     cond, g = session_inputs(shape, dev, seed)
@@ -228,6 +252,7 @@ def teacher_forced(models: Models, candidates: dict[str, Switches], steps: int, 
         cands[name] = Run(name, sw, m, models.cache(m, sw))
     for r in (truth, plain, *cands.values()):
         r.start(cond, (tamper or {}).get(r.name))
+        clock.say(f"{r.name} started (first forward)")
     out = TeacherForced(steps, [], [], {n: [] for n in cands}, {n: True for n in cands},
                         {n: [] for n in cands})
     probe = SaturationProbe(dev)
@@ -251,8 +276,7 @@ def teacher_forced(models: Models, candidates: dict[str, Switches], steps: int, 
                 out.saturated[name].append((i, float(probe.count) / max(probe.total, 1)))
             out.candidates[name].append(metric(y.float(), ref))
             out.identical[name] = out.identical[name] and torch.equal(y, low)
-        if progress is not None:
-            progress(i)
+        clock.step(i)
     return out
 
 
@@ -267,7 +291,7 @@ class FreeRunning:
 
 
 def _trajectory(models: Models, sw: Switches, steps: int, seed: int, perturb: int | None,
-                tamper: Callable | None = None) -> torch.Tensor:
+                tamper: Callable | None = None, clock: _Progress | None = None) -> torch.Tensor:
     cond, g = session_inputs(models.shape, models.device, seed)
     m = models.arm(sw)
     r = Run("run", sw, m, models.cache(m, sw), perturb=perturb)
@@ -276,12 +300,14 @@ def _trajectory(models: Models, sw: Switches, steps: int, seed: int, perturb: in
     for i in range(steps):
         reset = i > 0 and i % models.shape.reset_every == 0
         out.append(r.step(_noise(models.shape, g, models.device), reset).float().cpu())
+        if clock is not None:
+            clock.step(i)
     return torch.stack(out)
 
 
 def free_running(models: Models, candidates: dict[str, Switches], steps: int, reruns: int, *,
                  metric: Metric = rel_l2, seed: int = 0, perturbation: str = "auto",
-                 tamper: dict[str, Callable] | None = None) -> FreeRunning:
+                 tamper: dict[str, Callable] | None = None, log: Callable[[str], None] | None = None) -> FreeRunning:
     """The unperturbed plain run, ``reruns`` perturbed plain reruns and ``reruns`` perturbed runs of each
     candidate (perturbation "input", "nondeterminism", or "auto": the device's own on CUDA unless its
     reruns are bitwise identical to the first run, the input perturbation on CPU)."""
@@ -290,17 +316,26 @@ def free_running(models: Models, candidates: dict[str, Switches], steps: int, re
     if perturbation not in ("auto", "input", "nondeterminism"):
         raise ValueError(f"perturbation {perturbation!r}; valid: auto, input, nondeterminism")
     plain_sw = Switches()
-    base = _trajectory(models, plain_sw, steps, seed, None)
+    clock = _Progress("free-running", steps, log)
+    base = _trajectory(models, plain_sw, steps, seed, None, clock=clock)
+    clock.say("plain run done")
     mode = perturbation
     if mode == "auto":
         mode = "nondeterminism" if models.device.type == "cuda" else "input"
-    runs = [_trajectory(models, plain_sw, steps, seed, r if mode == "input" else None) for r in range(reruns)]
-    if mode == "nondeterminism" and all(torch.equal(x, base) for x in runs):
-        if perturbation == "nondeterminism":
-            raise RuntimeError("the plain reruns are bitwise identical on this device: no rerun band; "
-                               "use --perturbation input")
-        mode = "input"
-        runs = [_trajectory(models, plain_sw, steps, seed, r) for r in range(reruns)]
+    runs = []
+    if mode == "nondeterminism":  # one unperturbed rerun says whether the device varies at all
+        first = _trajectory(models, plain_sw, steps, seed, None)
+        if torch.equal(first, base):
+            if perturbation == "nondeterminism":
+                raise RuntimeError("the plain reruns are bitwise identical on this device: no rerun band; "
+                                   "use --perturbation input")
+            mode = "input"
+            clock.say("the device repeats the plain run bit for bit: input perturbation")
+        else:
+            runs.append(first)
+    runs += [_trajectory(models, plain_sw, steps, seed, r if mode == "input" else None)
+             for r in range(len(runs), reruns)]
+    clock.say(f"{reruns} plain reruns done")
 
     def dist(traj: torch.Tensor, ref: torch.Tensor) -> list[float]:
         return [metric(traj[i], ref[i]) for i in range(steps)]
@@ -310,4 +345,5 @@ def free_running(models: Models, candidates: dict[str, Switches], steps: int, re
         t = (tamper or {}).get(name)
         out.candidates[name] = [dist(_trajectory(models, sw, steps, seed, r if mode == "input" else None, t), runs[r])
                                 for r in range(reruns)]
+        clock.say(f"{name}: {reruns} runs done")
     return out
