@@ -48,11 +48,12 @@ from typing import Any
 import orjson
 
 from collector.records import SWITCH_NAMES
+from collector.switch_names import PRODUCTION_OFF
 
-# The production configuration a release's workers start with (every optimization on, the fault switch
-# off). Information for dashboards only (GET /v1/switches/rules ``defaults``): never sent to a worker as
+# The production configuration a release's workers start with (every optimization on; the fault switch
+# and the playout policies but the production one off: switch_names.PRODUCTION_OFF). Information for dashboards only (GET /v1/switches/rules ``defaults``): never sent to a worker as
 # a decision -- a switch no rule names is left to the worker.
-DEFAULTS: dict[str, bool] = {n: n != "buffer_per_shape" for n in SWITCH_NAMES}
+DEFAULTS: dict[str, bool] = {n: n not in PRODUCTION_OFF for n in SWITCH_NAMES}
 SCOPE_KEYS: tuple[str, ...] = ("gpu_kind", "release", "worker_id")
 BUCKETS = 100
 

@@ -73,7 +73,7 @@ EVALUATION_METRICS: tuple[str, ...] = (
 EVALUATION_VERDICTS: tuple[str, ...] = ("pass", "fail", "no_effect", "incomplete")
 EVALUATED: tuple[str, ...] = (*NUMERIC_SWITCHES, "production")  # what an evaluation judges
 # What the player does, at a turn, with chunks made with the old conditioning (worker/turns.py)
-PLAYOUT_POLICIES: tuple[str, ...] = ("keep", "drop_unplayed", "trim")
+PLAYOUT_POLICIES: tuple[str, ...] = ("keep", "drop_unplayed", "trim", "cover")
 
 # A record stamped further ahead than this is refused (clock skew beyond reason).
 MAX_FUTURE_SKEW = timedelta(minutes=5)

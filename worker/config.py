@@ -14,7 +14,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
-from collector.switch_names import SWITCH_NAMES  # dependency-free: the GPU machine has no pydantic
+from collector.switch_names import (  # dependency-free: the GPU machine has no pydantic
+    PLAYOUT_SWITCHES,
+    PRODUCTION_OFF,
+    SWITCH_NAMES,
+)
 
 
 class ShapeError(ValueError):
@@ -197,6 +201,10 @@ class Switches:
     compile: bool = False
     static_scales: bool = False  # FP8 activations: static per-tensor scales (off: per-token dynamic scales)
     buffer_per_shape: bool = False  # fault switch: reproduces the August leak
+    # a turn's playout policy (worker/turns.py): at most one on; none on is the plain path, keep
+    turn_drop_unplayed: bool = False
+    turn_trim: bool = False
+    turn_cover: bool = False
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -205,6 +213,27 @@ class Switches:
         problem = _cache_problem(self.on())
         if problem:
             raise SwitchError(f"{problem}. Valid cache combinations: {'; '.join(_cache_combos())}")
+        policies = sorted(self.on() & PLAYOUT_SWITCHES.keys())
+        if len(policies) > 1:
+            raise SwitchError(f"playout policies {policies} are on together; valid: at most one of "
+                              f"{', '.join(PLAYOUT_SWITCHES)} (none: keep)")
+
+    @property
+    def playout_policy(self) -> str:
+        """The turn playout policy these switches pick (worker/turns.py): keep when none is on."""
+        return next((p for n, p in PLAYOUT_SWITCHES.items() if getattr(self, n)), "keep")
+
+    def with_policy(self, policy: str) -> Switches:
+        """These switches with ``policy`` as the playout policy (keep: every turn_* switch off)."""
+        valid = ("keep", *PLAYOUT_SWITCHES.values())
+        if policy not in valid:
+            raise SwitchError(f"playout policy {policy!r}; valid policies: {', '.join(valid)}")
+        return self.with_(**{n: p == policy for n, p in PLAYOUT_SWITCHES.items()})
+
+    def model_switches(self) -> Switches:
+        """The switches that shape the step's work (the playout policies cleared): what a warm worker's
+        cache and graphs were made for."""
+        return self.with_policy("keep")
 
     def on(self) -> set[str]:
         return {f.name for f in fields(self) if getattr(self, f.name)}
@@ -232,8 +261,9 @@ class Switches:
 
     @classmethod
     def all_on(cls, **off: bool) -> Switches:
-        """Every optimization on (the fault switch stays off)."""
-        m = {n: True for n in SWITCH_NAMES if n != "buffer_per_shape"}
+        """Every optimization on: the production configuration (the fault switch and the playout
+        policies other than the production one stay off: ``PRODUCTION_OFF``)."""
+        m = {n: n not in PRODUCTION_OFF for n in SWITCH_NAMES}
         return cls.from_mapping({**m, **off})
 
 
