@@ -54,8 +54,9 @@ def register(subparsers) -> None:
     run.add_argument("--no-realtime", action="store_true", help="do not wait for the player (as fast as possible)")
     run.add_argument("--turns-every", default=None, metavar="LO,HI",
                      help="conversational turns every LO-HI seconds, speaking and listening by turns (worker/turns.py)")
-    run.add_argument("--playout-policy", default="keep", choices=("keep", "drop_unplayed", "trim"),
-                     help="what a turn does with the chunks made before it (default keep: play them)")
+    run.add_argument("--playout-policy", default=None, choices=("keep", "drop_unplayed", "trim", "cover"),
+                     help="what a turn does with the chunks made before it (default: the switches' turn_* "
+                          "policy, keep when none is on: play them; worker/turns.py)")
     run.add_argument("--preroll", type=int, default=PREROLL, metavar="CHUNKS",
                      help=f"chunks the player buffers before playback starts, 1..4 (default {PREROLL}): each is about "
                           "one step of time to first frame, and slack before a slow step makes a chunk late")

@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from collector.switch_names import SWITCH_NAMES
+from collector.switch_names import PLAYOUT_SWITCHES, SWITCH_NAMES
 from worker.buffers import BufferRegistry
 from worker.cache import CACHE_SWITCHES, KVCache, make_cache, rebuild_cache
 from worker.config import (
@@ -96,6 +96,7 @@ class SessionSummary:
     probed_steps: int = 0  # steps whose FP8 saturation was counted (static_scales on)
     max_fp8_saturated: float | None = None  # the largest share of FP8 GEMM inputs at +-448
     turns: int = 0  # conversational turns applied (worker/turns.py)
+    dropped_chunks: int = 0  # chunks made and never played: the turns' playout policy dropped them
     cond_tokens: int = 0  # the prompt's conditioning length (first_forward_tokens: after bucketing)
     ttff_ms: float | None = None  # session start -> the player's first frame (None: never started)
     preroll: int = 0  # chunks buffered before playback started
@@ -216,8 +217,11 @@ class Worker:
         return self.warmed
 
     def warm_for(self, switches: Switches) -> _Warm | None:
-        """The warm state when it was made for exactly these switches."""
-        return self.warmed if self.warmed is not None and self.warmed.switches == switches else None
+        """The warm state when it was made for these switches (the playout policy aside: it changes no
+        step's work)."""
+        if self.warmed is None or self.warmed.switches.model_switches() != switches.model_switches():
+            return None
+        return self.warmed
 
     @property
     def registry(self) -> BufferRegistry:
@@ -254,7 +258,7 @@ class Worker:
         if self.warmed is None or self.warmed.runner.capture != "never":
             return  # not warm, or this was one of warm()'s own sessions
         final = Switches.decode(summary.switches)
-        if final != self.warmed.switches:
+        if final.model_switches() != self.warmed.switches.model_switches():
             log.info("switches changed to [%s]: re-warming", summary.switches)
             self.warm(final, self.warmed.buckets)
 
@@ -267,7 +271,8 @@ class Session:
                  chunk_period_s: float = CHUNK_PERIOD_S, playout_capacity: int = 4, max_in_flight: int = 3,
                  client_kwargs: dict | None = None, sync_debug: bool | str = False, detail_every: int | None = None,
                  saturation_every: int | None = None, turns: TurnInbox | None = None,
-                 playout_policy: str = "keep", preroll: int = PREROLL, power_source=None):
+                 playout_policy: str | None = None, preroll: int = PREROLL, power_source=None,
+                 stop_when=None):
         self.w = worker
         # any host sync in the loop raises (True / "error") or warns ("warn": the bench counts them)
         self.sync_mode = "error" if sync_debug is True else (sync_debug or None)
@@ -278,7 +283,10 @@ class Session:
         if steps is None:
             steps = max(1, round((seconds if seconds is not None else 10.0) / chunk_period_s))
         self.n_steps = steps
-        self.switches = self.start_switches = _as_switches(switches)
+        self.switches = _as_switches(switches)
+        if playout_policy is not None:  # the argument overrides the switches' turn_* (worker/turns.py)
+            self.switches = self.switches.with_policy(check_policy(playout_policy))
+        self.start_switches = self.switches
         self.session_id = session_id or uuid.uuid4().hex[:16]
         rng = random.Random(seed if seed is not None else self.session_id)
         lo, hi = shape.cond_tokens
@@ -287,6 +295,7 @@ class Session:
             raise ShapeError(f"cond_tokens {self.cond_tokens} out of range; valid: 1..{shape.window - shape.new_tokens}")
         self.seed = rng.randrange(2**31)
         self.realtime = realtime
+        self.stop_when = stop_when  # () -> bool, asked at each step boundary: end the session there (a bench)
         self.max_in_flight = max_in_flight
         self.labels = {"worker_id": worker.worker_id, "session_id": self.session_id,
                        "release": worker.release, "gpu_kind": worker.gpu_kind}
@@ -300,7 +309,7 @@ class Session:
                                                 worker.gpu_kind, token)
         if not 1 <= preroll <= playout_capacity:
             raise ValueError(f"preroll {preroll!r}; valid: 1..{playout_capacity} chunks (the playout buffer)")
-        self.playout_policy = check_policy(playout_policy)  # what a turn does to old chunks (worker/turns.py)
+        self.playout_policy = self.switches.playout_policy  # what a turn does to old chunks (worker/turns.py)
         self.playout = (TurnPlayer if turns is not None else Playout)(chunk_period_s, capacity=playout_capacity,
                                                                       prebuffer=preroll)
         gpus = sorted({i for i in (worker.device.index or 0, torch.cuda.device_count() - 1)
@@ -313,7 +322,7 @@ class Session:
         if self.saturation_every < 1:
             raise ValueError(f"saturation_every {saturation_every!r}; valid: a positive number of steps")
         self.probe = worker.probe if telemetry else None
-        self.turns = (Turns(turns, playout_policy, self.playout, self.tel, worker.model, self.seed + 1,
+        self.turns = (Turns(turns, self.playout_policy, self.playout, self.tel, worker.model, self.seed + 1,
                             cross=weak_method(self._turn_cross)) if turns is not None else None)
         self.switch_events: list[dict[str, Any]] = []
         self.loop_s = 0.0
@@ -343,7 +352,11 @@ class Session:
             self.decoder = self.w.decoder(new.decoder_own_gpu)
             self.tel.sync_clock(self.decoder.device)
         self.switches = new
-        self.runner = self._runner()
+        self.playout_policy = new.playout_policy
+        if self.turns is not None:
+            self.turns.policy = new.playout_policy
+        if changed.keys() - PLAYOUT_SWITCHES.keys():  # a policy alone changes no step's work: same runner
+            self.runner = self._runner()
         ev = {"step": step, "changed": changed, "switches": new.encode()}
         self.switch_events.append(ev)
         self.tel.event("switch_applied", **ev)
@@ -458,11 +471,16 @@ class Session:
             if self.sync_debug:
                 torch.cuda.set_sync_debug_mode(self.sync_mode)
             for i in range(self.n_steps):
+                if self.stop_when is not None and self.stop_when():
+                    break
                 self._poll_switches(i)
                 held = self._wait_for_room(i, stop=self.turns.due if self.turns else None)
-                if self.turns is not None and self.turns.due():  # a turn, at this step boundary
-                    cond_kv = self.turns.apply(i, cond_kv, self.cache, tel.in_flight(), self._chunk_s())
-                    held = self._wait_for_room(i) or held
+                if self.turns is not None:
+                    req, superseded = self._take_turn()
+                    if req is not None:  # a turn, at this step boundary
+                        cond_kv = self.turns.apply(i, req, superseded, cond_kv, self.cache, tel.in_flight(),
+                                                   self._chunk_s(), reset=i > 0 and i % shape.reset_every == 0)
+                        held = self._wait_for_room(i) or held
                 tel.begin_step(i, held=held)
                 if self.turns is not None:
                     self.turns.step_begun(i)
@@ -504,14 +522,26 @@ class Session:
         self.graph_captures, self.graph_misses = self._graph_counts()
         return self._finish(t_wall0, common)
 
+    def _take_turn(self):
+        """The turn to apply at this step boundary, if any: (request, superseded) or (None, 0). Under
+        tensor parallel every rank takes the same (worker/parallel.py ``TPSession``)."""
+        return self.turns.take()
+
     def _chunk_s(self) -> float:
-        """The recent time to make one chunk (the longest of the last 8 periods; a turn's trim policy)."""
+        """The recent chunk period (the longest of the last 8 periods: trim's estimate, which keeps it as
+        measured on the H200; the periods include the player's pacing, see worker/turns.py)."""
         recent = self.tel.stats.period_ms[-8:]
         return max(recent) / 1e3 if recent else self.playout.period_s
 
+    def _short_queue(self) -> bool:
+        """The ``cover`` policy keeps the device queue short in a session with turns: a step starts once
+        the device has finished the one before, so a turn waits for the step in progress alone."""
+        return self.turns is not None and self.playout_policy == "cover"
+
     def _wait_for_room(self, i: int, stop=None) -> bool:
-        """Real time: wait while the player's buffer is full; never more than a few steps in flight;
-        ``stop()`` true (a turn arrived): return at once.
+        """Real time: wait while the player's buffer is full; never more than a few steps in flight (one
+        on the device under ``cover``, polled with ``event.query()``: no sync); ``stop()`` true (a turn
+        arrived): return at once.
 
         Returns whether the player held this step back (the worker was ahead of real time)."""
         tel = self.tel
@@ -523,6 +553,9 @@ class Session:
             now = time.perf_counter()
             if tel.in_flight() >= self.max_in_flight and not tel.oldest_done():
                 time.sleep(0.0005)
+                continue
+            if self._short_queue() and tel.device_busy():
+                time.sleep(0.0002)
                 continue
             wait = self.playout.wait_s(i, now) if self.realtime else 0.0
             if wait <= 0:
@@ -567,6 +600,7 @@ class Session:
             graphed_steps=sum(st.graphed), probed_steps=len(st.saturated),
             max_fp8_saturated=max(st.saturated) if st.saturated else None,
             turns=self.turns.applied if self.turns is not None else 0,
+            dropped_chunks=getattr(pl, "dropped_chunks", 0),
             cond_tokens=self.cond_tokens, ttff_ms=self.ttff_ms, preroll=pl.prebuffer,
             warm=self.started_warm,
             graph_captures=self.graph_captures, graph_misses=self.graph_misses,

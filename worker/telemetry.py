@@ -368,6 +368,8 @@ class StepStats:
     steps: int = 0
     diffusion_ms: list[float] = field(default_factory=list)
     period_ms: list[float] = field(default_factory=list)
+    make_ms: list[float] = field(default_factory=list)  # a chunk's own making: its step's start -> delivery
+    reset_make_ms: list[float] = field(default_factory=list)  # the same, position-reset steps only
     upkeep_ms: list[float] = field(default_factory=list)
     attention_ms: list[float] = field(default_factory=list)
     decode_ms: list[float] = field(default_factory=list)
@@ -459,8 +461,9 @@ class Telemetry:
         self._put("session", row)
 
     def turn(self, row: dict[str, Any]) -> None:
-        """A conversational turn (worker/turns.py)."""
-        self._put("turn", row)
+        """A conversational turn (worker/turns.py); none with telemetry off (a TP rank other than 0)."""
+        if self.enabled:
+            self._put("turn", row)
 
     # -- the step loop's marks -----------------------------------------------------------------
 
@@ -493,6 +496,27 @@ class Telemetry:
 
     def in_flight(self) -> int:
         return len(self._pending)
+
+    def device_busy(self) -> bool:
+        """Is a step's diffusion still queued or running on the device (``event.query()``: no sync)?
+        On the CPU a step is done when the loop moves on: never."""
+        return self.cuda and any(not p.diffusion_end.query() for p in self._pending)
+
+    def device_ahead_s(self, now: float, step_s: float) -> float:
+        """Seconds of diffusion the device still has queued at ``now``, reading only events already done
+        (no sync): a step whose start event is done runs since its wall time, ``step_s`` long; one not
+        started counts ``step_s`` whole. 0 on the CPU (each step is done before the loop goes on)."""
+        if not self.cuda:
+            return 0.0
+        ahead = 0.0
+        for p in self._pending:
+            if p.diffusion_end.query():
+                continue
+            if p.start.query():
+                ahead += max(0.0, self._wall(p.start, self.device) + step_s - now)
+            else:
+                ahead += step_s
+        return ahead
 
     def oldest_done(self) -> bool:
         return not self._pending or self._done(self._pending[0])
@@ -571,6 +595,9 @@ class Telemetry:
         st.steps += 1
         st.diffusion_ms.append(diffusion_ms)
         st.period_ms.append(period_ms)
+        st.make_ms.append((t_done - t_start) * 1e3)
+        if p.reset:
+            st.reset_make_ms.append((t_done - t_start) * 1e3)
         st.graphed.append(p.graphed)
         if upkeep is not None:
             st.upkeep_ms.append(upkeep)

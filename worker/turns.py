@@ -16,9 +16,24 @@ conditioning that have not started playing, buffered or still being made:
   the time to make it (the steps ahead of it, the recompute, its own step) less what is left of the
   chunk playing now.
 - ``trim`` (the middle): keep only as many as cover the expected time until the first new chunk
-  arrives (the recent chunk time x the steps ahead of it and its own, plus the last recompute and
-  ``margin`` chunk periods), drop the rest: about ``drop_unplayed``'s latency without its gap, while
-  the estimate holds.
+  arrives (the recent chunk period x the steps ahead of it and its own, plus the last recompute and
+  ``margin`` chunk periods), drop the rest. Its estimate reads periods, which include the player's
+  pacing (167 ms, not the device's step), and the producer still runs up to ``max_in_flight`` steps
+  ahead of the device: on the H200 it kept ~2 chunks too many (614 ms p50, docs/PERFORMANCE.md).
+- ``cover`` (the production policy, switch ``turn_cover``): trim's rule on the device's own times
+  (``cover_estimate``): the diffusion still queued on the device (``Telemetry.device_ahead_s``: only
+  events already done are read), the largest recent recompute, the largest recent time to make a
+  chunk (a position-reset step's own when the first new step resets), and ``COVER_MARGIN`` periods for
+  what no event measures. And the session keeps the device queue short (``Session._wait_for_room``:
+  a step starts once the device has finished the one before, polled with ``event.query()``), so a turn
+  waits for at most the step in progress: the playout buffer, not the device queue, protects against
+  stalls. What it costs: the old chunks dropped (their GPU work thrown away) and the producer's
+  reaction time between steps while it catches up.
+
+Which policy a session runs is a switch (``Switches.playout_policy``: at most one of turn_drop_unplayed,
+turn_trim, turn_cover on; none is keep), flipped by the control plane at a step boundary like any other.
+Under tensor parallel rank 0 takes the turns and hands each, with its conditioning, to the other ranks
+at the same step boundary (worker/parallel.py ``TPSession._take_turns``: a host-side gloo broadcast).
 
 A turn's latency runs from its arrival to the start of playback of its first chunk, as the player's
 clock says, in four parts that sum to it: wait (for the step in progress, on the device: until the
@@ -41,8 +56,14 @@ import torch
 
 from worker.telemetry import Playout
 
-POLICIES: tuple[str, ...] = ("keep", "drop_unplayed", "trim")
+POLICIES: tuple[str, ...] = ("keep", "drop_unplayed", "trim", "cover")
 TRIM_MARGIN = 0.5  # trim: chunk periods kept beyond the estimate (the estimate's error)
+# cover: chunk periods beyond its estimate. The step-time spread is in the estimate already (the largest
+# of the last RECENT steps); this covers what no event measures: the host's reaction between the step
+# ahead finishing and the new step's launch (sub-millisecond polls, a graph launch) and the drift of the
+# event -> perf_counter mapping over a session.
+COVER_MARGIN = 0.1
+RECENT = 16  # steps (and recomputes) the cover estimate takes its largest times from
 
 
 class TurnError(ValueError):
@@ -78,7 +99,11 @@ class TurnInbox:
         self._lock = threading.Lock()
 
     def submit(self, tokens: int | None = None, cond: torch.Tensor | None = None, speaking: bool = True) -> None:
+        """A turn of ``tokens`` (seeded random conditioning) or of ``cond`` [tokens, d_model]: kept as a
+        host float32 copy, made here in the caller's thread (the step loop copies it to the device,
+        and under tensor parallel broadcasts it from the host)."""
         if cond is not None:
+            cond = cond.detach().to("cpu", torch.float32)
             tokens = cond.shape[0]
         if tokens is None or tokens < 1:
             raise TurnError(f"a turn needs conditioning: tokens {tokens!r}; valid: >= 1, or a [L, d] tensor")
@@ -213,7 +238,8 @@ class TurnPlayer(Playout):
     def apply_policy(self, policy: str, t: float, first_new: int, cover_s: float) -> int:
         """At time t the chunks from ``first_new`` on use a turn's conditioning: keep or drop, per
         ``policy``, the older ones not started; ``cover_s``: the expected seconds until the first new
-        chunk arrives (``trim``). Returns the chunks dropped."""
+        chunk arrives (``trim`` and ``cover`` keep the old chunks that play until then). Returns the
+        chunks dropped."""
         check_policy(policy)
         first_slot = self.started(t, self.slot(first_new))
         lo = max(0, first_new - 64)  # never more than the buffer + the steps in flight
@@ -221,7 +247,7 @@ class TurnPlayer(Playout):
         if policy == "keep" or not old:
             return 0
         keep = 0
-        if policy == "trim":
+        if policy in ("trim", "cover"):
             if self.start is None:
                 keep = len(old)
             else:  # the chunk playing now ends at `end`; keep enough to play until the new one is in
@@ -261,6 +287,14 @@ class _Turn:
     marks: dict = field(default_factory=dict)  # r0, r1, g0: perf_counter floats (CPU) or CUDA events
 
 
+def cover_estimate(ahead_s: float, recompute_s: float, make_s: float, period_s: float,
+                   margin: float = COVER_MARGIN) -> float:
+    """``cover``'s expected seconds from now until the first chunk with a turn's conditioning is
+    delivered: the diffusion the device still has queued, then the recompute, then that chunk's own
+    making (its step's start -> delivery), plus ``margin`` chunk periods."""
+    return ahead_s + recompute_s + make_s + margin * period_s
+
+
 class Turns:
     """A session's turns: takes them at step boundaries, recomputes the cross K/V, applies the policy,
     and emits a ``turn`` record once the first chunk that uses a turn has its playback time."""
@@ -278,12 +312,18 @@ class Turns:
         self.applied = 0
         self.emitted = 0
         self.last_recompute_s = 0.0
+        self.recomputes: deque[float] = deque(maxlen=RECENT)  # measured, seconds (cover's estimate)
 
     def start(self, t0: float) -> None:
         self.inbox.start(t0)
 
     def due(self) -> bool:
         return self.inbox.due(time.perf_counter())
+
+    def take(self) -> tuple[TurnRequest | None, int]:
+        """The latest turn arrived by now and how many earlier ones it supersedes (None, 0: none)."""
+        reqs = self.inbox.take(time.perf_counter())
+        return (reqs[-1], len(reqs) - 1) if reqs else (None, 0)
 
     def _mark(self):
         if self.cuda:
@@ -302,33 +342,43 @@ class Turns:
             kept -= not e.dropped
         return max(0, kept - pl.started(t, kept))
 
-    def apply(self, step: int, cond_kv, cache, in_flight: int, chunk_s: float):
-        """At the boundary before ``step``: the turns arrived so far (the latest applies) -> the cross K/V
-        the chunks use from ``step`` on. ``in_flight``: old chunks still being made; ``chunk_s``: the
-        recent time to make one (trim's estimate)."""
-        reqs = self.inbox.take(time.perf_counter())
-        if not reqs:
-            return cond_kv
-        req = reqs[-1]
+    def cover_s(self, policy: str, now: float, in_flight: int, chunk_s: float, reset: bool) -> float:
+        """The expected seconds from ``now`` until the first new chunk is in, as ``policy`` estimates it
+        (the recompute launched already; on the CPU it is done by now)."""
+        period = self.player.period_s
+        if policy == "trim":  # the steps ahead and its own at the recent period, the last recompute
+            return chunk_s * (in_flight + 1) + self.margin * period + (self.last_recompute_s if self.cuda else 0.0)
+        st = self.tel.stats
+        steps = st.diffusion_ms[-RECENT:]
+        step_s = max(steps) / 1e3 if steps else period
+        makes = (st.reset_make_ms if reset and st.reset_make_ms else st.make_ms)[-RECENT:]
+        make_s = max(makes) / 1e3 if makes else step_s
+        if not self.cuda:  # every step ahead and the recompute are done: the new chunk's making only
+            return cover_estimate(0.0, 0.0, make_s, period)
+        recompute_s = max(self.recomputes) if self.recomputes else step_s  # none measured: one step's worth
+        return cover_estimate(self.tel.device_ahead_s(now, step_s), recompute_s, make_s, period)
+
+    def apply(self, step: int, req: TurnRequest, superseded: int, cond_kv, cache, in_flight: int,
+              chunk_s: float, reset: bool = False):
+        """At the boundary before ``step``: turn ``req`` (superseding ``superseded`` earlier ones) -> the
+        cross K/V the chunks use from ``step`` on. ``in_flight``: old chunks still being made;
+        ``chunk_s``: the recent chunk period (trim's estimate); ``reset``: ``step`` resets positions."""
         d = self.model.shape.d_model
         if req.cond is None:
             cond = torch.randn(req.tokens, d, generator=self.gen, device=self.model.device)
         elif req.cond.ndim != 2 or req.cond.shape[1] != d:
             raise TurnError(f"turn conditioning of shape {tuple(req.cond.shape)}; valid: [tokens, {d}]")
         else:
-            cond = req.cond.to(self.model.device)
-        t = _Turn(self.applied, req, len(reqs) - 1, step, self._depth_at(req.arrived), stall0=self.player.stall_s)
+            cond = req.cond.to(self.model.device, non_blocking=True)
+        t = _Turn(self.applied, req, superseded, step, self._depth_at(req.arrived), stall0=self.player.stall_s)
         self.applied += 1
         t.marks["r0"] = self._mark()
         new_kv = self.cross(cond, cache)
         t.marks["r1"] = self._mark()
-        # trim's estimate of when the first new chunk is in: the steps ahead of it and its own, and on
-        # CUDA the recompute (queued behind them; on the CPU it is done by now)
-        cover = chunk_s * (in_flight + 1) + self.margin * self.player.period_s
-        if self.cuda:
-            cover += self.last_recompute_s
         t.policy = req.policy or self.policy
-        t.dropped = self.player.apply_policy(t.policy, time.perf_counter(), step, cover)
+        now = time.perf_counter()
+        cover = self.cover_s(t.policy, now, in_flight, chunk_s, reset) if t.policy in ("trim", "cover") else 0.0
+        t.dropped = self.player.apply_policy(t.policy, now, step, cover)
         self.pending.append(t)
         return new_kv
 
@@ -359,6 +409,7 @@ class Turns:
         r0 = max(r0, arrived)
         r1 = max(r1, r0)
         self.last_recompute_s = r1 - r0
+        self.recomputes.append(r1 - r0)
         g0 = min(max(g0, r1), e.arrived)
         played = max(e.played, e.arrived)
         wait, recompute, generation = r0 - arrived, r1 - r0, e.arrived - g0
