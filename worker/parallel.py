@@ -15,7 +15,10 @@ registry of fused buffers is `tp.registry`; ``tp.buffers_registered`` feeds the 
 The decoder's own-GPU placement generalised: N denoising ranks hold GPUs 0..N-1 and the decoder runs
 on GPU N (the last visible one), driven by rank 0, which alone decodes and ships telemetry; rank 0
 also polls the switch control plane and hands each change to the other ranks at the same step
-boundary (a host-side gloo broadcast: no GPU sync). ``livestep worker run --tp N`` launches the N
+boundary (a host-side gloo broadcast: no GPU sync), and takes the conversational turns (worker/turns.py)
+and hands each, with its conditioning, to the other ranks at the step boundary it applies at (another
+gloo broadcast, once rank 0 has waited for room: every rank recomputes the cross K/V before the same
+step; the other ranks follow rank 0's pacing through it). ``livestep worker run --tp N`` launches the N
 ranks through torchrun (`launch_command`; under torchrun, `run_cli` is the per-rank entry point).
 """
 
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import uuid
 from dataclasses import dataclass, field
 
@@ -34,6 +38,7 @@ from worker.buffers import BufferRegistry, registry_for
 from worker.config import SWITCH_NAMES, ModelShape, Switches, tp_rank_of
 from worker.decoder import DecodeJob
 from worker.session import Session, Worker
+from worker.turns import POLICIES, TurnInbox, TurnRequest
 
 FP8_MAX = 448.0
 
@@ -307,6 +312,33 @@ class TPSession(Session):
         super()._apply(new, step)
         self.w.tp.apply_switches(self.switches)
 
+    def _take_turn(self):
+        """Rank 0's turn (if any) at this step boundary, on every rank: a header [turn?, tokens, speaking,
+        superseded, policy, conditioning given?] and the conditioning itself when given, host tensors
+        broadcast on the gloo control group (no GPU sync). A conditioning left to the session's seeded
+        generator is drawn alike on every rank (the same seed, the same turns in the same order)."""
+        w = self.w
+        if w.control is None:
+            return super()._take_turn()
+        req, superseded = super()._take_turn() if w.place.decodes else (None, 0)
+        head = torch.zeros(6, dtype=torch.int64)
+        if req is not None:
+            has_cond = req.cond is not None
+            policy = POLICIES.index(req.policy) + 1 if req.policy else 0
+            head[:] = torch.tensor([1, req.tokens, req.speaking, superseded, policy, has_cond])
+        dist.broadcast(head, 0, group=w.control)
+        if not head[0]:
+            return None, 0
+        _, tokens, speaking, superseded, policy, has_cond = (int(x) for x in head)
+        cond = None
+        if has_cond:
+            cond = req.cond.float() if w.place.decodes else torch.empty(tokens, self.w.shape.d_model)
+            dist.broadcast(cond, 0, group=w.control)
+        if w.place.decodes:
+            return req, superseded
+        return TurnRequest(tokens, bool(speaking), cond, time.perf_counter(),
+                           POLICIES[policy - 1] if policy else None), superseded
+
     def run(self):
         self.w.tp.apply_switches(self.switches)
         return super().run()
@@ -331,10 +363,15 @@ class TPWorker(Worker):
         """Nothing here: ``TensorParallel.row_parallel`` looks the real buffers up per call."""
 
     def run_session(self, **kw):
-        if self.control is not None:  # one session id (hence seed, prompt length) for every rank
-            box = [kw.get("session_id") or uuid.uuid4().hex[:16]]
+        if self.control is not None:  # one session id (hence seed, prompt length) for every rank, and
+            # whether it takes turns (rank 0's inbox; the others get theirs through _take_turn)
+            box = [kw.get("session_id") or uuid.uuid4().hex[:16], kw.get("turns") is not None]
             dist.broadcast_object_list(box, 0, group=self.control)
             kw["session_id"] = box[0]
+            if not self.place.decodes:
+                kw["turns"] = TurnInbox() if box[1] else None
+                if box[1]:  # rank 0's player paces the group: the others follow it at each turn broadcast
+                    kw["realtime"] = False
         if not self.place.decodes:
             kw.update(collector_url=None, client_kwargs=None, switch_source=None, telemetry=False)
         summary = self.observed(TPSession(self, **kw))
@@ -380,7 +417,7 @@ def run_cli(args) -> int:
     if not launched_by_torchrun():
         cmd = launch_command(args.tp, sys.argv[1:])
         os.execv(cmd[0], cmd)
-    from worker.cli import client_kwargs, warm_up
+    from worker.cli import _turns, client_kwargs, warm_up
     from worker.config import parse_switch_args
 
     sw = parse_switch_args(args.switch)
@@ -400,7 +437,9 @@ def run_cli(args) -> int:
             s = w.run_session(seconds=args.seconds, steps=args.steps, collector_url=args.collector,
                               token=args.token, switches=sw, switch_source=args.switch_source,
                               cond_tokens=args.cond_tokens, realtime=not args.no_realtime,
-                              client_kwargs=client_kwargs(args), preroll=args.preroll)  # fmt: skip
+                              client_kwargs=client_kwargs(args), preroll=args.preroll,
+                              turns=_turns(args, w) if place.decodes else None,
+                              playout_policy=args.playout_policy)  # fmt: skip
             if place.decodes:
                 print(f"session {s.session_id} tp={place.tp}: {s.steps} steps, {s.frames} frames, "
                       f"avg_fps {s.avg_fps}, late {s.late_chunks}, diffusion {s.mean_diffusion_ms} ms/step, "
