@@ -58,10 +58,24 @@ def _fps(row, ev) -> str:
     return f"{_pct(row['value'])} of {ev.get('sessions', '?')} sessions at or below {limit} fps{week}{ci}"
 
 
+def _memory_unit(name: str | None) -> str:
+    """What a memory finding's explanation counts (analytics/memory.py's names)."""
+    from analytics.memory import OVER_TIME, PER_SESSION, SIZED
+
+    return {PER_SESSION: "session served", OVER_TIME: "hour", SIZED: "token of the new first-forward shapes"}.get(
+        name, f"new {name or 'prompt'} shape")
+
+
 def _memory(row, ev) -> str:
     if row["metric"] == "processes_growing_per_shape":
-        return (f"{_num(row['value'])} of {_num(row['baseline'])} processes of this release reserve more memory "
-                f"with every new {ev.get('explained_by') or 'prompt'} shape")
+        grows = (f"{_num(row['value'])} of {_num(row['baseline'])} processes of this release reserve more memory "
+                 f"with every {_memory_unit(ev.get('explained_by'))}")
+        if ev.get("ambiguous_with"):  # the store cannot yet tell them apart: say so, with the evidence
+            apart = [t.get("sessions_telling_apart") for t in ev.get("key_tests", [])
+                     if ev.get("explained_by") in t.get("keys", []) and t.get("sessions_telling_apart") is not None]
+            told = f"; {min(apart)} sessions tell them apart so far" if apart else ""
+            grows += f", or with every {' or every '.join(_memory_unit(a) for a in ev['ambiguous_with'])}{told}"
+        return grows
     per_shape = f"{row['value'] / 1e9:.3g} GB" if row["value"] is not None else "?"
     eff = row.get("effect")
     buffers = "" if eff is None else f" ({eff:+.2g} fused-kernel buffer{'' if eff == 1 else 's'} per shape)"
@@ -70,8 +84,7 @@ def _memory(row, ev) -> str:
     tto = ev.get("hours_to_oom")
     oom = (f"; out of memory in ~{_hours(tto)} at this rate"
            if isinstance(tto, int | float) and not isinstance(tto, bool) else "")
-    unit = {"per session": "session served", "over time": "hour"}.get(ev.get("explained_by"),
-                                                                        f"new {ev.get('explained_by') or 'prompt'} shape")
+    unit = _memory_unit(ev.get("explained_by"))
     return f"{per_shape} reserved per {unit}{buffers}{shapes}{start}{oom}"
 
 

@@ -16,10 +16,15 @@ after the onset (``LADDER_H``). Per class it knows the answer:
   change points or drift) — their false alarms; the variance detector's info note is expected only
   where the class says so.
 
-Printed per detector and per class: recall (found at some rung), scope right (of the found, at the
-first rung that found it: the release, no GPU kind outside the incident's, the leak's key),
-attribution right (where the class has one), median hours from onset to the first correct finding,
-and false alarms. The catalog's answers are what the simulator injects; every detector judges only
+Printed per detector and per class: recall (found at some rung), scope right (of the found: the
+release, no GPU kind outside the incident's, the leak's key), attribution right (where the class has
+one), median hours from onset to the first finding, and false alarms. Scope is judged at the first rung
+that finds it, except a memory finding whose key is ambiguous (``key_confident`` false: the store does
+not yet hold the sessions that tell its explanations apart): it counts for recall, time, attribution
+and severity, and its key is judged at the first later rung whose finding commits to one ("h to scope";
+"ambiguous 1st": the share found ambiguous at first). An ambiguous key is never scored right, however
+its candidates are listed; a key named confidently and wrong is wrong, whatever later rungs say; a
+finding that stays ambiguous, or is gone at a later rung, is not right. The catalog's answers are what the simulator injects; every detector judges only
 what the store holds.
 """
 
@@ -85,6 +90,8 @@ class Outcome:
     false_alarms: list[str] = field(default_factory=list)
     note_found: bool | None = None
     seconds: float = 0.0
+    ambiguous_first: bool | None = None  # memory: the first finding named its key ambiguous
+    hours_to_scope: float | None = None  # the rung whose finding was judged for scope
 
 
 def _detectors():
@@ -113,8 +120,8 @@ def _correct(case: Case, rel: str, rows: list[dict], all_kinds: set[str]) -> tup
         if not summary:
             return False, False, None
         ev = json.loads(summary[0]["evidence"])
-        named = {ev.get("explained_by"), *ev.get("aliases", [])}
-        return True, case.key in named, summary[0]
+        named = {ev.get("key", ev.get("explained_by")), *ev.get("aliases", [])}
+        return True, case.key in named and bool(ev.get("key_confident", True)), summary[0]
     hits = [r for r in rows if r["metric"].startswith(case.metric) and r["severity"] != "info"
             and _scope(r).get("release", rel) == rel]
     if not hits:
@@ -124,6 +131,12 @@ def _correct(case: Case, rel: str, rows: list[dict], all_kinds: set[str]) -> tup
     if case.detector == "changepoints":  # no release in a change point's scope: the gaining release names it
         right = right and all(json.loads(r["evidence"]).get("release_gaining") == rel for r in hits)
     return True, right, hits[0]
+
+
+def _confident(row: dict) -> bool:
+    import json
+
+    return bool(json.loads(row["evidence"]).get("key_confident", True))
 
 
 def run_case(case: Case, seed: int, chdb_dir: str) -> Outcome:
@@ -144,19 +157,29 @@ def run_case(case: Case, seed: int, chdb_dir: str) -> Outcome:
         det = _detectors()
         ends = [min(onset + timedelta(hours=h), sim.end) for h in LADDER_H]
         if case.detector:
-            for end in ends:  # the first rung that finds it decides (a bounded leak stops growing later)
+            for end in ends:
                 rows = det[case.detector](store, *jobs.window(_job(case.detector), end=end))
                 found, right, row = _correct(case, rel, rows, kinds)
                 if not found:
+                    if out.found:  # found ambiguous, then no finding: its key was never named
+                        break
                     continue
-                out.found, out.scope_right = True, right
-                out.hours_to_first = (end - onset).total_seconds() / 3600
-                if case.attribution:
-                    out.attribution_right = row["attribution"] == case.attribution
-                if case.severity:  # the severity it reaches by the last rung
-                    last = _correct(case, rel, det[case.detector](store, *jobs.window(_job(case.detector),
-                                                                                      end=ends[-1])), kinds)[2]
-                    out.severity_right = any(r is not None and r["severity"] == case.severity for r in (row, last))
+                hours = (end - onset).total_seconds() / 3600
+                if not out.found:  # the first rung that finds it: recall, time, attribution, severity
+                    out.found, out.hours_to_first = True, hours
+                    if case.attribution:
+                        out.attribution_right = row["attribution"] == case.attribution
+                    if case.severity:  # the severity it reaches by the last rung
+                        last = _correct(case, rel, det[case.detector](store, *jobs.window(_job(case.detector),
+                                                                                          end=ends[-1])), kinds)[2]
+                        out.severity_right = any(r is not None and r["severity"] == case.severity
+                                                 for r in (row, last))
+                if case.detector == "memory" and not _confident(row):  # scope waits for the evidence
+                    out.ambiguous_first = out.ambiguous_first if out.ambiguous_first is not None else True
+                    continue
+                if case.detector == "memory" and out.ambiguous_first is None:
+                    out.ambiguous_first = False
+                out.scope_right, out.hours_to_scope = right, hours  # a confident key: right or wrong, final
                 break
         else:
             for name in ACTING:
@@ -184,7 +207,7 @@ def _pct(k: int, n: int) -> str:
 def summarize(outcomes: list[Outcome]) -> list[str]:
     """The table: per class, then per detector, then the totals against the goals."""
     lines = [(f"{'class':<22} {'detector':<12} {'recall':>14} {'scope right':>14} {'attrib right':>14} "
-             f"{'severity':>14} {'h to first':>10} {'false alarms':>16}")]
+             f"{'severity':>14} {'h to first':>10} {'h to scope':>10} {'ambiguous 1st':>14} {'false alarms':>16}")]
     by_case: dict[str, list[Outcome]] = {}
     for o in outcomes:
         by_case.setdefault(o.case, []).append(o)
@@ -196,16 +219,21 @@ def summarize(outcomes: list[Outcome]) -> list[str]:
             att = [o for o in found if o.attribution_right is not None]
             sev = [o for o in found if o.severity_right is not None]
             hours = [o.hours_to_first for o in os_ if o.hours_to_first is not None]
+            scoped = [o.hours_to_scope for o in os_ if o.hours_to_scope is not None]
+            amb = [o for o in found if o.ambiguous_first is not None]
             lines.append(
                 f"{name:<22} {c.detector:<12} {_pct(len(found), len(os_)):>14} "
                 f"{_pct(sum(o.scope_right for o in found), len(found)):>14} "
                 f"{_pct(sum(bool(o.attribution_right) for o in att), len(att)) if c.attribution else '-':>14} "
                 f"{_pct(sum(bool(o.severity_right) for o in sev), len(sev)) if c.severity else '-':>14} "
-                f"{statistics.median(hours) if hours else float('nan'):>10.0f} {'-':>16}")
+                f"{statistics.median(hours) if hours else float('nan'):>10.0f} "
+                f"{statistics.median(scoped) if scoped else float('nan'):>10.0f} "
+                f"{_pct(sum(bool(o.ambiguous_first) for o in amb), len(amb)) if amb else '-':>14} {'-':>16}")
         else:
             fa = sum(bool(o.false_alarms) for o in os_)
             note = f" notes {_pct(sum(bool(o.note_found) for o in os_), len(os_))}" if c.note else ""
-            lines.append(f"{name:<22} {'(benign)':<12} {'-':>14} {'-':>14} {'-':>14} {'-':>14} {'-':>10} "
+            lines.append(f"{name:<22} {'(benign)':<12} {'-':>14} {'-':>14} {'-':>14} {'-':>14} {'-':>10} {'-':>10} "
+                         f"{'-':>14} "
                          f"{_pct(fa, len(os_)):>16}{note}")
     lines.append("")
     lines.append(f"{'detector':<14} {'recall':>14} {'scope right':>14}")

@@ -11,20 +11,33 @@ explanation of growth:
   tokens, decoder output resolution, TP size, chunk frames): the number of its distinct values the
   process has seen so far (a buffer kept per new value grows with the *rate of new values*, invisible
   to a fixed-prompt benchmark); a key needs ``MIN_SHAPES`` distinct values to be judged;
+- ``SIZED``: the tokens of the distinct first-forward lengths seen so far (a buffer sized by its shape,
+  as the fused all-reduce's m x d_model x 2 bytes: the same key, bytes per token);
 - ``per session``: the number of sessions served;
 - ``over time``: hours since the process started.
 
 A release is judged on all its processes at once (``judge_release``: each process its own slope, an
 F test of the growing ones against the pooled residual spread, so a leak too small to see in one
-process is seen in ten). The significant explanation (p < ``MAX_P``) that explains the most variance
-names the growth; keys whose counts are identical (e.g. first-forward and conditioning tokens when the
-first forward is the prompt plus a fixed chunk) are its aliases, and candidates whose residual is
-within the noise of the best's are listed as ``also_fits`` (early in a process new prompt lengths
-arrive with nearly every session, and "per prompt length" cannot yet be told from "per session").
-It is flagged when the mean growth explained over a process exceeds ``GROWTH_NOISE_K`` x the spread
-of reserved memory around the fits. A process is flagged on its own fit (the release's explanation
-when the release is flagged) by the same rules. There is no fixed bytes-per-shape floor: a small
-leak is judged by what it does.
+process is seen in ten). Keys whose counts are identical in every process (first-forward and
+conditioning tokens when the first forward is the prompt plus a fixed chunk) are aliases.
+
+Which explanation names the growth is a stated decision rule (``name_key``), not the best R^2: two
+explanations can fit the same curve (in a process's first day nearly every session brings a new prompt
+length, so "per prompt length" and "per session" count alike). Each pair of rivals (explanations whose
+own fit grows, p < ``RIVAL_P``) is fitted together in every process (``separate``); the evidence that
+tells them apart is the sessions where one count moves and the other does not (a session that reuses a
+prompt length grows under a per-session leak and not under a per-prompt one). One *beats* the other when
+it grows memory beyond it (one-sided p < ``SEPARATE_P``, processes combined) and the other does not
+beyond it. The explanation that beats every rival is named (``key_confident``); when none does, the
+unbeaten ones are named together (``explained_by`` and ``ambiguous_with``, with each pair's test and
+its count of sessions telling them apart): the store does not yet hold the evidence, and the finding
+says so instead of guessing. Severity does not wait for it: the time to OOM is the shortest of the
+ambiguous explanations'.
+
+The release is flagged when the mean growth its named explanation explains over a process exceeds
+``GROWTH_NOISE_K`` x the spread of reserved memory around the fits. A process is flagged on its own
+fit (the release's explanation when the release is flagged) by the same rules. There is no fixed
+bytes-per-shape floor: a small leak is judged by what it does.
 
 Severity is time to OOM: headroom (GPU memory - last reserved) / (bytes per unit x units per hour),
 where units per hour is the FLEET's observed rate of new values of that key (the median, over
@@ -58,10 +71,16 @@ MIN_SESSIONS = 8
 MIN_SHAPES = 5
 PER_SESSION = "per session"
 OVER_TIME = "over time"
+# A buffer sized by its shape (the fused all-reduce's is m x d_model x 2 bytes, m the first-forward tokens)
+# grows with the tokens of the new values, not their count: its own explanation, of the same key.
+SIZED = "first_forward_tokens, sized by its tokens"
+SIZED_KEY = "first_forward_tokens"
 # p < MAX_P for the best of up to len(SHAPE_KEYS) + 2 fits per process (a Bonferroni share of 1e-3)
 MAX_P = 1e-3 / (len(SHAPE_KEYS) + 2)
 GROWTH_NOISE_K = 1.0
-AMBIGUOUS_CHI2 = 10.83  # chi-square(1) at p = 0.001: a residual difference the noise makes 1 time in 1000
+SEPARATE_P = 1e-3  # one-sided: an explanation's growth beyond its rival's, this unlikely under noise alone
+RIVAL_P = 0.05  # an explanation whose own fit grows at this level is a rival the named one must beat
+MIN_SEPARATE_SESSIONS = 5  # a process's sessions for its own two-slope fit in ``separate``
 CRITICAL_HOURS_TO_OOM = 24.0
 RATE_WINDOW = timedelta(hours=24)
 RATE_MIN_HOURS = 2.0
@@ -137,10 +156,30 @@ def _seen(values: list) -> np.ndarray:
     return out
 
 
+def _seen_sum(values: list) -> np.ndarray:
+    """Sum of the distinct non-null values seen so far, per row (the tokens of the new shapes)."""
+    seen: set = set()
+    total, out = 0.0, np.empty(len(values), dtype=float)
+    for i, v in enumerate(values):
+        if v is not None and v not in seen:
+            seen.add(v)
+            total += float(v)
+        out[i] = total
+    return out
+
+
+def key_of(name: str) -> str:
+    """The shape key (or 'per session' / 'over time') an explanation names."""
+    return SIZED_KEY if name == SIZED else name
+
+
 def _explainers(g: pl.DataFrame) -> dict[str, np.ndarray]:
     """Candidate x series of one process (sorted by start): each shape key's distinct values seen
-    (every key, judged or not: see ``_judged``), sessions served, hours since the process started."""
+    (every key, judged or not: see ``_judged``), the tokens of the distinct first-forward lengths seen
+    (``SIZED``), sessions served, hours since the process started."""
     out: dict[str, np.ndarray] = {key: _seen(g[f"key:{key}"].to_list()) for key in SHAPE_KEYS}
+    out[SIZED] = _seen_sum(g["first_forward_tokens"].to_list()) if "first_forward_tokens" in g.columns \
+        else np.zeros(len(g))
     out[PER_SESSION] = np.arange(1, len(g) + 1, dtype=float)
     t = g["start_ts"].to_list()
     out[OVER_TIME] = np.array([(ti - t[0]).total_seconds() / 3600 for ti in t])
@@ -149,13 +188,20 @@ def _explainers(g: pl.DataFrame) -> dict[str, np.ndarray]:
 
 def _judged(name: str, x: np.ndarray) -> bool:
     """A shape key is judged once MIN_SHAPES of its values were seen (a constant key explains nothing)."""
+    if name == SIZED:
+        return False  # judged with its key (``_judged_all``)
     return name not in SHAPE_KEYS or (len(x) > 0 and x[-1] >= MIN_SHAPES)
+
+
+def _judged_all(name: str, xs: list[dict[str, np.ndarray]]) -> bool:
+    """Whether any process judges this explanation (``SIZED`` when any judges its key)."""
+    return any(_judged(SIZED_KEY if name == SIZED else name, e[SIZED_KEY if name == SIZED else name]) for e in xs)
 
 
 def fleet_rates(s: pl.DataFrame) -> dict[str, float]:
     """New values per hour of each shape key, sessions per hour: the median over processes with
     ``RATE_MIN_HOURS`` of history of their rate in their last ``RATE_WINDOW``."""
-    per: dict[str, list[float]] = {k: [] for k in (*SHAPE_KEYS, PER_SESSION)}
+    per: dict[str, list[float]] = {k: [] for k in (*SHAPE_KEYS, SIZED, PER_SESSION)}
     for _, g in s.group_by("process"):
         g = g.sort("start_ts")
         t = g["start_ts"].to_list()
@@ -164,8 +210,8 @@ def fleet_rates(s: pl.DataFrame) -> dict[str, float]:
         lo = t[-1] - RATE_WINDOW
         first = next(i for i, ti in enumerate(t) if ti >= lo)
         hours = max((t[-1] - max(lo, t[0])).total_seconds() / 3600, 1e-9)
-        for key in SHAPE_KEYS:
-            x = _seen(g[f"key:{key}"].to_list())
+        for key in (*SHAPE_KEYS, SIZED):
+            x = _seen_sum(g["first_forward_tokens"].to_list()) if key == SIZED else _seen(g[f"key:{key}"].to_list())
             before = x[first - 1] if first > 0 else 0.0
             per[key].append((x[-1] - before) / hours)
         per[PER_SESSION].append((len(t) - first) / hours)
@@ -211,41 +257,121 @@ def release_fit(xs: list[np.ndarray], ys: list[np.ndarray]) -> dict:
             "ss_res": ss_res}
 
 
+def separate(explainers: list[dict[str, np.ndarray]], ys: list[np.ndarray], a: str, b: str) -> dict:
+    """Can the data tell explanation ``a`` from ``b``? In each process both at once: peak reserved =
+    intercept + beta_a x a's count + beta_b x b's count (OLS, statsmodels; each process its own slopes:
+    a leak may hit some processes and not others), and the one-sided p of each beta > 0, i.e. that the
+    explanation grows memory *beyond* what the other explains. Under a leak per prompt length the
+    sessions that reuse a length add nothing, so "per session" has no effect of its own; under a leak per
+    session they grow like the rest, so "per prompt length" has none. The processes' p-values are
+    combined (Stouffer, scipy). A process whose two counts are proportional (every prompt new so far)
+    holds no evidence and is left out; ``collinear`` when none holds any. ``sessions_telling_apart``:
+    the sessions, in the processes that hold evidence, where one count moves and the other does not
+    (None against ``over time``, which moves at every session: there the evidence is the irregular gaps
+    between sessions)."""
+    import statsmodels.api as sm
+    from scipy.stats import combine_pvalues
+
+    p_a, p_b, coef_a, coef_b, telling, sessions = [], [], [], [], 0, 0
+    for e, y in zip(explainers, ys, strict=True):
+        if len(y) < MIN_SEPARATE_SESSIONS:
+            continue
+        design = np.c_[np.ones(len(y)), e[a], e[b]]
+        if np.linalg.matrix_rank(design) < 3:
+            continue
+        fit = sm.OLS(y, design).fit()
+        if not np.all(np.isfinite(fit.bse[1:])) or np.any(fit.bse[1:] <= 0):
+            continue
+        from scipy.stats import t as t_dist
+
+        p_a.append(float(t_dist.sf(fit.tvalues[1], fit.df_resid)))
+        p_b.append(float(t_dist.sf(fit.tvalues[2], fit.df_resid)))
+        coef_a.append(float(fit.params[1]))
+        coef_b.append(float(fit.params[2]))
+        telling += int(np.sum((np.diff(e[a]) > 0) != (np.diff(e[b]) > 0)))
+        sessions += len(y)
+    out = {"keys": [a, b], "processes": len(p_a), "sessions": sessions,
+           "sessions_telling_apart": None if OVER_TIME in (a, b) else telling, "collinear": not p_a,
+           "median_coef": {a: float(np.median(coef_a)) if coef_a else 0.0,
+                           b: float(np.median(coef_b)) if coef_b else 0.0},
+           "p_value": {a: 1.0, b: 1.0}}
+    if p_a:
+        clip = [min(max(p, 1e-300), 1 - 1e-16) for p in p_a], [min(max(p, 1e-300), 1 - 1e-16) for p in p_b]
+        out["p_value"] = {a: float(combine_pvalues(clip[0], method="stouffer").pvalue),
+                          b: float(combine_pvalues(clip[1], method="stouffer").pvalue)}
+    return out
+
+
+def name_key(explainers: list[dict[str, np.ndarray]], ys: list[np.ndarray], candidates: list[str]
+             ) -> tuple[str, list[str], list[dict]]:
+    """The decision rule for which explanation names a growth: each pair of candidates (the significant
+    ones, best R^2 first) is fitted together (``separate``); ``a`` *beats* ``b`` when ``a`` grows memory
+    beyond ``b`` (p < ``SEPARATE_P``) and ``b`` does not beyond ``a``. The candidate that beats every
+    other is named. When none does, the candidates no other beats are ambiguous: the first of them (by
+    R^2) is named, the rest are ``ambiguous_with`` it, and the finding says the store does not yet hold
+    the evidence to tell them apart (a pair with no process that holds evidence beats neither way).
+    Returns (named, ambiguous_with, the pairs' tests)."""
+    tests, beaten = [], {c: set() for c in candidates}
+    for i, a in enumerate(candidates):
+        for b in candidates[i + 1:]:
+            t = separate(explainers, ys, a, b)
+            tests.append(t)
+            pa, pb = t["p_value"][a], t["p_value"][b]
+            if pa < SEPARATE_P <= pb:
+                beaten[b].add(a)
+            elif pb < SEPARATE_P <= pa:
+                beaten[a].add(b)
+    winners = [c for c in candidates if all(c in beaten[o] for o in candidates if o != c)]
+    if winners:
+        return winners[0], [], tests
+    unbeaten = [c for c in candidates if not beaten[c]] or candidates
+    return unbeaten[0], unbeaten[1:], tests
+
+
 def judge_release(explainers: list[dict[str, np.ndarray]], ys: list[np.ndarray]) -> dict:
     """The explanation of one release's growth from all its processes (``release_fit`` per candidate):
-    the significant one that leaves the least residual; the candidates it cannot be told from (their
-    residual within ``AMBIGUOUS_CHI2`` noise variances of the best's); its aliases (identical counts);
-    flagged when the mean growth it explains exceeds ``GROWTH_NOISE_K`` x the spread around the fits."""
+    among the significant ones, the one ``name_key``'s rule names (``key_confident``), or the first of
+    those it cannot tell apart (``ambiguous_with`` the rest); its aliases (identical counts); flagged
+    when the mean growth it explains exceeds ``GROWTH_NOISE_K`` x the spread around the fits."""
     fits = {}
     for name in explainers[0] if explainers else ():
-        xs = [e[name] for e in explainers]
-        if any(_judged(name, x) for x in xs):
-            fits[name] = release_fit(xs, ys)
+        if _judged_all(name, explainers):
+            fits[name] = release_fit([e[name] for e in explainers], ys)
     significant = [n for n, f in fits.items() if f["p_value"] < MAX_P]
     if not fits:
-        return {"flagged": False, "significant": False, "explained_by": "", "aliases": [], "also_fits": [],
-                "fits": {}}
-    best = max(significant or fits, key=lambda n: (fits[n]["r2"], -list(fits).index(n)))
+        return {"flagged": False, "significant": False, "explained_by": "", "aliases": [], "ambiguous_with": [],
+                "key_confident": False, "key_tests": [], "fits": {}}
+    order = sorted(significant or fits, key=lambda n: (-fits[n]["r2"], list(fits).index(n)))
+
+    def aliases_of(name):  # shape keys whose counts equal this one's in every process
+        return [n for n in fits if n != name and n in SHAPE_KEYS and name in SHAPE_KEYS
+                and all(np.array_equal(e[n], e[name]) for e in explainers)]
+
+    best, ambiguous, tests = order[0], [], []
+    if best in significant:  # the rivals: every explanation that nearly fits, one per group of aliases
+        rivals = sorted((n for n in fits if fits[n]["p_value"] < RIVAL_P),
+                        key=lambda n: (n not in significant, -fits[n]["r2"], list(fits).index(n)))
+        reps = [n for i, n in enumerate(rivals) if not set(aliases_of(n)) & set(rivals[:i])]
+        best, ambiguous, tests = name_key(explainers, ys, reps)
+    aliases = aliases_of(best)
     f = fits[best]
-    aliases = [n for n in fits if n != best and n in SHAPE_KEYS
-               and all(np.array_equal(e[n], e[best]) for e in explainers)]
-    also = [n for n in significant if n != best and n not in aliases and f.get("ss_res") is not None
-            and fits[n]["ss_res"] - f["ss_res"] < AMBIGUOUS_CHI2 * f["spread"] ** 2]
     flagged = best in significant and f["growth"] > GROWTH_NOISE_K * f["spread"]
-    return {"flagged": flagged, "significant": best in significant, "explained_by": best, "aliases": aliases,
-            "also_fits": also,
+    confident = best in significant and all(key_of(a) == key_of(best) for a in ambiguous)
+    return {"flagged": flagged, "significant": best in significant, "explained_by": best, "key": key_of(best),
+            "aliases": aliases, "ambiguous_with": ambiguous, "key_confident": confident, "key_tests": tests,
             "fits": {n: {k: v for k, v in x.items() if k != "ss_res"} for n, x in fits.items()},
             **{k: v for k, v in f.items() if k != "ss_res"}}
 
 
-def _judge_process(x: np.ndarray, y: np.ndarray, b: np.ndarray) -> dict:
-    """One process against one explanation: slope, p, spread around the fit, growth over the process."""
+def _judge_process(x: np.ndarray, y: np.ndarray, b: np.ndarray, shapes: np.ndarray) -> dict:
+    """One process against one explanation: slope, p, spread around the fit, growth over the process;
+    ``buf``: fused-kernel buffers per distinct value of its key (``shapes``: their count so far)."""
     f = slope_test(x, y)
     resid = y - (f.intercept + f.slope * x)
     spread = float(np.std(resid, ddof=2)) if len(y) > 2 else float("inf")
     growth = f.slope * float(x[-1] - x[0]) if len(x) else 0.0
     flagged = len(y) >= MIN_SESSIONS and f.p_value < MAX_P and f.slope > 0 and growth > GROWTH_NOISE_K * spread
-    return {"fit": f, "spread": spread, "growth": growth, "buf": slope_test(x, b), "flagged": flagged,
+    return {"fit": f, "spread": spread, "growth": growth, "buf": slope_test(shapes, b), "flagged": flagged,
             "fitted_last": f.intercept + f.slope * float(x[-1]) if len(x) else 0.0}
 
 
@@ -281,17 +407,23 @@ def analyze_frame(s: pl.DataFrame, oom_events: pl.DataFrame, start: datetime | N
         if rel["flagged"]:
             unit = rel["explained_by"]
         else:  # the process's own best fit
-            own = {n: slope_test(x, y) for n, x in xs.items() if _judged(n, x)}
+            own = {n: slope_test(x, y) for n, x in xs.items() if _judged_all(n, [xs])}
             r2 = {n: 1 - float(np.sum((y - f.intercept - f.slope * xs[n]) ** 2)) / max(float(np.sum((y - y.mean()) ** 2)), 1e-300)
                   for n, f in own.items()}
             unit = max(own, key=lambda n: (own[n].p_value < MAX_P and own[n].slope > 0, r2[n]))
         x = xs[unit]
-        j = _judge_process(x, y, b)
+        j = _judge_process(x, y, b, xs[key_of(unit)])
         gpu_kind = g["gpu_kind"][0]
         cap = _capacity(gpu_kind, oom_events)
         slope = rel["slope"] if rel["flagged"] else j["fit"].slope  # the release's pooled slope when judged
         growth_per_hour = slope * rates.get(unit, 0.0)
         tto = max(cap - j["fitted_last"], 0.0) / growth_per_hour if cap and growth_per_hour > 0 else None
+        ambiguous = rel["ambiguous_with"] if rel["flagged"] else []
+        for other in ambiguous:  # not yet told apart: the shortest time to OOM of the explanations
+            per_hour = rel["fits"][other]["slope"] * rates.get(other, 0.0)
+            if cap and per_hour > 0:
+                t_other = max(cap - j["fitted_last"], 0.0) / per_hour
+                tto = t_other if tto is None else min(tto, t_other)
         states = [decode_switches(v) for v in g["switch_state"].to_list()]
         on = {n: float(np.mean([n in st for st in states])) for n in SWITCH_NAMES}
         procs.append(
@@ -306,6 +438,7 @@ def analyze_frame(s: pl.DataFrame, oom_events: pl.DataFrame, start: datetime | N
                 "shapes": int(g["shapes_seen"][-1]),
                 "explained_by": unit,
                 "aliases": ",".join(rel["aliases"] if rel["flagged"] else []),
+                "ambiguous_with": ",".join(ambiguous),
                 "units_seen": float(x[-1]),
                 "reserved_first": float(y[0]),
                 "reserved_last": float(y[-1]),
@@ -372,7 +505,9 @@ def _findings(procs: list[dict], releases: dict[str, dict], oom_counts: pl.DataF
                 attribution=blame[p["release"]]["attribution"],
                 evidence={
                     "explained_by": unit,
+                    "key": key_of(unit),
                     "aliases": p["aliases"].split(",") if p["aliases"] else [],
+                    "ambiguous_with": p["ambiguous_with"].split(",") if p["ambiguous_with"] else [],
                     "units_seen": p["units_seen"],
                     "growth_bytes": p["growth_bytes"],
                     "spread_bytes": p["spread_bytes"],
@@ -390,7 +525,7 @@ def _findings(procs: list[dict], releases: dict[str, dict], oom_counts: pl.DataF
                     "ooms_on_worker_release": n_oom,
                     "series_shapes_reserved_buffers": p["series"],
                     "test": "scipy.stats.linregress one-sided (slope > 0) of peak reserved bytes on each shape key's "
-                            "distinct values seen, sessions served and hours; the best significant fit (R^2) names it",
+                            "distinct values seen, sessions served and hours; the release's key_rule names it",
                 },
             )
         )
@@ -427,8 +562,14 @@ def _findings(procs: list[dict], releases: dict[str, dict], oom_counts: pl.DataF
                 evidence={
                     **b,
                     "explained_by": unit,
+                    "key": key_of(unit),
                     "aliases": rel["aliases"] if named else [],
-                    "also_fits": rel["also_fits"] if named else [],
+                    "key_confident": bool(named and rel["key_confident"]),
+                    "ambiguous_with": rel["ambiguous_with"] if named else [],
+                    "key_tests": rel["key_tests"] if named else [],
+                    "key_rule": f"each pair of significant explanations fitted together; one that grows memory "
+                                f"beyond the other (one-sided p < {SEPARATE_P:g}) while the other does not beyond "
+                                f"it beats it; the one that beats all is named, else the unbeaten are ambiguous",
                     "release_bytes_per_unit": rel.get("slope") if rel["flagged"] else None,
                     "release_p_value": rel.get("p_value") if rel["flagged"] else None,
                     "fits": fits,
@@ -437,7 +578,7 @@ def _findings(procs: list[dict], releases: dict[str, dict], oom_counts: pl.DataF
                     "ooms": n_oom,
                     "workers": sorted({p["worker_id"] for p in bad}),
                     "test": "within-process regression pooled over the release's processes (a fixed effect each) "
-                            "of peak reserved bytes on each explanation; the best significant fit (R^2) names it",
+                            "of peak reserved bytes on each explanation; key_rule names it",
                 },
             )
         )

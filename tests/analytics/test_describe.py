@@ -23,6 +23,16 @@ def test_memory_growth_per_process_reads_as_bytes_per_shape_and_time_to_oom():
                               "reserved at the start; out of memory in ~13 min at this rate")
 
 
+def test_a_memory_growth_whose_key_is_ambiguous_says_so_with_its_evidence():
+    ev = {"explained_by": "first_forward_tokens", "ambiguous_with": ["per session"], "key_confident": False,
+          "key_tests": [{"keys": ["first_forward_tokens", "per session"], "sessions_telling_apart": 4}]}
+    row = finding("memory_growth", {"release": "v1.2"}, "processes_growing_per_shape", T0, T1,
+                  value=5, baseline=5, evidence=ev)
+    assert describe(row) == ("5 of 5 processes of this release reserve more memory with every new "
+                             "first_forward_tokens shape, or with every session served; 4 sessions tell them "
+                             "apart so far")
+
+
 def test_memory_growth_per_release_counts_processes():
     row = finding("memory_growth", {"release": "v1.2"}, "processes_growing_per_shape", T0, T1,
                   value=14, baseline=19, effect=14 / 19)

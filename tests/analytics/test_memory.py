@@ -7,7 +7,7 @@ from datetime import timedelta
 from analytics import memory
 from analytics.findings import read_findings
 from analytics.jobs import run_job
-from analytics.simulate import simulate_fleet
+from analytics.simulate import LEAK_BYTES_PER_TOKEN, simulate_fleet
 
 
 def test_august_incident_flagged_within_a_day_and_attributed(store, small):
@@ -25,7 +25,10 @@ def test_august_incident_flagged_within_a_day_and_attributed(store, small):
     for r in per_process:
         ev = json.loads(r["evidence"])
         assert r["scope"].split("worker_id=")[1] in leaking_workers
-        assert r["value"] > 500 * 2**20  # ~0.9 GiB per new first-forward shape
+        # the leaked buffer is sized by the prompt (1 MiB per first-forward token): named for the tokens of
+        # the new first-forward shapes, at the bytes per token the kernel keeps
+        assert ev["explained_by"] == memory.SIZED and ev["key"] == "first_forward_tokens"
+        assert 0.8 * LEAK_BYTES_PER_TOKEN < r["value"] < 1.25 * LEAK_BYTES_PER_TOKEN
         assert ev["buffers_per_shape"] > 0.9 and ev["p_value"] < 1e-3
         assert ev["hours_to_oom"] is not None and ev["hours_to_oom"] < 72
     assert len(read_findings(store, kind="memory_growth", status="open")) == len(rows)
@@ -48,10 +51,11 @@ def test_processes_split_at_deploys_and_ooms(store, small):
 
 
 def _frame(rng, *, workers=4, sessions=72, leak_on=None, per_value=16e6, headroom=1.5e9, noise=50e6,
-           kind="h200"):
-    """memory_sessions-shaped rows: one session every 10 minutes per worker, prompt lengths from 400
-    values (mostly new ones), 14 decoder resolutions in rotation; reserved grows ``per_value`` per new
-    value of ``leak_on`` (a SHAPE_KEYS name, or None)."""
+           kind="h200", prompt_values=400, gap_min=None):
+    """memory_sessions-shaped rows: one session every 10 minutes per worker (``gap_min``: exponential
+    gaps of that mean instead), prompt lengths from ``prompt_values`` values (400: mostly new ones), 14
+    decoder resolutions in rotation; reserved grows ``per_value`` per new value of ``leak_on`` (a
+    SHAPE_KEYS name), per session served (``memory.PER_SESSION``), or not at all (None)."""
     from datetime import UTC, datetime
 
     import polars as pl
@@ -60,17 +64,20 @@ def _frame(rng, *, workers=4, sessions=72, leak_on=None, per_value=16e6, headroo
     rows = []
     for w in range(workers):
         seen = set()
+        t = t0
         for i in range(sessions):
-            tokens = int(rng.integers(800, 1200))
+            tokens = 800 + int(rng.integers(prompt_values))
             res = [(360 + 40 * r, 640 + 64 * r) for r in range(14)][int(rng.integers(14))]
-            value = {"first_forward_tokens": tokens, "decoder_resolution": res, None: None}[leak_on]
+            value = {"first_forward_tokens": tokens, "decoder_resolution": res, memory.PER_SESSION: i,
+                     None: None}[leak_on]
             seen.add(value)
             grown = per_value * (len(seen) if leak_on else 0)
             rows.append({"release": "v2", "gpu_kind": kind, "worker_id": f"w{w}", "session_id": f"s{w}-{i}",
-                         "start_ts": t0 + timedelta(minutes=10 * i), "buffers_max": 1, "switch_state": "ring_cache",
-                         "mem_reserved_max": int(cap - headroom - 72 * per_value + grown + rng.normal(0, noise)),
+                         "start_ts": t, "buffers_max": 1, "switch_state": "ring_cache",
+                         "mem_reserved_max": int(cap - headroom - sessions * per_value + grown + rng.normal(0, noise)),
                          "first_forward_tokens": tokens, "cond_tokens": tokens - 757, "decoder_height": res[0],
                          "decoder_width": res[1], "tp_size": 1, "chunk_frames": 4})
+            t += timedelta(minutes=10 if gap_min is None else float(rng.exponential(gap_min)))
     return pl.DataFrame(rows), pl.DataFrame()
 
 
@@ -110,3 +117,51 @@ def test_no_leak_no_finding_on_literal_noise():
     for seed in range(5):
         s, ooms = _frame(np.random.default_rng(10 + seed), leak_on=None)
         assert memory.analyze_frame(s, ooms)[1] == []
+
+
+def _release(rows):
+    release = [r for r in rows if r["scope"] == "release=v2"]
+    assert len(release) == 1, rows
+    return release[0], json.loads(release[0]["evidence"])
+
+
+def _pair(ev, a, b):
+    """The finding's test of explanation ``a`` against ``b`` (each fitted beyond the other)."""
+    return next(t for t in ev["key_tests"] if set(t["keys"]) == {a, b})
+
+
+def test_sessions_that_reuse_a_prompt_length_tell_a_per_session_leak_from_a_per_prompt_one():
+    """A process that has served 200 sessions from 300 prompt lengths has seen ~55 of them again. Under a
+    leak per session those sessions grow too; under a leak per prompt length they do not. The detector
+    names each for what it is, and says it is sure (both fit the raw curve: the old rule, the best R^2
+    with the other as ``also_fits``, swapped them)."""
+    import numpy as np
+
+    for seed in range(3):
+        for leak, per in ((memory.PER_SESSION, 40e6), ("first_forward_tokens", 24e6)):
+            s, ooms = _frame(np.random.default_rng(100 + seed), workers=6, sessions=200, leak_on=leak,
+                             per_value=per, headroom=20e9, noise=150e6, prompt_values=300, gap_min=10)
+            _row, ev = _release(memory.analyze_frame(s, ooms)[1])
+            assert ev["key"] == leak and ev["key_confident"], (seed, leak, ev["key_tests"])
+            other = "first_forward_tokens" if leak == memory.PER_SESSION else memory.PER_SESSION
+            test = _pair(ev, leak, other)
+            assert test["sessions_telling_apart"] > 100  # the sessions that reused a prompt length
+            assert test["p_value"][leak] < memory.SEPARATE_P <= test["p_value"][other]
+
+
+def test_a_young_process_with_every_prompt_new_is_named_ambiguous_with_its_evidence_and_still_critical():
+    """In a process's first hours nearly every session brings a new prompt length: "per prompt length"
+    and "per session" are the same curve. The finding says so (both keys, the few sessions that tell
+    them apart) rather than naming one, and its severity is the time to OOM either way."""
+    import numpy as np
+
+    for seed in range(3):
+        for leak in (memory.PER_SESSION, "first_forward_tokens"):
+            s, ooms = _frame(np.random.default_rng(200 + seed), workers=6, sessions=40, leak_on=leak,
+                             per_value=30e6, headroom=1.0e9, noise=60e6, prompt_values=100_000, gap_min=10)
+            row, ev = _release(memory.analyze_frame(s, ooms)[1])
+            assert not ev["key_confident"], (seed, leak, ev["key_tests"])
+            named = {ev["explained_by"], *ev["ambiguous_with"]}
+            assert {"first_forward_tokens", memory.PER_SESSION} <= named
+            assert _pair(ev, "first_forward_tokens", memory.PER_SESSION)["sessions_telling_apart"] < 5
+            assert row["severity"] == "critical" and ev["min_hours_to_oom"] < memory.CRITICAL_HOURS_TO_OOM
