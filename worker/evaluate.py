@@ -49,6 +49,7 @@ CONFIGURATIONS: dict[str, dict[str, bool]] = {
 assert set(CONFIGURATIONS) == set(NUMERIC_SWITCHES)
 TP_ONLY = {"fused_allreduce": "needs a tensor-parallel group (world size 1 here)"}
 JUDGES = ("teacher_forced", "free_running", "drift")
+DRIFT_PROBES = 2  # teacher-forced probes per position-reset interval of a long session (at the reset, mid-way)
 
 
 class EvaluateError(ValueError):
@@ -85,7 +86,7 @@ def evaluate(preset: str = "tiny", device: str = "cpu", switches: list[str] | No
     import torch
 
     from worker.config import ModelShape, tp_rank_of
-    from worker.evaluation_runs import Models, free_running, load_metric, teacher_forced
+    from worker.evaluation_runs import Models, drift_session, free_running, load_metric, teacher_forced
 
     bad = [j for j in judges if j not in JUDGES]
     if bad:
@@ -144,12 +145,12 @@ def evaluate(preset: str = "tiny", device: str = "cpu", switches: list[str] | No
     if "drift" in judges:
         name = PRODUCTION if PRODUCTION in cands else next(iter(cands))
         t0 = time.perf_counter()
-        every = max(1, drift_steps // 200)
-        dr = teacher_forced(models, {name: cands[name]}, drift_steps, metric=metric_fn, seed=seed,
-                            tamper=tamper, probe_every=every, log=log)
+        dr = drift_session(models, name, cands[name], drift_steps, metric=metric_fn, seed=seed,
+                           per_interval=DRIFT_PROBES, tamper=(tamper or {}).get(name), log=log)
         out["timings_s"]["drift"] = round(time.perf_counter() - t0, 2)
-        series["drift"] = {"configuration": name, "segment": shape.reset_every, "plain": dr.plain,
-                           "candidate": dr.candidates[name], "reset": dr.reset, "saturated": dr.saturated[name]}
+        series["drift"] = {"configuration": name, "segment": DRIFT_PROBES, "stride": shape.reset_every // DRIFT_PROBES,
+                           "steps": drift_steps, "plain": dr.plain, "candidate": dr.candidates[name],
+                           "reset": dr.reset, "saturated": dr.saturated[name]}
         log(f"drift: {drift_steps} steps, {out['timings_s']['drift']} s")
     out["judge"] = {"k": k, "atol": atol, "k_divergence": None}  # None: the judges' defaults
     try:
@@ -181,13 +182,15 @@ def judge(out: dict[str, Any]) -> dict[str, Any]:
             got.append(J.divergence_verdict(fr["candidates"][n], fr["reruns"], k=out["judge"]["k_divergence"]).as_dict())
     if "drift" in series:
         dr = series["drift"]
-        name, seg = dr["configuration"], dr["segment"]
+        name, seg, stride = dr["configuration"], dr["segment"], dr.get("stride", 1)
         ratio = [c / max(p, 1e-30) for c, p in zip(dr["candidate"], dr["plain"], strict=True)]
-        verdicts[name].append(J.drift_verdict(ratio, segment=seg, metric="drift_tau").as_dict())
-        verdicts[name].append(J.drift_verdict(dr["candidate"], segment=seg, metric="drift_error_tau").as_dict())
+        verdicts[name].append(J.drift_verdict(ratio, segment=seg, stride=stride, metric="drift_tau").as_dict())
+        verdicts[name].append(J.drift_verdict(dr["candidate"], segment=seg, stride=stride,
+                                              metric="drift_error_tau").as_dict())
         resets = [c for c, r in zip(ratio, dr["reset"], strict=True) if r]
         steady = [c for c, r in zip(ratio, dr["reset"], strict=True) if not r]
-        out["drift"] = {"configuration": name, "steps": len(ratio), "resets": len(resets),
+        out["drift"] = {"configuration": name, "steps": dr.get("steps", len(ratio)), "probes": len(ratio),
+                        "resets": len(resets),
                         "mean_ratio_reset_steps": sum(resets) / len(resets) if resets else None,
                         "mean_ratio_other_steps": sum(steady) / len(steady) if steady else None,
                         "saturated": dr["saturated"]}
@@ -247,7 +250,8 @@ def table(result: dict[str, Any]) -> str:
         lines.append(f"{name:<16}skipped: {why}")
     if "drift" in result:
         d = result["drift"]
-        lines.append(f"drift ({d['configuration']}, {d['steps']} steps, {d['resets']} resets): ratio to the plain "
+        lines.append(f"drift ({d['configuration']}, {d['steps']} steps, {d.get('probes', d['steps'])} probes, "
+                     f"{d['resets']} of them at resets): ratio to the plain "
                      f"path's error {d['mean_ratio_reset_steps'] or 0:.3f} at reset steps, "
                      f"{d['mean_ratio_other_steps'] or 0:.3f} elsewhere")
     # last, the figure against the same run's baseline: each configuration's error / the plain path's

@@ -106,10 +106,11 @@ def divergence_verdict(cand_runs: list[list[float]], rerun_runs: list[list[float
                    curve=curve)
 
 
-def drift_verdict(errors: list[float], *, segment: int = 42, alpha: float = ALPHA,
+def drift_verdict(errors: list[float], *, segment: int = 42, stride: int = 1, alpha: float = ALPHA,
                   min_growth: float = MIN_GROWTH, metric: str = "drift_tau") -> Verdict:
     """Does the (teacher-forced) error grow with session age? ``value`` = Kendall's tau of the segment
-    means vs age; the detail has p, the Theil-Sen slope and the growth over the session."""
+    means vs age; the detail has p, the Theil-Sen slope and the growth over the session. ``stride``:
+    session steps per point (a probed session: the steps between probes), for the curve's step axis."""
     from scipy.stats import kendalltau, theilslopes
 
     e = np.asarray(errors, float)
@@ -123,9 +124,9 @@ def drift_verdict(errors: list[float], *, segment: int = 42, alpha: float = ALPH
     med = float(np.median(means))
     growth = float(slope * (n - 1) / med) if med > 0 else 0.0
     accumulates = bool(tau > 0 and p < alpha and growth > min_growth)
-    curve = [{"step": int((i + 1) * segment), "value": float(m), "band_lo": None, "band_hi": None,
+    curve = [{"step": int((i + 1) * segment * stride), "value": float(m), "band_lo": None, "band_hi": None,
               "verdict": "fail" if accumulates else "pass"} for i, m in enumerate(means)]
     return Verdict(metric, float(tau), "fail" if accumulates else "pass", int(n), None, None, detail={
         "p_value": float(p), "sen_slope": float(slope), "sen_slope_ci": [float(s_lo), float(s_hi)],
-        "growth": growth, "median": med, "segment": segment, "alpha": alpha, "min_growth": min_growth},
+        "growth": growth, "median": med, "segment": segment, "stride": stride, "alpha": alpha, "min_growth": min_growth},
         curve=curve)

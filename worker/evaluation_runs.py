@@ -3,6 +3,7 @@
     models = Models(shape, device)                         # truth, plain and one twin per configuration
     tf = teacher_forced(models, {"fp8_cache": sw}, steps=100)   # per-step error vs the truth, same state
     fr = free_running(models, {"fp8_cache": sw}, steps=100, reruns=4)   # trajectory distances
+    dr = drift_session(models, "production", sw, steps=14_400)    # teacher-forced at probes of a long session
 
 Three numerics take part. The *truth*: the plain path in fp64 with no FP8 anywhere (``--truth fp64``,
 small presets) or in bf16 without FP8 (``--truth bf16``, prod: a rank's fp64 weights do not fit one
@@ -226,18 +227,15 @@ class TeacherForced:
     plain: list[float]
     candidates: dict[str, list[float]]
     identical: dict[str, bool]  # the candidate's latents equal the plain path's at every step (no effect here)
-    saturated: dict[str, list[float]] = field(default_factory=dict)  # sampled FP8 saturation share (drift)
+    saturated: dict[str, list[float]] = field(default_factory=dict)  # (step, FP8 saturation share): drift_session
 
 
 def teacher_forced(models: Models, candidates: dict[str, Switches], steps: int, *, metric: Metric = rel_l2,
-                   seed: int = 0, tamper: dict[str, Callable] | None = None, probe_every: int = 0,
+                   seed: int = 0, tamper: dict[str, Callable] | None = None,
                    log: Callable[[str], None] | None = None) -> TeacherForced:
     """Each candidate and the plain path stepped from the truth's window and inputs, ``steps`` steps.
-    ``probe_every`` > 0: every that many steps, the share of a static-scale candidate's FP8 GEMM inputs at
-    +-448 (the clipping of its calibrated scales; reading it syncs, fine outside serving). ``log``: a
-    line per arm started and at a ladder of steps (a prod-sized run takes minutes before its first)."""
-    from worker.fp8 import SaturationProbe
-
+    ``log``: a line per arm started and at a ladder of steps (a prod-sized run takes minutes before its
+    first: the compiled configurations compile then)."""
     clock = _Progress("teacher-forced", steps, log)
 
     shape, dev = models.shape, models.device
@@ -255,7 +253,6 @@ def teacher_forced(models: Models, candidates: dict[str, Switches], steps: int, 
         clock.say(f"{r.name} started (first forward)")
     out = TeacherForced(steps, [], [], {n: [] for n in cands}, {n: True for n in cands},
                         {n: [] for n in cands})
-    probe = SaturationProbe(dev)
     for i in range(steps):
         reset = i > 0 and i % shape.reset_every == 0
         noise = _noise(shape, g, dev)
@@ -266,14 +263,63 @@ def teacher_forced(models: Models, candidates: dict[str, Switches], steps: int, 
         out.reset.append(reset)
         out.plain.append(metric(low.float(), ref))
         for name, r in cands.items():
-            probed = probe_every and i % probe_every == 0 and r.model.probe_ready
-            if probed:
-                probe.start()
-                r.model.set_probe(probe)
             y = r.step(noise, reset)
-            if probed:
-                r.model.set_probe(None)
+            out.candidates[name].append(metric(y.float(), ref))
+            out.identical[name] = out.identical[name] and torch.equal(y, low)
+        clock.step(i)
+    return out
+
+
+def probe_steps(steps: int, reset_every: int, per_interval: int = 2) -> list[int]:
+    """The steps a long session is probed at: each position reset and ``per_interval - 1`` evenly spaced
+    steps between, so every reset interval has the same number of probes (the drift judge's segment)."""
+    offsets = sorted({round(j * reset_every / per_interval) for j in range(per_interval)})
+    return [i for i in range(steps) if i % reset_every in offsets]
+
+
+def drift_session(models: Models, name: str, sw: Switches, steps: int, *, metric: Metric = rel_l2, seed: int = 0,
+                  per_interval: int = 2, tamper: Callable | None = None,
+                  log: Callable[[str], None] | None = None) -> TeacherForced:
+    """``teacher_forced`` over a long session, measured at ``probe_steps`` only. The truth runs every
+    step (its trajectory is the session); at a probe the plain path and the candidate are loaded with
+    its window -- quantized with the candidate's own session-calibrated cache scales -- and denoise the
+    same noise with the calibration they got at the session's start. Between probes nothing of theirs
+    changes (a teacher-forced arm's only state across steps is that calibration), so they are not
+    stepped: a 14,400-step session costs the truth's steps and ~690 probes, not three models' steps."""
+    from worker.fp8 import SaturationProbe
+
+    shape, dev = models.shape, models.device
+    cond, g = session_inputs(shape, dev, seed)
+    plain_sw = Switches()
+    truth = Run("truth", plain_sw, models.truth, models.cache(models.truth, plain_sw))
+    plain_model = models.arm(plain_sw)
+    plain = Run("plain", plain_sw, plain_model, models.cache(plain_model, plain_sw))
+    m = models.arm(sw)
+    cand = Run(name, sw, m, models.cache(m, sw))
+    for r in (truth, plain, cand):
+        r.start(cond, tamper if r is cand else None)
+    probes = set(probe_steps(steps, shape.reset_every, per_interval))
+    out = TeacherForced(len(probes), [], [], {name: []}, {name: True}, {name: []})
+    probe = SaturationProbe(dev)
+    clock = _Progress("drift", steps, log)
+    for i in range(steps):
+        reset = i > 0 and i % shape.reset_every == 0
+        noise = _noise(shape, g, dev)
+        if i in probes:
+            for r in (plain, cand):
+                _sync_window(truth.cache, r.cache)
+        ref = truth.step(noise, reset).float()
+        if i in probes:
+            low = plain.step(noise, reset)
+            if m.probe_ready:  # the share of the static scales' FP8 inputs at +-448 (reading it syncs)
+                probe.start()
+                m.set_probe(probe)
+            y = cand.step(noise, reset)
+            if m.probe_ready:
+                m.set_probe(None)
                 out.saturated[name].append((i, float(probe.count) / max(probe.total, 1)))
+            out.reset.append(reset)
+            out.plain.append(metric(low.float(), ref))
             out.candidates[name].append(metric(y.float(), ref))
             out.identical[name] = out.identical[name] and torch.equal(y, low)
         clock.step(i)

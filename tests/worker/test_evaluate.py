@@ -43,6 +43,19 @@ def rope_twice_at_write(model, cache) -> None:
     cache.ops.write_kv = write_twice
 
 
+def cache_scale_rots(model, cache) -> None:
+    """The per-head FP8 key scales shrink by 15 % at every position reset: a calibration that goes stale
+    with session age (keys saturate more and more), the drift judge's subject."""
+    begin = cache.begin_step
+
+    def rotting(tokens, reset=False):
+        if reset:
+            cache.k_scale.mul_(0.85)
+        return begin(tokens, reset)
+
+    cache.begin_step = rotting
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _torch_chains_only():
     """CPU evaluations here run the block's torch chains: the Triton chains under the interpreter are
@@ -115,6 +128,18 @@ def test_drift_on_a_short_session():
     assert names == ["teacher_forced_ratio", "drift_tau", "drift_error_tau"]
     assert r["drift"]["resets"] == 7 and r["drift"]["saturated"]  # sampled FP8 saturation of the static scales
     assert r["overall"]["production"] == "incomplete"  # no free-running judge: never a pass
+
+
+def test_an_error_that_grows_with_session_age_fails_the_drift_judge():
+    """The long session is measured at probes (each reset and mid-way); a calibration that rots with age
+    fails it, the real production set on the same session does not."""
+    kw = {"steps": 8, "judges": ("teacher_forced",), "drift_steps": 7 * 12}
+    real = evaluate("tiny", "cpu", ["production"], **kw)
+    rotten = evaluate("tiny", "cpu", ["production"], tamper={"production": cache_scale_rots}, **kw)
+    verdict = {r["metric"]: r["verdict"] for r in rotten["verdicts"]["production"]}
+    assert verdict["drift_tau"] == "fail"
+    assert {r["metric"]: r["verdict"] for r in real["verdicts"]["production"]}["drift_tau"] == "pass"
+    assert rotten["drift"]["probes"] == 24 and rotten["drift"]["steps"] == 84
 
 
 def test_unknown_names_are_refused_with_the_valid_ones():
