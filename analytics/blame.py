@@ -23,7 +23,14 @@ or that splits the treatment into two cohorts of ``MIN_COHORT`` sessions or more
 with the switch is judged against the cohort without it inside the release when both exist (the
 cohort carries the effect: it regresses against the rest and the rest does not against the baseline),
 else the switch is the only difference in state between baseline and treatment. One such switch is
-blamed; several, or none, are not (a tie means no attribution).
+blamed; several, or none, are not (a tie means no attribution). Cohorts that overlap (every compile
+worker also runs cuda_graphs) are told apart by what each looks like without the other
+(``_separate_cohorts``), as a memory growth's switches are (``_separate_switches``). A regressed GPU kind
+where the switch cannot be contrasted (on the same workers as another, or on all of them) takes the
+release's blame over all its regressed kinds when its own evidence agrees (``across_kinds``).
+
+Each result has a ``state``: 'blamed', 'tie', 'waiting' (a switch splits the work too thinly to
+contrast yet, or the rollout has not reached the baseline work without it) or 'none explains'.
 """
 
 from __future__ import annotations
@@ -76,25 +83,69 @@ def memory_blame(procs: list[dict[str, Any]], release: str, min_sessions: int = 
             c.update(share_growing_with=share_w, share_growing_without=share_wo, fisher_p=p_val,
                      explains=share_w - share_wo >= MIN_SHARE_DIFF and g_with >= MIN_CONTRAST)
         else:
-            c.update(explains=False, why="no comparable process without it: no contrast")
+            c.update(explains=False, why="no comparable process without it: no contrast",
+                     waiting=bool(without) or any(not _on(p, name) for p in procs))
         contrasts[name] = c
+    cands = [n for n, c in contrasts.items() if c.get("explains")]
+    if len(cands) > 1:  # several switches contrast: what does each look like without the other?
+        winner = _separate_switches(mine, cands, contrasts)
+        if winner:
+            contrasts = {n: c if n == winner or n not in cands else {**c, "explains": False,
+                                                                      "why": f"{winner} carries it without it"}
+                         for n, c in contrasts.items()}
     return _pick(contrasts, "memory growth present in processes with it, absent in comparable ones without it",
                  lambda c: (round(c["share_growing_with"] - c["share_growing_without"], 9), -c["fisher_p"]))
 
 
+def _separate_switches(mine: list[dict[str, Any]], cands: list[str], contrasts: dict[str, dict[str, Any]]) -> str:
+    """Of switches that each contrast, the one whose growth holds without the others, in the release's
+    own processes (every GPU kind): ``a`` beats ``b`` when processes running ``b`` without ``a`` exist
+    and none of them grows, while those running ``a`` without ``b`` are none or grow (more than half).
+    E.g. every leaking process runs both compile and fused_allreduce, and a process with compile and
+    without fused_allreduce is healthy: fused_allreduce carries it. One process is evidence here (the
+    switches already contrast with the processes without either). Returns the switch that beats every
+    other, else '' (they stay tied, or the stronger contrast decides)."""
+    beats: dict[str, dict[str, Any]] = {n: {} for n in cands}
+    for a in cands:
+        for b in cands:
+            if a == b:
+                continue
+            b_only = [p for p in mine if _on(p, b) and not _on(p, a)]
+            a_only = [p for p in mine if _on(p, a) and not _on(p, b)]
+            b_clean = bool(b_only) and not any(p["flagged"] for p in b_only)
+            a_grows = not a_only or sum(p["flagged"] for p in a_only) > len(a_only) / 2
+            if b_clean and a_grows:
+                beats[a][b] = {"processes_with_it_without_this": len(b_only), "growing": 0,
+                               "processes_with_this_without_it": len(a_only),
+                               "growing_too": sum(p["flagged"] for p in a_only)}
+    winners = [n for n in cands if set(beats[n]) == set(cands) - {n}]
+    if len(winners) != 1:
+        return ""
+    contrasts[winners[0]]["beats"] = beats[winners[0]]
+    return winners[0]
+
+
 def _pick(contrasts: dict[str, dict[str, Any]], method: str, strength: Callable[[dict], tuple]) -> dict[str, Any]:
+    """The strictly strongest candidate, and ``state``: 'blamed'; 'tie' (candidates that cannot be told
+    apart); 'waiting' (no candidate, but a switch that splits the work has too little of it on one
+    side to contrast yet: the evidence may come); 'none explains' (every contrast made, none holds)."""
     cands = {n: c for n, c in contrasts.items() if c.get("explains")}
     out = {"attribution": "", "attribution_method": "", "switches": contrasts}
     if not cands:
-        out["why"] = ("no switch explains it: the comparable work without each candidate shows the same effect, "
+        waiting = sorted(n for n, c in contrasts.items() if c.get("waiting"))
+        out["state"] = "waiting" if waiting else "none explains"
+        out["why"] = (f"no switch blamed yet: too little comparable work on one side of {', '.join(waiting)} to "
+                      f"contrast" if waiting else
+                      "no switch explains it: the comparable work without each candidate shows the same effect, "
                       "or there is none to compare with")
         return out
     ranked = sorted(cands, key=lambda n: strength(cands[n]), reverse=True)
     if len(ranked) > 1 and strength(cands[ranked[0]]) == strength(cands[ranked[1]]):
         tied = [n for n in ranked if strength(cands[n]) == strength(cands[ranked[0]])]
+        out["state"] = "tie"
         out["why"] = f"a tie between {', '.join(sorted(tied))}: they cannot be told apart, so neither is blamed"
         return out
-    out.update(attribution=ranked[0], attribution_method=method,
+    out.update(attribution=ranked[0], attribution_method=method, state="blamed",
                why=f"{ranked[0]}: {method}")
     return out
 
@@ -112,6 +163,40 @@ def _has(df: pl.DataFrame, name: str) -> pl.Series:
     return df["switch_state"].map_elements(lambda s: name in decode_switches(s), return_dtype=pl.Boolean)
 
 
+def _separate_cohorts(t: pl.DataFrame, c: pl.DataFrame, cands: dict[str, dict[str, Any]],
+                      regressed: Callable[[pl.DataFrame, pl.DataFrame], bool]) -> dict[str, dict[str, Any]]:
+    """Of switches whose cohorts each carry a regression, the one that carries it without the others.
+    ``a`` beats ``b`` when the sessions with ``b`` but without ``a`` (``MIN_COHORT`` or more) do not
+    regress against the baseline, and those with ``a`` but without ``b`` are none or do regress (e.g.
+    every ``compile`` worker also runs ``cuda_graphs``, but ``cuda_graphs`` workers without ``compile``
+    are fine: ``compile`` carries it). The one that beats every other is kept, with the evidence; when
+    none does, all stay (a tie)."""
+    has = {n: _has(t, n) for n in cands}
+    ref = c if not c.is_empty() else t.filter(~pl.any_horizontal(*has.values()))
+    beats: dict[str, list[str]] = {n: [] for n in cands}
+    evidence: dict[str, dict[str, Any]] = {n: {} for n in cands}
+    if ref.is_empty():
+        return cands
+    for a in cands:
+        for b in cands:
+            if a == b:
+                continue
+            b_only, a_only = t.filter(has[b] & ~has[a]), t.filter(has[a] & ~has[b])
+            if len(b_only) < MIN_COHORT:
+                continue
+            b_clean = not regressed(b_only, ref)
+            a_carries = len(a_only) < MIN_COHORT or regressed(a_only, ref)
+            evidence[a][b] = {"sessions_with_it_without_this": len(b_only), "those_regress": not b_clean,
+                              "sessions_with_this_without_it": len(a_only), "those_regress_too": a_carries}
+            if b_clean and a_carries:
+                beats[a].append(b)
+    winners = [n for n in cands if set(beats[n]) == set(cands) - {n}]
+    if len(winners) != 1:
+        return cands
+    w = winners[0]
+    return {w: {**cands[w], "beats": evidence[w]}}
+
+
 def regression_blame(t: pl.DataFrame, c: pl.DataFrame, regressed: Callable[[pl.DataFrame, pl.DataFrame], bool]
                      ) -> dict[str, Any]:
     """Blame for a release regression; ``regressed(a, b)`` says whether session frame ``a`` regressed
@@ -127,6 +212,15 @@ def regression_blame(t: pl.DataFrame, c: pl.DataFrame, regressed: Callable[[pl.D
             if len(on) >= MIN_COHORT and len(off) >= MIN_COHORT:
                 inside = (on, off)
         if inside is None and abs(shift) < MIN_STATE_SHIFT:
+            thin = 0 < st[name] < 1  # it splits the release, too thinly yet
+            rolling = st[name] == 1 and sc[name] < 1  # baseline work without it has not been upgraded yet
+            if (thin or rolling) and not t.is_empty():
+                n_on = int(_has(t, name).sum())
+                contrasts[name] = {"share_treatment": st[name], "share_baseline": sc[name], "explains": False,
+                                   "waiting": True, "sessions_with": n_on, "sessions_without": len(t) - n_on,
+                                   "why": f"fewer than {MIN_COHORT} sessions on one side: no contrast yet" if thin
+                                   else "every session of the release runs it, some of the baseline's do not: "
+                                        "no contrast until the rollout reaches them"}
             continue
         cc: dict[str, Any] = {"share_treatment": st[name], "share_baseline": sc[name]}
         if inside is not None:
@@ -138,12 +232,38 @@ def regression_blame(t: pl.DataFrame, c: pl.DataFrame, regressed: Callable[[pl.D
             cc.update(method="state differs between baseline and treatment", explains=shift > 0, strength=1)
         contrasts[name] = cc
     inside_cands = {n: v for n, v in contrasts.items() if v["explains"] and v["strength"] == 2}
+    if len(inside_cands) > 1:  # cohorts that overlap: what does each look like without the other?
+        inside_cands = _separate_cohorts(t, c, inside_cands, regressed)
+        contrasts.update(inside_cands)
     if inside_cands:  # a cohort that carries the effect beats a mere difference of state
         contrasts_for_pick = inside_cands
     else:
         contrasts_for_pick = {n: v for n, v in contrasts.items() if v["explains"]}
-    out = _pick(contrasts_for_pick, "", lambda v: (v["strength"],))
+    waiting = {n: v for n, v in contrasts.items() if v.get("waiting")}
+    out = _pick(contrasts_for_pick | waiting, "", lambda v: (v["strength"],))
     out["switches"] = contrasts
     if out["attribution"]:
         out["attribution_method"] = contrasts[out["attribution"]]["method"]
     return out
+
+
+def across_kinds(kind_blame: dict[str, Any], release_blame: dict[str, Any], t_kind: pl.DataFrame) -> dict[str, Any]:
+    """A GPU kind's regression blame, completed by the release's (``release_blame``: the kinds that
+    regressed pooled, each session's metric relative to its kind's baseline). Inside one kind a switch
+    can be inseparable from another (on the same workers: a tie) or too rare for two cohorts; across
+    kinds it may not be. The release's switch is blamed for the kind when the kind's own evidence agrees
+    with it: its cohort carries the effect there (possibly tied), or every session of the kind runs it.
+    A kind whose own contrast clears it (its sessions without the switch regress too), or that runs
+    without it, keeps no blame. The kind's own clean blame always stands."""
+    name = release_blame.get("attribution", "")
+    if kind_blame["attribution"] or not name:
+        return kind_blame
+    own = kind_blame["switches"].get(name)
+    runs_it = not t_kind.is_empty() and _shares(t_kind)[name] >= RUNS_IT
+    if (own is not None and own.get("explains")) or (own is None and runs_it):
+        return {**kind_blame, "attribution": name, "state": "blamed",
+                "attribution_method": f"{release_blame['attribution_method']}, across the release's GPU kinds",
+                "why": f"{name}: carries the regression across the release's GPU kinds "
+                       f"({release_blame['why']}); this kind's own evidence agrees"
+                       + (f" (here: {kind_blame['why']})" if kind_blame.get("why") else "")}
+    return kind_blame

@@ -17,12 +17,15 @@ after the onset (``LADDER_H``). Per class it knows the answer:
   where the class says so.
 
 Printed per detector and per class: recall (found at some rung), scope right (of the found: the
-release, no GPU kind outside the incident's, the leak's key), attribution right (where the class has
-one), median hours from onset to the first finding, and false alarms. Scope is judged at the first rung
+release, no GPU kind outside the incident's, the leak's key), attribution right (where the class has one:
+every finding of it names the switch, e.g. one per GPU kind),
+median hours from onset to the first finding, and false alarms. Scope is judged at the first rung
 that finds it, except a memory finding whose key is ambiguous (``key_confident`` false: the store does
 not yet hold the sessions that tell its explanations apart): it counts for recall, time, attribution
 and severity, and its key is judged at the first later rung whose finding commits to one ("h to scope";
-"ambiguous 1st": the share found ambiguous at first). An ambiguous key is never scored right, however
+"ambiguous 1st": the share found ambiguous at first). Attribution likewise: at the first rung whose
+findings all commit (``attribution_state`` 'blamed' or 'none explains'; a 'tie' or 'waiting' for
+sessions to contrast does not), else at the last rung as it stands ("h to attrib"). An ambiguous key is never scored right, however
 its candidates are listed; a key named confidently and wrong is wrong, whatever later rungs say; a
 finding that stays ambiguous, or is gone at a later rung, is not right. The catalog's answers are what the simulator injects; every detector judges only
 what the store holds.
@@ -92,6 +95,7 @@ class Outcome:
     seconds: float = 0.0
     ambiguous_first: bool | None = None  # memory: the first finding named its key ambiguous
     hours_to_scope: float | None = None  # the rung whose finding was judged for scope
+    hours_to_attribution: float | None = None  # the rung whose findings were judged for attribution
 
 
 def _detectors():
@@ -112,25 +116,42 @@ def _scope(row: dict) -> dict[str, str]:
 
 def _correct(case: Case, rel: str, rows: list[dict], all_kinds: set[str]) -> tuple[bool, bool, dict | None]:
     """(found, scope right, the finding that decided) for the case's detector's rows."""
+    found, right, hits = _judge_rows(case, rel, rows, all_kinds)
+    return found, right, hits[0] if hits else None
+
+
+def _judge_rows(case: Case, rel: str, rows: list[dict], all_kinds: set[str]) -> tuple[bool, bool, list[dict]]:
+    """(found, scope right, the findings that count: the release's for memory, else every acting one of
+    the metric, e.g. one per GPU kind)."""
     import json
 
     want_kinds = all_kinds if case.kinds == "all" else {case.kinds}
     if case.detector == "memory":
         summary = [r for r in rows if _scope(r) == {"release": rel}]
         if not summary:
-            return False, False, None
+            return False, False, []
         ev = json.loads(summary[0]["evidence"])
         named = {ev.get("key", ev.get("explained_by")), *ev.get("aliases", [])}
-        return True, case.key in named and bool(ev.get("key_confident", True)), summary[0]
+        return True, case.key in named and bool(ev.get("key_confident", True)), summary[:1]
     hits = [r for r in rows if r["metric"].startswith(case.metric) and r["severity"] != "info"
             and _scope(r).get("release", rel) == rel]
     if not hits:
-        return False, False, None
+        return False, False, []
     kinds = {_scope(r).get("gpu_kind") for r in hits}
     right = kinds <= want_kinds  # no GPU kind outside the incident's (a cohort need not be on every kind)
     if case.detector == "changepoints":  # no release in a change point's scope: the gaining release names it
         right = right and all(json.loads(r["evidence"]).get("release_gaining") == rel for r in hits)
-    return True, right, hits[0]
+    return True, right, hits
+
+
+COMMITTED = ("blamed", "none explains")  # attribution states that commit (blame.py); 'tie', 'waiting' do not
+
+
+def _attribution_state(row: dict) -> str:
+    import json
+
+    ev = json.loads(row["evidence"])
+    return ev.get("attribution_state") or ("blamed" if row["attribution"] else "none explains")
 
 
 def _confident(row: dict) -> bool:
@@ -157,30 +178,39 @@ def run_case(case: Case, seed: int, chdb_dir: str) -> Outcome:
         det = _detectors()
         ends = [min(onset + timedelta(hours=h), sim.end) for h in LADDER_H]
         if case.detector:
+            scope_done = attribution_done = False
             for end in ends:
                 rows = det[case.detector](store, *jobs.window(_job(case.detector), end=end))
-                found, right, row = _correct(case, rel, rows, kinds)
+                found, right, hits = _judge_rows(case, rel, rows, kinds)
                 if not found:
-                    if out.found:  # found ambiguous, then no finding: its key was never named
+                    if out.found:  # found, then gone: what was still waiting is never judged right
                         break
                     continue
                 hours = (end - onset).total_seconds() / 3600
-                if not out.found:  # the first rung that finds it: recall, time, attribution, severity
+                if not out.found:  # the first rung that finds it: recall, time, severity
                     out.found, out.hours_to_first = True, hours
-                    if case.attribution:
-                        out.attribution_right = row["attribution"] == case.attribution
                     if case.severity:  # the severity it reaches by the last rung
                         last = _correct(case, rel, det[case.detector](store, *jobs.window(_job(case.detector),
                                                                                           end=ends[-1])), kinds)[2]
                         out.severity_right = any(r is not None and r["severity"] == case.severity
-                                                 for r in (row, last))
-                if case.detector == "memory" and not _confident(row):  # scope waits for the evidence
-                    out.ambiguous_first = out.ambiguous_first if out.ambiguous_first is not None else True
-                    continue
-                if case.detector == "memory" and out.ambiguous_first is None:
-                    out.ambiguous_first = False
-                out.scope_right, out.hours_to_scope = right, hours  # a confident key: right or wrong, final
-                break
+                                                 for r in (hits[0], last))
+                if not scope_done:
+                    if case.detector == "memory" and not _confident(hits[0]):  # the key waits for evidence
+                        out.ambiguous_first = True if out.ambiguous_first is None else out.ambiguous_first
+                    else:
+                        if case.detector == "memory" and out.ambiguous_first is None:
+                            out.ambiguous_first = False
+                        out.scope_right, out.hours_to_scope = right, hours  # committed: right or wrong, final
+                        scope_done = True
+                if case.attribution and not attribution_done:
+                    committed = all(_attribution_state(r) in COMMITTED for r in hits)
+                    if committed or end == ends[-1]:  # every finding of it (one per GPU kind) names the switch
+                        out.attribution_right = committed and all(r["attribution"] == case.attribution for r in hits)
+                        out.hours_to_attribution, attribution_done = hours, True
+                if scope_done and (attribution_done or not case.attribution):
+                    break
+            if out.found and case.attribution and out.attribution_right is None:
+                out.attribution_right = False
         else:
             for name in ACTING:
                 rows = det[name](store, *jobs.window(_job(name), end=ends[-1]))
@@ -207,7 +237,8 @@ def _pct(k: int, n: int) -> str:
 def summarize(outcomes: list[Outcome]) -> list[str]:
     """The table: per class, then per detector, then the totals against the goals."""
     lines = [(f"{'class':<22} {'detector':<12} {'recall':>14} {'scope right':>14} {'attrib right':>14} "
-             f"{'severity':>14} {'h to first':>10} {'h to scope':>10} {'ambiguous 1st':>14} {'false alarms':>16}")]
+             f"{'severity':>14} {'h to first':>10} {'h to scope':>10} {'h to attrib':>11} {'ambiguous 1st':>14} "
+             f"{'false alarms':>16}")]
     by_case: dict[str, list[Outcome]] = {}
     for o in outcomes:
         by_case.setdefault(o.case, []).append(o)
@@ -220,6 +251,7 @@ def summarize(outcomes: list[Outcome]) -> list[str]:
             sev = [o for o in found if o.severity_right is not None]
             hours = [o.hours_to_first for o in os_ if o.hours_to_first is not None]
             scoped = [o.hours_to_scope for o in os_ if o.hours_to_scope is not None]
+            attributed = [o.hours_to_attribution for o in os_ if o.hours_to_attribution is not None]
             amb = [o for o in found if o.ambiguous_first is not None]
             lines.append(
                 f"{name:<22} {c.detector:<12} {_pct(len(found), len(os_)):>14} "
@@ -228,12 +260,13 @@ def summarize(outcomes: list[Outcome]) -> list[str]:
                 f"{_pct(sum(bool(o.severity_right) for o in sev), len(sev)) if c.severity else '-':>14} "
                 f"{statistics.median(hours) if hours else float('nan'):>10.0f} "
                 f"{statistics.median(scoped) if scoped else float('nan'):>10.0f} "
+                f"{f'{statistics.median(attributed):.0f}' if attributed else '-':>11} "
                 f"{_pct(sum(bool(o.ambiguous_first) for o in amb), len(amb)) if amb else '-':>14} {'-':>16}")
         else:
             fa = sum(bool(o.false_alarms) for o in os_)
             note = f" notes {_pct(sum(bool(o.note_found) for o in os_), len(os_))}" if c.note else ""
             lines.append(f"{name:<22} {'(benign)':<12} {'-':>14} {'-':>14} {'-':>14} {'-':>14} {'-':>10} {'-':>10} "
-                         f"{'-':>14} "
+                         f"{'-':>11} {'-':>14} "
                          f"{_pct(fa, len(os_)):>16}{note}")
     lines.append("")
     lines.append(f"{'detector':<14} {'recall':>14} {'scope right':>14}")

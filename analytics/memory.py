@@ -471,6 +471,7 @@ def attribute(procs: list[dict]) -> dict[str, dict]:
     for release in sorted({p["release"] for p in procs if p["flagged"]}):
         same = [p for p in procs if p["release"] == release and p["sessions"] >= MIN_SESSIONS]
         b = memory_blame(procs, release, MIN_SESSIONS)
+        b["attribution_state"] = b.pop("state")
         out[release] = {**b, "affected_processes": sum(p["flagged"] for p in same),
                         "healthy_processes": sum(not p["flagged"] for p in same)}
     return out
@@ -530,7 +531,7 @@ def _findings(procs: list[dict], releases: dict[str, dict], oom_counts: pl.DataF
             )
         )
     no_blame = {"attribution": "", "attribution_method": "", "affected_processes": 0, "healthy_processes": 0,
-                "switches": {}}
+                "switches": {}, "attribution_state": "waiting"}  # no process grows on its own yet
     for release in dict.fromkeys(p["release"] for p in procs):
         rel = releases[release]
         same = [p for p in procs if p["release"] == release]

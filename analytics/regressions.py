@@ -23,7 +23,7 @@ from typing import Any
 import polars as pl
 
 from analytics import queries
-from analytics.blame import regression_blame
+from analytics.blame import across_kinds, regression_blame
 from analytics.findings import finding
 from analytics.stats import (
     Judgement,
@@ -131,6 +131,27 @@ def baselines(store, end: datetime) -> list[tuple[str, str, datetime]]:
     return [(names[i], names[i - 1], firsts[i]) for i in range(1, len(names))]
 
 
+def relative_to_baseline(kinds: dict[str, tuple[pl.DataFrame, pl.DataFrame]]) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """The kinds' treatment and baseline sessions pooled, each continuous metric divided by its kind's
+    baseline median (GPU kinds differ in step time; a switch's cohort spans kinds)."""
+    ts, cs = [], []
+    for t, c in kinds.values():
+        scale = {col: c[col].cast(pl.Float64).median() for col, _ in CONTINUOUS.values()} if not c.is_empty() else {}
+        exprs = [(pl.col(col).cast(pl.Float64) / m).alias(col) for col, m in scale.items() if m]
+        ts.append(t.with_columns(exprs) if exprs else t)
+        cs.append(c.with_columns(exprs) if exprs else c)
+    return pl.concat(ts, how="vertical_relaxed"), pl.concat(cs, how="vertical_relaxed")
+
+
+def release_blame(kinds: dict[str, tuple[pl.DataFrame, pl.DataFrame]]) -> dict[str, Any]:
+    """Blame by contrast over the GPU kinds that regressed, pooled (``relative_to_baseline``), on the
+    continuous metrics (a proportion's level differs by kind, so a mix of kinds would confound it)."""
+    if len(kinds) < 2:
+        return {"attribution": "", "attribution_method": "", "switches": {}, "why": "", "state": ""}
+    t, c = relative_to_baseline(kinds)
+    return regression_blame(t, c, lambda a, z: any(j.regressed for j in judge(a, z) if j.metric in CONTINUOUS))
+
+
 def run(store, start: datetime, end: datetime, releases: list[str] | None = None) -> list[dict]:
     """Findings (kind='regression') for each release with sessions in [start, end) (or ``releases``)
     against its baseline, per GPU kind. ``window_start`` is the day the release was first seen, so a
@@ -144,13 +165,17 @@ def run(store, start: datetime, end: datetime, releases: list[str] | None = None
         if t_all.is_empty():
             continue
         c_all = queries.session_frame(store, first_seen - BASELINE_LOOKBACK, end, {"release": base})
+        regressed = {}
         for gpu_kind in sorted(set(t_all["gpu_kind"].to_list())):
             t = t_all.filter(pl.col("gpu_kind") == gpu_kind)
             c = c_all.filter(pl.col("gpu_kind") == gpu_kind)
             judged = judge(t, c)
-            if not any(j.regressed for j in judged):
-                continue
+            if any(j.regressed for j in judged):
+                regressed[gpu_kind] = (t, c, judged)
+        fleet = release_blame({k: (t, c) for k, (t, c, _) in regressed.items()})
+        for gpu_kind, (t, c, judged) in regressed.items():
             b = regression_blame(t, c, lambda a, z: any(j.regressed for j in judge(a, z)))  # by contrast
+            b = across_kinds(b, fleet, t)
             blamed, shift = b["attribution"], {"why": b["why"], **b["switches"]}
             for j in judged:
                 if not j.regressed:
@@ -168,7 +193,8 @@ def run(store, start: datetime, end: datetime, releases: list[str] | None = None
                         confidence=1.0 - j.p_value,
                         severity=_severity(j),
                         attribution=blamed,
-                        evidence=j.as_dict() | {"baseline_release": base, "switch_share_change": shift},
+                        evidence=j.as_dict() | {"baseline_release": base, "switch_share_change": shift,
+                                                "attribution_state": b["state"]},
                     )
                 )
     return rows
