@@ -370,6 +370,7 @@ class StepStats:
     period_ms: list[float] = field(default_factory=list)
     make_ms: list[float] = field(default_factory=list)  # a chunk's own making: its step's start -> delivery
     reset_make_ms: list[float] = field(default_factory=list)  # the same, position-reset steps only
+    reset_diffusion_ms: list[float] = field(default_factory=list)  # diffusion of the position-reset steps
     upkeep_ms: list[float] = field(default_factory=list)
     attention_ms: list[float] = field(default_factory=list)
     decode_ms: list[float] = field(default_factory=list)
@@ -502,20 +503,22 @@ class Telemetry:
         On the CPU a step is done when the loop moves on: never."""
         return self.cuda and any(not p.diffusion_end.query() for p in self._pending)
 
-    def device_ahead_s(self, now: float, step_s: float) -> float:
+    def device_ahead_s(self, now: float, step_s: float, reset_step_s: float | None = None) -> float:
         """Seconds of diffusion the device still has queued at ``now``, reading only events already done
-        (no sync): a step whose start event is done runs since its wall time, ``step_s`` long; one not
-        started counts ``step_s`` whole. 0 on the CPU (each step is done before the loop goes on)."""
+        (no sync): a step whose start event is done runs since its wall time, ``step_s`` long (a
+        position-reset step ``reset_step_s``); one not started counts whole. 0 on the CPU (each step is
+        done before the loop goes on)."""
         if not self.cuda:
             return 0.0
         ahead = 0.0
         for p in self._pending:
             if p.diffusion_end.query():
                 continue
+            d = reset_step_s if p.reset and reset_step_s is not None else step_s
             if p.start.query():
-                ahead += max(0.0, self._wall(p.start, self.device) + step_s - now)
+                ahead += max(0.0, self._wall(p.start, self.device) + d - now)
             else:
-                ahead += step_s
+                ahead += d
         return ahead
 
     def oldest_done(self) -> bool:
@@ -598,6 +601,7 @@ class Telemetry:
         st.make_ms.append((t_done - t_start) * 1e3)
         if p.reset:
             st.reset_make_ms.append((t_done - t_start) * 1e3)
+            st.reset_diffusion_ms.append(diffusion_ms)
         st.graphed.append(p.graphed)
         if upkeep is not None:
             st.upkeep_ms.append(upkeep)

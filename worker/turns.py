@@ -23,8 +23,8 @@ conditioning that have not started playing, buffered or still being made:
 - ``cover`` (the production policy, switch ``turn_cover``): trim's rule on the device's own times
   (``cover_estimate``): the diffusion still queued on the device (``Telemetry.device_ahead_s``: only
   events already done are read), the largest recent recompute, the largest recent time to make a
-  chunk (a position-reset step's own when the first new step resets), and ``COVER_MARGIN`` periods for
-  what no event measures. And the session keeps the device queue short (``Session._wait_for_room``:
+  chunk (a position-reset step's own for a reset step, ahead or the first new one), and ``COVER_MARGIN``
+  periods for what no event measures. And the session keeps the device queue short (``Session._wait_for_room``:
   a step starts once the device has finished the one before, polled with ``event.query()``), so a turn
   waits for at most the step in progress: the playout buffer, not the device queue, protects against
   stalls. What it costs: the old chunks dropped (their GPU work thrown away) and the producer's
@@ -351,12 +351,17 @@ class Turns:
         st = self.tel.stats
         steps = st.diffusion_ms[-RECENT:]
         step_s = max(steps) / 1e3 if steps else period
-        makes = (st.reset_make_ms if reset and st.reset_make_ms else st.make_ms)[-RECENT:]
+        makes = st.make_ms[-RECENT:]
         make_s = max(makes) / 1e3 if makes else step_s
+        # a position-reset step (every reset_every steps: rarer than RECENT) by its own recent times; none
+        # measured yet in this session: twice a step's, until one is
+        reset_step_s = max(st.reset_diffusion_ms[-RECENT:]) / 1e3 if st.reset_diffusion_ms else 2 * step_s
+        if reset:
+            make_s = max(st.reset_make_ms[-RECENT:]) / 1e3 if st.reset_make_ms else make_s + step_s
         if not self.cuda:  # every step ahead and the recompute are done: the new chunk's making only
             return cover_estimate(0.0, 0.0, make_s, period)
         recompute_s = max(self.recomputes) if self.recomputes else step_s  # none measured: one step's worth
-        return cover_estimate(self.tel.device_ahead_s(now, step_s), recompute_s, make_s, period)
+        return cover_estimate(self.tel.device_ahead_s(now, step_s, reset_step_s), recompute_s, make_s, period)
 
     def apply(self, step: int, req: TurnRequest, superseded: int, cond_kv, cache, in_flight: int,
               chunk_s: float, reset: bool = False):

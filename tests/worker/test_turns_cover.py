@@ -106,6 +106,8 @@ def test_device_ahead_counts_the_running_steps_rest_and_the_queued_steps_whole()
     assert tel.device_busy()
     assert tel.device_ahead_s(10.05, step) == pytest.approx((step - 0.05) + step)
     assert tel.device_ahead_s(10.5, step) == pytest.approx(step)  # overran its estimate: 0 left, not < 0
+    tel._pending[-1].reset = True  # the queued one resets positions: counted at a reset step's time
+    assert tel.device_ahead_s(10.05, step, reset_step_s=0.2) == pytest.approx((step - 0.05) + 0.2)
     for p in tel._pending:
         p.start.done = p.diffusion_end.done = True
     assert not tel.device_busy() and tel.device_ahead_s(11.0, step) == 0.0
@@ -123,6 +125,13 @@ def test_on_the_cpu_nothing_is_ahead_and_the_estimate_is_a_chunks_making():
     assert cover == pytest.approx(max(st.make_ms[-16:]) / 1e3 + COVER_MARGIN * P)
     reset = s.turns.cover_s("cover", 0.0, in_flight=3, chunk_s=1.0, reset=True)
     assert reset == pytest.approx(max(st.reset_make_ms[-16:]) / 1e3 + COVER_MARGIN * P)
+    # before the session's first reset step, a reset step counts a step more than a chunk's making
+    young = Session(Worker("tiny"), steps=4, realtime=False, sink=ListSink(), cond_tokens=5,
+                    turns=TurnSchedule([]), playout_policy="cover")
+    young.run()
+    yt = young.tel.stats
+    assert yt.reset_make_ms == [] and young.turns.cover_s("cover", 0.0, 0, 1.0, reset=True) == pytest.approx(
+        (max(yt.make_ms) + max(yt.diffusion_ms)) / 1e3 + COVER_MARGIN * P)
 
 
 # -- the policies as switches ---------------------------------------------------------------------------
@@ -182,3 +191,38 @@ def test_a_policy_flip_on_a_warm_worker_keeps_its_graphs_and_needs_no_rewarm(cpu
     assert s.warm and s.graph_misses == 0 and s.graph_captures == 0 and cpu_graphs.made == made
     assert "turn_trim" in s.switches and [e["step"] for e in s.switch_events] == [8]
     assert w.warmed is warm  # no re-warm: a policy changes no step's work
+
+
+# -- on a GPU: the device queue under cover ----------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("policy", ["keep", "cover"])
+def test_under_cover_a_step_starts_only_once_the_device_has_finished_the_one_before(policy, monkeypatch):
+    """cover: at every step's start no earlier step's diffusion is still on the device (queried, never
+    synchronised); keep (the plain path) runs ahead up to max_in_flight on a device-bound step. No host
+    sync either way."""
+    w = Worker("tiny", device="cuda")
+    denoise = w.model.denoise_chunk
+
+    def slow_denoise(noise, cache, cond_kv):  # a device-bound step: the GPU spins ~20 ms in each
+        torch.cuda._sleep(40_000_000)
+        return denoise(noise, cache, cond_kv)
+
+    w.model.denoise_chunk = slow_denoise
+    busy: list[int] = []
+    begin = Telemetry.begin_step
+
+    def spy(tel, step, held=False):
+        busy.append(sum(not p.diffusion_end.query() for p in tel._pending))
+        return begin(tel, step, held)
+
+    monkeypatch.setattr(Telemetry, "begin_step", spy)
+    s = Session(w, steps=40, realtime=False, sink=ListSink(), cond_tokens=5, playout_policy=policy,
+                turns=TurnSchedule([(0.05, 9, True), (0.2, 12, False)]), sync_debug=True)
+    summary = s.run()
+    assert summary.steps == 40
+    if policy == "cover":
+        assert max(busy) == 0
+    else:
+        assert max(busy) >= 1  # the plain producer queues steps on the device
