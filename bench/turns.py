@@ -75,13 +75,13 @@ def summarize(policy: str, rows: list[dict], s) -> dict:
 
 
 class _LastTurnPlus:
-    """Session.stop_when: true ``after_s`` seconds after the session's last turn record was emitted."""
+    """Session.stop_when: true ``after_s`` seconds after every turn was taken and its record emitted."""
 
-    def __init__(self, turns: int, after_s: float):
-        self.turns, self.after_s, self.session, self.at = turns, after_s, None, None
+    def __init__(self, after_s: float):
+        self.after_s, self.session, self.at = after_s, None, None
 
     def __call__(self) -> bool:
-        if self.at is None and self.session.turns.emitted >= self.turns:
+        if self.at is None and self.session.turns.settled():
             self.at = time.perf_counter()
         return self.at is not None and time.perf_counter() - self.at >= self.after_s
 
@@ -129,7 +129,7 @@ def main() -> int:
         # at most: the schedule and 3 s more, plus the chunks drops skip (the producer runs ahead by those);
         # the session ends a second after its last turn's record
         steps = int((items[-1][0] + 3.0) * 6) + (0 if policy == "keep" else 6 * len(items))
-        done = _LastTurnPlus(len(items), 1.0)
+        done = _LastTurnPlus(1.0)
         sess = Session(w, steps=steps, switches=switches.with_policy(policy), sink=sink, seed=a.seed + 1,
                        turns=TurnSchedule(items), stop_when=done)
         done.session = sess

@@ -125,6 +125,11 @@ class TurnInbox:
         with self._lock:
             return bool(self._q) and self._q[0].arrived <= now
 
+    def waiting(self) -> int:
+        """Turns not taken yet (a schedule's: arrived or not)."""
+        with self._lock:
+            return len(self._q)
+
 
 class TurnSchedule(TurnInbox):
     """Turns arriving at fixed seconds after the step loop starts: (at_s, tokens, speaking[, policy]) each."""
@@ -316,6 +321,10 @@ class Turns:
 
     def start(self, t0: float) -> None:
         self.inbox.start(t0)
+
+    def settled(self) -> bool:
+        """Every turn of the inbox taken and every applied one's record emitted."""
+        return not self.pending and not self.inbox.waiting()
 
     def due(self) -> bool:
         return self.inbox.due(time.perf_counter())

@@ -134,6 +134,16 @@ def test_on_the_cpu_nothing_is_ahead_and_the_estimate_is_a_chunks_making():
         (max(yt.make_ms) + max(yt.diffusion_ms)) / 1e3 + COVER_MARGIN * P)
 
 
+def test_a_session_can_end_at_a_step_boundary_once_its_turns_are_settled():
+    """Session(stop_when=...): asked at each boundary (bench/turns.py ends a session after its turns)."""
+    sched = TurnSchedule([(0.0, 7, True), (0.0, 9, False)])
+    s = Session(Worker("tiny"), steps=200, realtime=False, sink=ListSink(), cond_tokens=5, turns=sched)
+    s.stop_when = lambda: s.turns.settled() and s.tel.stats.steps >= 3
+    summary = s.run()
+    assert s.turns.settled() and s.turns.inbox.waiting() == 0
+    assert 3 <= summary.steps < 200 and len(s.sink.rows["turn"]) == 1  # the two coalesced into one
+
+
 # -- the policies as switches ---------------------------------------------------------------------------
 
 
