@@ -295,7 +295,9 @@ class Session:
             raise ShapeError(f"cond_tokens {self.cond_tokens} out of range; valid: 1..{shape.window - shape.new_tokens}")
         self.seed = rng.randrange(2**31)
         self.realtime = realtime
-        self.stop_when = stop_when  # () -> bool, asked at each step boundary: end the session there (a bench)
+        # () -> bool, asked at each step boundary: end the session there (a bench; one process: under tensor
+        # parallel every rank must run the same steps)
+        self.stop_when = stop_when
         self.max_in_flight = max_in_flight
         self.labels = {"worker_id": worker.worker_id, "session_id": self.session_id,
                        "release": worker.release, "gpu_kind": worker.gpu_kind}
