@@ -92,7 +92,7 @@ def start_canary(store, name: str, scope: str | dict[str, str] | None, *, fracti
     if not (0 < fraction < 1) or not (1 <= hi < BUCKETS):
         raise SwitchError(f"fraction {fraction} must lie in [0.01, 0.99] (cohorts are {BUCKETS} buckets)")
     try:  # a numeric switch: only with a passing evaluation for the scope's GPU kinds and release
-        evaluated = evaluation_gate.require_for_canary(store, name, parse_scope(scope_s))
+        evaluated = evaluation_gate.require_for_scope(store, name, parse_scope(scope_s))
     except evaluation_gate.GateError as e:
         raise CanaryError(str(e), e.status) from e
     board = get_switchboard(store)

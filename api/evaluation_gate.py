@@ -3,15 +3,16 @@
 evaluation (``livestep evaluate``) of that GPU kind and release.
 
     latest(store, "fp8_cache", gpu_kind="NVIDIA H200", release="v7")   # the newest overall row, or None
-    require_for_canary(store, "fp8_cache", {"release": "v7"})   # the evaluations, else GateError
+    require_for_scope(store, "fp8_cache", {"release": "v7"})   # a canary or an "on" write: evaluations, else GateError
     defaults_by_kind(store, DEFAULTS)       # GET /v1/switches/rules: each default with its evidence
 
 A configuration's evidence is the ``overall`` evaluation row of the newest evaluation run for that
 switch, GPU kind and release: ``pass`` needs both the teacher-forced and the free-running judge passed
 (worker/evaluate.py); ``fail`` and ``no_effect`` (the switch did nothing on that device) do not count.
 A run that judged less (``incomplete``: e.g. drift alone) is no evidence either way and never hides the
-run before it; one of its judges failing makes it a ``fail``, which does. A canary of a numeric switch must name the release in
-its scope and has a passing evaluation (409 otherwise) for the scope's GPU kind, or, when it names none,
+run before it; one of its judges failing makes it a ``fail``, which does. A canary of a numeric switch, and a write that turns one
+on (PUT /v1/switches/{name} with value true), must name the release in its scope and have a passing
+evaluation (409 otherwise) for the scope's GPU kind, or, when it names none,
 for every GPU kind the release runs on (its workers' sessions and its evaluations say which): defaults are
 per GPU kind, as the paper's FP8 cache helps on H100 and costs time on B200. A canary about to be promoted
 is checked again, against the GPU kinds its sessions ran on meanwhile.
@@ -91,8 +92,9 @@ def kinds_in(store, release: str, days: int = 30) -> list[str]:
     return sorted(r[0] for r in rows)
 
 
-def require_for_canary(store, switch: str, scope: dict[str, str]) -> list[dict[str, Any]]:
-    """POST /v1/canaries: a numeric switch's canary names its release (422 otherwise) and has a passing
+def require_for_scope(store, switch: str, scope: dict[str, str]) -> list[dict[str, Any]]:
+    """POST /v1/canaries, and PUT /v1/switches turning a switch on: a numeric switch's scope names its
+    release (422 otherwise) and has a passing
     evaluation for the scope's GPU kind -- or, with none named, for every GPU kind the release runs on
     (``kinds_in``; at least one) -- else 409. The evaluations behind it ([] for a switch that moves no
     number)."""
@@ -100,7 +102,8 @@ def require_for_canary(store, switch: str, scope: dict[str, str]) -> list[dict[s
         return []
     release = scope.get("release")
     if not release:
-        raise GateError(f"a canary of {switch} (it changes the model's numerics) must name a release in its scope: "
+        raise GateError(f"a canary of {switch}, or a write turning it on (it changes the model's numerics), must name a release "
+                        "in its scope: "
                         "a numeric switch is a default per GPU kind and release, each with its own evaluation; "
                         "e.g. scope 'release=v7' or 'gpu_kind=NVIDIA H200,release=v7'", 422)
     kinds = [scope["gpu_kind"]] if scope.get("gpu_kind") else kinds_in(store, release)
@@ -114,7 +117,7 @@ def blocking(store, switch: str, scope: dict[str, str]) -> dict[str, Any] | None
     """A canary about to be promoted: None when the gate lets it (or the switch is not numeric), else
     {"gate": the reason} for its evidence."""
     try:
-        require_for_canary(store, switch, scope)
+        require_for_scope(store, switch, scope)
     except GateError as e:
         return {"gate": str(e)}
     return None

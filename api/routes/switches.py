@@ -13,6 +13,8 @@
     GET  /v1/switches/explain?worker_id=&release=&gpu_kind=   for each switch: the value, the rule that
          decided it and why, and the covering rules that did not (api/switchboard.py: the precedence model)
 
+Turning a numeric switch on (``NUMERIC_SWITCHES``) needs a release in the scope (422) and a passing
+evaluation for it (409; api/evaluation_gate.py), as a canary does; turning one off never does.
 An ``If-None-Match`` equal to the current ETag answers 304 (an unchanged poll costs nothing).
 Turning a switch off that is already off in that scope is answered 200 with ``changed: false``
 and recorded as a no-op.
@@ -30,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from api import evaluation_gate
 from api.deps import AdminDep, ReaderDep, SettingsDep, StoreDep
 from api.routes._common import Label, OptionalRangeDep, PageDep
-from api.switchboard import DEFAULTS, SwitchError, check_name, get_switchboard
+from api.switchboard import DEFAULTS, SwitchError, check_name, get_switchboard, parse_scope
 from collector.records import SWITCH_NAMES
 
 router = APIRouter(prefix="/v1/switches", tags=["switches"])
@@ -152,9 +154,13 @@ def put_switch(name: str, body: SwitchWrite, store: StoreDep, settings: Settings
     _known(name)
     board = get_switchboard(store, settings.switch_cache_s)
     try:
+        if body.value:  # on: a numeric switch only with a passing evaluation there; off is always allowed
+            evaluation_gate.require_for_scope(store, name, parse_scope(body.scope))
         d = board.set(name, body.value, body.scope, actor=body.who, reason=body.why, source="api")
     except SwitchError as e:
         raise HTTPException(422, detail=str(e)) from e
+    except evaluation_gate.GateError as e:
+        raise HTTPException(e.status, detail=str(e)) from e
     return d.to_dict()
 
 

@@ -19,3 +19,15 @@ def put_evaluation(store, switch: str, gpu_kind: str, release: str, verdict: str
            "band_lo": None, "band_hi": None, "verdict": verdict, "n": 2, "step": None}
     store.insert_arrow("evaluations", to_arrow("evaluation", [row]), dedup_token=f"test-evaluation-{eid}")
     return eid
+
+
+def evaluate_release(store, switch: str, release: str) -> list[str]:
+    """A passing evaluation of ``switch`` on every GPU kind ``release`` runs on (its sessions say which):
+    what turning a numeric switch back on for a release needs. Returns the kinds."""
+    from api.evaluation_gate import kinds_in
+
+    kinds = kinds_in(store, release)
+    assert kinds, f"release {release} has no sessions: no GPU kind to evaluate on"
+    for k in kinds:
+        put_evaluation(store, switch, k, release)
+    return kinds

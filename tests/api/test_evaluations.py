@@ -93,6 +93,28 @@ def test_a_canary_of_a_numeric_switch_without_a_passing_evaluation_is_refused(cl
     assert r.json()["evidence"]["evaluations"][0]["verdict"] == "pass"
 
 
+def test_turning_a_numeric_switch_on_needs_what_a_canary_needs_and_off_needs_nothing(client, admin, store):
+    """PUT value=true is the other way to make a numeric switch a default: the same gate as a canary."""
+    def on(scope):
+        return client.put("/v1/switches/fp8_cache", headers=admin,
+                          json={"value": True, "scope": scope, "who": "op", "why": "re-enable"})
+
+    _off(client, admin, "fp8_cache", "release=v7")  # off: always allowed, evaluated or not
+    r = on("release=v7")
+    assert r.status_code == 409 and "no evaluation" in r.json()["detail"]
+    assert on("").status_code == 422 and "must name a release" in on("").json()["detail"]
+    put_evaluation(store, "fp8_cache", "h200", "v7", verdict="fail")
+    assert on("release=v7").status_code == 409
+    assert client.get("/v1/switches", params={"release": "v7"}).json()["switches"]["fp8_cache"] is False
+    put_evaluation(store, "fp8_cache", "h200", "v7", verdict="pass")
+    r = on("gpu_kind=h200,release=v7")
+    assert r.status_code == 200 and r.json()["changed"], r.text
+    assert client.get("/v1/switches", params={"release": "v7", "gpu_kind": "h200"}).json()["switches"]["fp8_cache"]
+    ok = client.put("/v1/switches/cuda_graphs", headers=admin,  # moves no number: no evaluation needed
+                    json={"value": True, "scope": "", "who": "op", "why": "t"})
+    assert ok.status_code == 200
+
+
 def test_a_switch_that_moves_no_number_needs_no_evaluation(client, admin):
     _off(client, admin, "cuda_graphs", "release=v7")
     assert _canary(client, admin, "cuda_graphs").status_code == 201

@@ -22,6 +22,7 @@ from api.alerts import SIG_HEADER, TS_HEADER, signature
 from api.notify import Notifier
 from api.switchboard import get_switchboard
 from tests.api.conftest import SECRET
+from tests.api.evaluations import evaluate_release
 from tests.api.live import serve
 
 
@@ -110,6 +111,7 @@ def test_re_enable_after_the_fix_reaches_every_worker_then_the_incident_resolves
             "fused_allreduce")
 
     assert {on(w) for w in workers} == {False}
+    evaluate_release(store, "fused_allreduce", leaking)  # a numeric switch: on only with its evidence
     r = client.put("/v1/switches/fused_allreduce", headers=admin,
                    json={"value": True, "scope": f"release={leaking}", "who": "op", "why": "fixed"})
     assert r.status_code == 200 and r.json()["changed"]

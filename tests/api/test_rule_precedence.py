@@ -10,6 +10,7 @@ from tests.api.evaluations import put_evaluation
 
 WORKERS = [f"w{i:04d}" for i in range(1, 9)]  # the August fleet: 8 workers of release v1.2
 S = "fused_allreduce"
+P = "decoder_own_gpu"  # precedence alone: a switch that moves no number, so no evaluation gates turning it on
 
 
 def on_for(client, workers, release="v1.2", name=S):
@@ -38,6 +39,7 @@ def august_rules(store):
 
 
 def test_a_release_wide_re_enable_reaches_every_worker(client, admin, store):
+    put_evaluation(store, S, "h200", "v1.2")  # a numeric switch: on only with a passing evaluation
     board = august_rules(store)
     assert on_for(client, WORKERS) == set()
     d = put(client, admin, True, "release=v1.2")
@@ -53,18 +55,19 @@ def test_a_release_wide_re_enable_reaches_every_worker(client, admin, store):
 
 
 def test_the_most_recent_covering_rule_wins_whatever_its_specificity(client, admin):
-    put(client, admin, False, "")                         # v1: fleet off
-    put(client, admin, True, "worker_id=w0001")           # v2: one worker back on (newer, narrower)
-    assert on_for(client, WORKERS) == {"w0001"}
-    d = put(client, admin, False, "")                     # v3: fleet off again: newer than w0001's rule
+    put(client, admin, False, "", name=P)                 # v1: fleet off
+    put(client, admin, True, "worker_id=w0001", name=P)   # v2: one worker back on (newer, narrower)
+    assert on_for(client, WORKERS, name=P) == {"w0001"}
+    d = put(client, admin, False, "", name=P)             # v3: fleet off again: newer than w0001's rule
     assert d["changed"] and d["evidence"]["overrides"] == ["worker_id=w0001"]
-    assert on_for(client, WORKERS) == set()
+    assert on_for(client, WORKERS, name=P) == set()
     # a manual narrower rule is overridden, not withdrawn: clearing the fleet rule brings it back
-    client.post(f"/v1/switches/{S}/clear", headers=admin, json={"scope": "", "who": "op", "why": "t"})
-    assert on_for(client, WORKERS) == {"w0001"}
+    client.post(f"/v1/switches/{P}/clear", headers=admin, json={"scope": "", "who": "op", "why": "t"})
+    assert on_for(client, WORKERS, name=P) == {"w0001"}
 
 
 def test_an_automatic_broad_rule_overrides_an_older_manual_narrow_one_and_keeps_it(client, admin, store):
+    put_evaluation(store, S, "h200", "v1.2")
     put(client, admin, True, "release=v1.2,worker_id=w0001")
     get_switchboard(store).set(S, False, "release=v1.2", actor="incident:x", reason="leak", source="incident")
     assert on_for(client, WORKERS) == set()
@@ -73,7 +76,8 @@ def test_an_automatic_broad_rule_overrides_an_older_manual_narrow_one_and_keeps_
                                                          ("release=v1.2", "incident")}
 
 
-def test_a_write_that_changes_no_worker_is_a_noop_and_one_that_changes_some_is_not(client, admin):
+def test_a_write_that_changes_no_worker_is_a_noop_and_one_that_changes_some_is_not(client, admin, store):
+    put_evaluation(store, S, "h200", "v1.2")
     put(client, admin, False, "release=v1.2")
     assert put(client, admin, False, "release=v1.2")["action"] == "noop"
     put(client, admin, True, "release=v1.2,worker_id=w0003")

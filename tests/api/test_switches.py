@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from tests.api.evaluations import put_evaluation
+
 
 def test_poll_returns_only_decided_switches_with_etag_and_304(client):
     r = client.get("/v1/switches", params={"worker_id": "w1", "release": "v7", "gpu_kind": "h200"})
@@ -40,7 +42,8 @@ def test_turning_off_an_off_switch_is_a_recorded_noop(client, admin):
     assert all(d["reason"] == "leak" and d["source"] == "api" for d in hist)
 
 
-def test_fleet_off_then_release_on_the_newer_release_rule_decides_it(client, admin):
+def test_fleet_off_then_release_on_the_newer_release_rule_decides_it(client, admin, store):
+    put_evaluation(store, "compile", "h200", "v8")  # a numeric switch: on only with a passing evaluation
     client.put("/v1/switches/compile", headers=admin, json={"value": False, "who": "a", "why": "b"})
     client.put("/v1/switches/compile", headers=admin,
                json={"value": True, "scope": "release=v8", "who": "a", "why": "fixed in v8"})

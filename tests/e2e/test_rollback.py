@@ -121,6 +121,9 @@ def _story(app, sock, receiver, tmp_path):
         # the fix: an operator re-enables the switch for the release; it reaches every worker of it
         import httpx
 
+        from tests.api.evaluations import evaluate_release
+
+        evaluate_release(store, "fused_allreduce", leaking)  # a numeric switch: on only with its evidence
         r = httpx.put(f"{base}/v1/switches/fused_allreduce", json={"value": True, "scope": f"release={leaking}",
                                                                    "who": "op", "why": "fixed in place"})
         assert r.status_code == 200 and r.json()["changed"], r.text
