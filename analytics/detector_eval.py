@@ -96,6 +96,7 @@ class Outcome:
     ambiguous_first: bool | None = None  # memory: the first finding named its key ambiguous
     hours_to_scope: float | None = None  # the rung whose finding was judged for scope
     hours_to_attribution: float | None = None  # the rung whose findings were judged for attribution
+    key_evidence: dict | None = None  # memory, never committed: the key's tests against its rivals
 
 
 def _detectors():
@@ -154,6 +155,31 @@ def _attribution_state(row: dict) -> str:
     return ev.get("attribution_state") or ("blamed" if row["attribution"] else "none explains")
 
 
+def _key_evidence(case: Case, row: dict) -> dict | None:
+    """An ambiguous memory finding's test of the class's key against its rivals (the latest one kept:
+    what the store held when it stopped looking)."""
+    import json
+
+    ev = json.loads(row["evidence"])
+    tests = [t for t in ev.get("key_tests", []) if case.key in [*t["keys"], *map(_key_name, t["keys"])]]
+    named = [ev.get("explained_by"), *ev.get("ambiguous_with", [])]
+    rivals = [t for t in tests if any(k in named and _key_name(k) != case.key for k in t["keys"])]
+    return {"named": named, "tests": [{"keys": t["keys"], "sessions_telling_apart": t["sessions_telling_apart"],
+                                       "p_value": t["p_value"]} for t in rivals]}
+
+
+def _separate_p() -> float:
+    from analytics.memory import SEPARATE_P
+
+    return SEPARATE_P
+
+
+def _key_name(name: str) -> str:
+    from analytics.memory import key_of
+
+    return key_of(name)
+
+
 def _confident(row: dict) -> bool:
     import json
 
@@ -197,10 +223,12 @@ def run_case(case: Case, seed: int, chdb_dir: str) -> Outcome:
                 if not scope_done:
                     if case.detector == "memory" and not _confident(hits[0]):  # the key waits for evidence
                         out.ambiguous_first = True if out.ambiguous_first is None else out.ambiguous_first
+                        out.key_evidence = _key_evidence(case, hits[0])
                     else:
                         if case.detector == "memory" and out.ambiguous_first is None:
                             out.ambiguous_first = False
                         out.scope_right, out.hours_to_scope = right, hours  # committed: right or wrong, final
+                        out.key_evidence = None
                         scope_done = True
                 if case.attribution and not attribution_done:
                     committed = all(_attribution_state(r) in COMMITTED for r in hits)
@@ -268,6 +296,17 @@ def summarize(outcomes: list[Outcome]) -> list[str]:
             lines.append(f"{name:<22} {'(benign)':<12} {'-':>14} {'-':>14} {'-':>14} {'-':>14} {'-':>10} {'-':>10} "
                          f"{'-':>11} {'-':>14} "
                          f"{_pct(fa, len(os_)):>16}{note}")
+    lines.append("")
+    for name, os_ in by_case.items():  # keys never committed to: what the store held
+        waits = [o.key_evidence for o in os_ if o.found and o.key_evidence and not o.scope_right]
+        pairs = [t for e in waits for t in e["tests"] if t["sessions_telling_apart"] is not None]
+        if waits:
+            apart = statistics.median(t["sessions_telling_apart"] for t in pairs) if pairs else float("nan")
+            p_key = [min(t["p_value"][k] for k in t["keys"] if _key_name(k) == cases[name].key) for t in pairs]
+            lines.append(f"  {name}: key ambiguous to the end in {len(waits)}/{len(os_)}; against its rivals a "
+                         f"median {apart:.0f} sessions tell them apart, the key's own growth beyond the rival at "
+                         f"median p {statistics.median(p_key) if p_key else float('nan'):.2g} (needs < "
+                         f"{_separate_p():g})")
     lines.append("")
     lines.append(f"{'detector':<14} {'recall':>14} {'scope right':>14}")
     for d in dict.fromkeys(c.detector for c in CATALOG if c.detector):
