@@ -195,7 +195,7 @@ def _judged(name: str, x: np.ndarray) -> bool:
 
 def _judged_all(name: str, xs: list[dict[str, np.ndarray]]) -> bool:
     """Whether any process judges this explanation (``SIZED`` when any judges its key)."""
-    return any(_judged(SIZED_KEY if name == SIZED else name, e[SIZED_KEY if name == SIZED else name]) for e in xs)
+    return any(_judged(key_of(name), e[key_of(name)]) for e in xs)
 
 
 def fleet_rates(s: pl.DataFrame) -> dict[str, float]:
@@ -271,6 +271,7 @@ def separate(explainers: list[dict[str, np.ndarray]], ys: list[np.ndarray], a: s
     between sessions)."""
     import statsmodels.api as sm
     from scipy.stats import combine_pvalues
+    from scipy.stats import t as t_dist
 
     p_a, p_b, coef_a, coef_b, telling, sessions = [], [], [], [], 0, 0
     for e, y in zip(explainers, ys, strict=True):
@@ -282,8 +283,6 @@ def separate(explainers: list[dict[str, np.ndarray]], ys: list[np.ndarray], a: s
         fit = sm.OLS(y, design).fit()
         if not np.all(np.isfinite(fit.bse[1:])) or np.any(fit.bse[1:] <= 0):
             continue
-        from scipy.stats import t as t_dist
-
         p_a.append(float(t_dist.sf(fit.tvalues[1], fit.df_resid)))
         p_b.append(float(t_dist.sf(fit.tvalues[2], fit.df_resid)))
         coef_a.append(float(fit.params[1]))
@@ -304,8 +303,8 @@ def separate(explainers: list[dict[str, np.ndarray]], ys: list[np.ndarray], a: s
 
 def name_key(explainers: list[dict[str, np.ndarray]], ys: list[np.ndarray], candidates: list[str]
              ) -> tuple[str, list[str], list[dict]]:
-    """The decision rule for which explanation names a growth: each pair of candidates (the significant
-    ones, best R^2 first) is fitted together (``separate``); ``a`` *beats* ``b`` when ``a`` grows memory
+    """The decision rule for which explanation names a growth: each pair of candidates (the rivals:
+    significant ones first, then by R^2) is fitted together (``separate``); ``a`` *beats* ``b`` when ``a`` grows memory
     beyond ``b`` (p < ``SEPARATE_P``) and ``b`` does not beyond ``a``. The candidate that beats every
     other is named. When none does, the candidates no other beats are ambiguous: the first of them (by
     R^2) is named, the rest are ``ambiguous_with`` it, and the finding says the store does not yet hold
