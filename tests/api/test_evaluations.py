@@ -146,3 +146,23 @@ def test_a_canary_whose_evaluation_fails_meanwhile_is_not_promoted(store):
     r = canary.evaluate(store, c["id"], now=T0 + timedelta(hours=1))
     assert r["status"] == "rolled_back" and r["evidence"]["regressed"] == ["evaluation"]
     assert "'fail'" in r["evidence"]["gate"]
+
+
+def test_the_h200_evaluations_as_the_gate_reads_them(client, admin, store):
+    """The H200's own runs (tests/worker/h200), judged and stored as evaluation records: the production
+    set's failed free-running judge is the evidence shown for that kind, and a teacher-forced pass alone
+    (every switch's, there) lets no numeric switch on."""
+    from collector.records import to_arrow
+    from tests.worker.test_evaluate import _h200
+    from worker.evaluate import judge, records
+
+    for name in ("teacher_forced", "free_running"):
+        got = judge(_h200(name))
+        store.insert_arrow("evaluations", to_arrow("evaluation", records(got)), dedup_token=f"h200-{name}")
+    kinds = client.get("/v1/switches/rules").json()["defaults_by_gpu_kind"]["by_gpu_kind"]
+    [h200] = [k for k in kinds if k["gpu_kind"] == "NVIDIA H200" and k["release"] == "dev"]
+    assert h200["production"]["verdict"] == "fail"
+    assert h200["switches"]["fp8_cache"]["default"] is False and h200["switches"]["cuda_graphs"]["default"]
+    r = client.put("/v1/switches/fp8_cache", headers=admin, json={
+        "value": True, "scope": "gpu_kind=NVIDIA H200,release=dev", "who": "op", "why": "teacher-forced passed"})
+    assert r.status_code == 409 and "no evaluation" in r.json()["detail"]

@@ -214,3 +214,33 @@ def test_a_result_measured_without_scipy_is_judged_from_its_file(real, tmp_path,
     judged = json.loads((tmp_path / "judged.json").read_text())
     assert judged["overall"] == real["overall"] and judged["verdicts"] == json.loads(json.dumps(real["verdicts"]))
     assert "ratio production / plain (teacher-forced error)" in capsys.readouterr().out
+
+
+H200 = os.path.join(os.path.dirname(__file__), "h200")
+
+
+def _h200(judge_name: str) -> dict:
+    """A series measured on the H200 (one TP=3 rank of prod57b, docs/PERFORMANCE.md's issue-22 runs),
+    as ``--out`` wrote it, verdicts removed: what the judges here make of data they did not produce."""
+    import json
+
+    with open(os.path.join(H200, f"evaluate_prod57b_tp3_{judge_name}.json")) as f:
+        return json.load(f)
+
+
+def test_the_h200_series_judged_here():
+    from worker.evaluate import judge
+
+    tf = judge(_h200("teacher_forced"))
+    assert tf["gpu_kind"] == "NVIDIA H200" and tf["truth"] == "bf16"
+    assert {n: v[0]["verdict"] for n, v in tf["verdicts"].items()} == dict.fromkeys(tf["configurations"], "pass")
+    assert set(tf["overall"].values()) == {"incomplete"}  # teacher-forced alone is never a pass
+    ratio = {n: v[0]["value"] for n, v in tf["verdicts"].items()}
+    assert max(ratio, key=ratio.get) in ("production", "triton_kernels")  # the Triton kernels carry the error
+    fr = judge(_h200("free_running"))
+    [v] = fr["verdicts"]["production"]
+    assert v["metric"] == "divergence_ratio" and v["verdict"] == "fail" and v["value"] > 2
+    assert fr["overall"]["production"] == "fail"
+    dr = judge(_h200("drift"))
+    assert [v["verdict"] for v in dr["verdicts"]["production"]] == ["pass", "pass"]
+    assert dr["drift"]["probes"] == 20 and dr["drift"]["steps"] == 420
