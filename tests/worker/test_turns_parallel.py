@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from tests.worker.test_turns import _Outputs
 from worker import parallel
 from worker.config import ModelShape
 from worker.session import Worker
@@ -41,21 +42,6 @@ class _AtSteps(TurnInbox):
 
     def due(self, now):
         return False
-
-
-class _Outputs:
-    """Every chunk's latents and the length of the cross K/V it read (a spy on the model's entry point)."""
-
-    def __init__(self, model):
-        self.latents, self.cond = [], []
-        self._f = model.denoise_chunk
-        model.denoise_chunk = self
-
-    def __call__(self, noise, cache, cond_kv):
-        out = self._f(noise, cache, cond_kv)
-        self.latents.append(out.clone())
-        self.cond.append(cond_kv[0].k.shape[1])
-        return out
 
 
 def _session(worker, turns, sink):
