@@ -1,9 +1,11 @@
 """Memory growth, judged against every shape key, sessions served and time, per worker process.
 
     procs, rows = analyze(store, start, end)   # polars (one row per process) + findings rows
-    procs, rows = analyze_frame(sessions, oom_events)   # the same on a frame (tests, evaluate-detectors)
+    procs, rows = analyze_frame(sessions, oom_events, start, end)   # the same on a frame (tests)
 
-A worker process starts at a deploy (its release changes) or after an ``oom`` event. Within a process,
+A worker process starts at a deploy (its release changes) or after an ``oom`` event; it may have
+started before the window, so its sessions are read from ``HISTORY`` earlier to count the shapes it
+had seen (only the window's sessions are fitted). Within a process,
 each session's peak reserved memory is regressed (one-sided ``linregress``) on each candidate
 explanation of growth:
 
@@ -84,6 +86,7 @@ MIN_SEPARATE_SESSIONS = 5  # a process's sessions for its own two-slope fit in `
 CRITICAL_HOURS_TO_OOM = 24.0
 RATE_WINDOW = timedelta(hours=24)
 RATE_MIN_HOURS = 2.0
+HISTORY = timedelta(days=14)  # before the window: where a process started, which shapes it had seen
 
 
 def _with_key_columns(s: pl.DataFrame) -> pl.DataFrame:
@@ -375,27 +378,39 @@ def _judge_process(x: np.ndarray, y: np.ndarray, b: np.ndarray, shapes: np.ndarr
 
 
 def analyze(store, start: datetime, end: datetime) -> tuple[pl.DataFrame, list[dict]]:
-    """One row per worker process (slopes, p-values, time to OOM, flagged) and the findings rows."""
-    s = queries.memory_sessions(store, start, end)
-    return analyze_frame(s, queries.events(store, "oom", start, end), start, end)
+    """One row per worker process (slopes, p-values, time to OOM, flagged) and the findings rows, judged
+    on [start, end); shapes are counted from ``HISTORY`` before it (a process outlives the window)."""
+    s = queries.memory_sessions(store, start - HISTORY, end)
+    return analyze_frame(s, queries.events(store, "oom", start - HISTORY, end), start, end)
 
 
 def analyze_frame(s: pl.DataFrame, oom_events: pl.DataFrame, start: datetime | None = None,
                   end: datetime | None = None) -> tuple[pl.DataFrame, list[dict]]:
-    """``analyze`` on a frame of ``queries.memory_sessions``' columns and the window's ``oom`` events."""
+    """``analyze`` on a frame of ``queries.memory_sessions``' columns and the ``oom`` events. Sessions
+    before ``start`` are history: they find where a process started and which shapes it had seen (a
+    prompt length seen before the window is not new inside it), and count in the fleet's rates of new
+    values; only the window's sessions are fitted and judged."""
     if s.is_empty():
         return pl.DataFrame(), []
     if oom_events.is_empty():
         oom_events = pl.DataFrame(schema={"worker_id": pl.String, "session_id": pl.String, "release": pl.String,
                                           "gpu_kind": pl.String, "ts": pl.Datetime("ms", "UTC"), "detail": pl.String})
     s = with_processes(s, oom_events)
+    if start is not None:
+        live = s.filter(pl.col("start_ts") >= start)["process"].unique()
+        s = s.filter(pl.col("process").is_in(live.implode()))
+        oom_events = oom_events.filter(pl.col("ts") >= start)
     rates = fleet_rates(s)
     oom_counts = oom_events.group_by("worker_id", "release").len("ooms")
     groups = []
     for key, g in s.group_by("process", maintain_order=True):
         g = g.sort("start_ts")
-        groups.append((key[0], g, _explainers(g), g["mem_reserved_max"].to_numpy().astype(float),
-                       g["buffers_max"].to_numpy().astype(float)))
+        xs, y, b = _explainers(g), g["mem_reserved_max"].to_numpy().astype(float), \
+            g["buffers_max"].to_numpy().astype(float)
+        if start is not None:  # the history counted the shapes; the window is judged
+            keep = (g["start_ts"] >= start).to_numpy()
+            g, xs, y, b = g.filter(pl.Series(keep)), {n: x[keep] for n, x in xs.items()}, y[keep], b[keep]
+        groups.append((key[0], g, xs, y, b))
     releases = {}
     for rel in dict.fromkeys(g["release"][0] for _, g, *_ in groups):
         mine = [(e, y) for _, g, e, y, _ in groups if g["release"][0] == rel]

@@ -165,3 +165,44 @@ def test_a_young_process_with_every_prompt_new_is_named_ambiguous_with_its_evide
             assert {"first_forward_tokens", memory.PER_SESSION} <= named
             assert _pair(ev, "first_forward_tokens", memory.PER_SESSION)["sessions_telling_apart"] < 5
             assert row["severity"] == "critical" and ev["min_hours_to_oom"] < memory.CRITICAL_HOURS_TO_OOM
+
+
+def test_a_process_older_than_the_window_counts_its_shapes_from_its_start():
+    """Workers live for weeks; the memory window is 7 days. A prompt length the process saw before the
+    window is not new inside it: counted as new, a per-prompt leak looks smaller per "new" length and
+    the fleet's rate of new lengths (hence the time to OOM) is overstated. Shapes are counted from the
+    process's start (``HISTORY`` before the window), the fits judge the window."""
+    from datetime import UTC, datetime
+
+    import numpy as np
+    import polars as pl
+
+    rng = np.random.default_rng(5)
+    cap = memory.GPU_MEMORY_BYTES["h200"]
+    end = datetime(2026, 11, 30, tzinfo=UTC)
+    start = end - timedelta(days=7)
+    rows, truly_new_last_day = [], []
+    for w in range(4):
+        seen, t, i, new_last = set(), end - timedelta(days=12), 0, 0
+        while t < end:
+            tokens = 800 + int(rng.integers(300))
+            if tokens not in seen and t >= end - timedelta(hours=24):
+                new_last += 1
+            seen.add(tokens)
+            rows.append({"release": "v2", "gpu_kind": "h200", "worker_id": f"w{w}", "session_id": f"s{w}-{i}",
+                         "start_ts": t, "buffers_max": 1, "switch_state": "ring_cache",
+                         "mem_reserved_max": int(cap - 20e9 + 24e6 * len(seen) + rng.normal(0, 150e6)),
+                         "first_forward_tokens": tokens, "cond_tokens": tokens - 757, "decoder_height": 480,
+                         "decoder_width": 832, "tp_size": 1, "chunk_frames": 4})
+            t += timedelta(minutes=float(rng.exponential(30)))
+            i += 1
+        truly_new_last_day.append(new_last)
+    s = pl.DataFrame(rows)
+    procs, out = memory.analyze_frame(s, pl.DataFrame(), start, end)
+    _row, ev = _release(out)
+    assert ev["key"] == "first_forward_tokens" and ev["key_confident"], ev["key_tests"]
+    assert 16e6 < ev["release_bytes_per_unit"] < 32e6  # 24 MB per truly new length
+    true_rate = float(np.median(truly_new_last_day)) / 24
+    assert procs["start_ts"].min() >= start  # judged on the window
+    rate = procs["new_shapes_per_hour"][0]
+    assert 0.6 * true_rate < rate < 1.5 * true_rate, (rate, true_rate)
