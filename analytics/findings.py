@@ -26,6 +26,7 @@ import polars as pl
 import pyarrow as pa
 
 from analytics.stats import canonical_scope
+from collector.where import Where
 
 KINDS: tuple[str, ...] = ("fps_fraction", "memory_growth", "regression", "changepoint", "canary", "fp8_saturation",
                           "drift", "variance")
@@ -123,13 +124,9 @@ def read_findings(
     store, kind: str | None = None, job: str | None = None, status: str | None = None
 ) -> pl.DataFrame:
     """The newest version of every finding (FINAL), optionally of one kind / job / status."""
-    where, params = [], {}
-    for col, val in (("kind", kind), ("job", job), ("status", status)):
-        if val is not None:
-            where.append(f"{col} = {{{col}:String}}")
-            params[col] = val
-    sql = "SELECT * FROM findings FINAL" + (" WHERE " + " AND ".join(where) if where else "")
-    return store.query_df(sql + " ORDER BY kind, scope, metric, window_start", params)
+    w = Where().eq("kind", kind).eq("job", job).eq("status", status)
+    return store.query_df(f"SELECT * FROM findings FINAL WHERE {w} ORDER BY kind, scope, metric, window_start",
+                          w.params)
 
 
 def write_findings(

@@ -23,13 +23,14 @@ from __future__ import annotations
 from typing import Any
 
 from collector.switch_names import NUMERIC_SWITCHES
+from collector.where import Where
 
 _LATEST_SQL = """
 SELECT switch, gpu_kind, release, argMax(verdict, ts) AS latest_verdict,
        argMax(session_id, ts) AS evaluation_id, max(ts) AS latest_ts, argMax(preset, ts) AS latest_preset,
        argMax(configuration, ts) AS latest_configuration
 FROM evaluations
-WHERE metric = 'overall' AND verdict != 'incomplete' {where}
+WHERE metric = 'overall' AND verdict != 'incomplete' AND {where}
 GROUP BY switch, gpu_kind, release
 ORDER BY switch, gpu_kind, release"""
 
@@ -45,12 +46,8 @@ class GateError(Exception):
 def evaluations(store, switch: str | None = None, gpu_kind: str | None = None,
                 release: str | None = None) -> list[dict[str, Any]]:
     """The newest overall verdict per (switch, GPU kind, release), filtered by what is given."""
-    where, params = "", {}
-    for k, v in (("switch", switch), ("gpu_kind", gpu_kind), ("release", release)):
-        if v is not None:
-            where += f" AND {k} = {{{k}:String}}"
-            params[k] = v
-    rows = store.query_rows(_LATEST_SQL.format(where=where), params)
+    w = Where().eq("switch", switch).eq("gpu_kind", gpu_kind).eq("release", release)
+    rows = store.query_rows(_LATEST_SQL.format(where=w), w.params)
     keys = ("switch", "gpu_kind", "release", "verdict", "evaluation_id", "ts", "preset", "configuration")
     return [{**dict(zip(keys, r, strict=True)), "ts": r[5].isoformat()} for r in rows]
 

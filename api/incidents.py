@@ -50,6 +50,7 @@ import orjson
 from analytics.describe import describe
 from api.notify import Notifier
 from api.switchboard import canonical_scope, get_switchboard, parse_scope
+from collector.where import Where
 
 log = logging.getLogger("livestep.incidents")
 
@@ -205,19 +206,14 @@ def _log(store, entries: list[tuple[datetime, str, str, str, dict[str, Any]]]) -
 def list_incidents(store, state: str | None = None, kind: str | None = None, limit: int = 100,
                    offset: int = 0) -> list[dict[str, Any]]:
     """Incidents, not resolved first, then newest first; ``state`` 'open' = every state but resolved."""
-    where, params = [], {"limit": limit, "offset": offset}
+    w = Where(limit=limit, offset=offset).eq("kind", kind)
     if state == "open":
-        where.append("state != 'resolved'")
-    elif state:
-        where.append("state = {state:String}")
-        params["state"] = state
-    if kind:
-        where.append("kind = {kind:String}")
-        params["kind"] = kind
-    df = store.query_df(f"SELECT {', '.join(_COLS)} FROM incidents FINAL "
-                        + ("WHERE " + " AND ".join(where) if where else "")
-                        + " ORDER BY state = 'resolved', updated_at DESC, id LIMIT {limit:UInt32} OFFSET {offset:UInt32}",
-                        params)
+        w.sql("state != 'resolved'")
+    else:
+        w.eq("state", state)
+    df = store.query_df(f"SELECT {', '.join(_COLS)} FROM incidents FINAL WHERE {w} "
+                        "ORDER BY state = 'resolved', updated_at DESC, id LIMIT {limit:UInt32} OFFSET {offset:UInt32}",
+                        w.params)
     out = []
     for r in df.iter_rows(named=True):
         r["evidence_keys"] = orjson.loads(r["evidence_keys"] or "[]")
@@ -228,18 +224,9 @@ def list_incidents(store, state: str | None = None, kind: str | None = None, lim
 
 def incident_log(store, incident: str | None = None, start: datetime | None = None,
                  end: datetime | None = None, limit: int = 1000) -> list[dict[str, Any]]:
-    where, params = ["1"], {"limit": limit}
-    if incident:
-        where.append("incident_id = {i:String}")
-        params["i"] = incident
-    if start:
-        where.append("ts >= {s:DateTime64(3, 'UTC')}")
-        params["s"] = start
-    if end:
-        where.append("ts < {e:DateTime64(3, 'UTC')}")
-        params["e"] = end
-    df = store.query_df("SELECT ts, incident_id, event, state, detail FROM incident_log WHERE "
-                        + " AND ".join(where) + " ORDER BY ts, incident_id LIMIT {limit:UInt32}", params)
+    w = Where(limit=limit).eq("incident_id", incident).since("ts", start).until("ts", end)
+    df = store.query_df(f"SELECT ts, incident_id, event, state, detail FROM incident_log WHERE {w} "
+                        "ORDER BY ts, incident_id LIMIT {limit:UInt32}", w.params)
     return [{**r, "ts": r["ts"].isoformat(), "detail": orjson.loads(r["detail"] or "{}")}
             for r in df.iter_rows(named=True)]
 

@@ -49,6 +49,7 @@ import orjson
 
 from collector.records import SWITCH_NAMES
 from collector.switch_names import PRODUCTION_OFF
+from collector.where import Where
 
 # The production configuration a release's workers start with (every optimization on; the fault switch
 # and the playout policies but the production one off: switch_names.PRODUCTION_OFF). Information for dashboards only (GET /v1/switches/rules ``defaults``): never sent to a worker as
@@ -464,27 +465,12 @@ class Switchboard:
     def history(self, *, name: str | None = None, source: str | None = None, changed: bool | None = None,
                 start: datetime | None = None, end: datetime | None = None, limit: int = 100,
                 offset: int = 0) -> list[dict[str, Any]]:
-        where, params = ["1"], {}
-        if name:
-            where.append("name = {name:String}")
-            params["name"] = name
-        if source:
-            where.append("source = {source:String}")
-            params["source"] = source
-        if changed is not None:
-            where.append("changed = {changed:Bool}")
-            params["changed"] = changed
-        if start:
-            where.append("ts >= {start:DateTime64(3, 'UTC')}")
-            params["start"] = start
-        if end:
-            where.append("ts < {end:DateTime64(3, 'UTC')}")
-            params["end"] = end
-        params.update(limit=limit, offset=offset)
+        w = (Where(limit=limit, offset=offset).eq("name", name).eq("source", source).eq("changed", changed, "Bool")
+             .since("ts", start).until("ts", end))
         df = self.store.query_df(
-            f"SELECT {', '.join(_AUDIT_COLS)} FROM switch_audit WHERE {' AND '.join(where)} "
+            f"SELECT {', '.join(_AUDIT_COLS)} FROM switch_audit WHERE {w} "
             "ORDER BY ts DESC, version DESC LIMIT {limit:UInt32} OFFSET {offset:UInt32}",
-            params,
+            w.params,
         )
         out = []
         for row in df.iter_rows(named=True):

@@ -19,6 +19,8 @@ from typing import Any
 
 import polars as pl
 
+from collector.where import Where
+
 DEADLINE_MS = 1000 * 4 / 24  # one 4-frame chunk at 24 fps: 166.7 ms
 
 
@@ -60,14 +62,8 @@ def series_frame(store, s: Series, start: datetime, end: datetime, gpu_kind: str
 
     params: dict[str, Any] = {}
     source = _daily_union(store, start, end, params)
-    where = []
-    if gpu_kind:
-        where.append("gpu_kind = {ts_gk:String}")
-        params["ts_gk"] = gpu_kind
-    if releases:
-        where.append("release IN {ts_rel:Array(String)}")
-        params["ts_rel"] = list(releases)
-    return store.query_df(series_sql(s, source, " AND ".join(where)), params)
+    w = Where(**params).eq("gpu_kind", gpu_kind).any_of("release", releases)
+    return store.query_df(series_sql(s, source, str(w)), w.params)
 
 
 def live_source() -> str:

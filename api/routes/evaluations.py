@@ -19,6 +19,7 @@ from api import evaluation_gate
 from api.deps import ReaderDep, StoreDep
 from api.routes._common import Label, OptionalRangeDep, PageDep
 from collector.records import EVALUATED, EVALUATION_METRICS, EVALUATION_VERDICTS
+from collector.where import Where
 
 router = APIRouter(prefix="/v1/evaluations", tags=["evaluations"])
 _COLS = ("session_id", "ts", "release", "gpu_kind", "worker_id", "switch", "configuration", "preset", "metric",
@@ -34,25 +35,15 @@ def query(store, *, switch=None, gpu_kind=None, release=None, metric=None, verdi
           start=None, end=None, metrics: tuple[str, ...] = (), limit: int = 100, offset: int = 0) -> list[dict[str, Any]]:
     """Evaluation rows, newest first then by step (the dashboard and the weekly report read these);
     ``metrics``: only these."""
-    where, params = ["1"], {"limit": limit, "offset": offset}
-    if metrics:
-        where.append("metric IN {metrics:Array(String)}")
-        params["metrics"] = list(metrics)
+    w = Where(limit=limit, offset=offset).any_of("metric", metrics)
     for col, v in (("switch", switch), ("gpu_kind", gpu_kind), ("release", release), ("metric", metric),
                    ("verdict", verdict), ("session_id", evaluation_id)):
-        if v is not None:
-            where.append(f"{col} = {{{col}:String}}")
-            params[col] = v
-    if start is not None:
-        where.append("ts >= {start:DateTime64(3, 'UTC')}")
-        params["start"] = start
-    if end is not None:
-        where.append("ts < {end:DateTime64(3, 'UTC')}")
-        params["end"] = end
+        w.eq(col, v)
+    w.since("ts", start).until("ts", end)
     rows = store.query_rows(
-        f"SELECT {', '.join(_COLS)} FROM evaluations WHERE {' AND '.join(where)} "
+        f"SELECT {', '.join(_COLS)} FROM evaluations WHERE {w} "
         "ORDER BY ts DESC, switch, metric, step LIMIT {limit:UInt32} OFFSET {offset:UInt32}",
-        params)
+        w.params)
     out = []
     for r in rows:
         d = dict(zip(_COLS, r, strict=True))

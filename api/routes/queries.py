@@ -26,6 +26,7 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Query
 from analytics.describe import describe
 from api.deps import StoreDep, require_reader
 from api.routes._common import Label, PageDep, TimeRangeDep
+from collector.where import Where
 
 router = APIRouter(prefix="/v1", tags=["dashboards"], dependencies=[Depends(require_reader)])
 
@@ -204,30 +205,21 @@ def findings_frame(store, *, kind: str | None = None, severity: str | None = Non
     """Findings (FINAL) filtered by column values; ``scope_contains`` is a substring of the canonical
     scope (the /v1/findings filter), ``scope_labels`` exact labels: every given ``key=value`` is one of
     the scope's comma-separated parts (``release=v1`` matches neither ``release=v1.2`` nor ``v10``)."""
-    where, params = ["1"], {"limit": limit, "offset": offset}
+    w = Where(limit=limit, offset=offset)
     for col, val in (("kind", kind), ("severity", severity), ("status", status), ("attribution", attribution)):
-        if val:
-            where.append(f"{col} = {{{col}:String}}")
-            params[col] = val
+        w.eq(col, val)
     if scope_contains:
-        where.append("position(scope, {scope:String}) > 0")
-        params["scope"] = scope_contains
+        w.sql("position(scope, {scope:String}) > 0", scope=scope_contains)
     for i, (k, v) in enumerate(sorted((scope_labels or {}).items())):
         if v:
-            where.append(f"has(splitByChar(',', scope), {{label{i}:String}})")
-            params[f"label{i}"] = f"{k}={v}"
-    if start:
-        where.append("window_end > {start:DateTime64(3, 'UTC')}")
-        params["start"] = start
-    if end:
-        where.append("window_start < {end:DateTime64(3, 'UTC')}")
-        params["end"] = end
+            w.sql(f"has(splitByChar(',', scope), {{label{i}:String}})", **{f"label{i}": f"{k}={v}"})
+    w.overlapping("window_start", "window_end", start, end)
     return store.query_df(
         "SELECT kind, scope, metric, window_start, window_end, baseline, value, effect, confidence, severity, "
         "status, attribution, evidence, job, first_seen, updated_at FROM findings FINAL "
-        f"WHERE {' AND '.join(where)} ORDER BY window_start DESC, kind, scope, metric "
+        f"WHERE {w} ORDER BY window_start DESC, kind, scope, metric "
         "LIMIT {limit:UInt32} OFFSET {offset:UInt32}",
-        params,
+        w.params,
     )
 
 
