@@ -24,6 +24,8 @@ import pyarrow.compute as pc
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from collector.state import collector_state
+
 log = logging.getLogger("livestep.collector.metrics")
 
 # step period buckets (seconds), dense around the 166.7 ms deadline of one 4-frame chunk at 24 fps
@@ -236,6 +238,12 @@ class CollectorState(Collector):
             yield GaugeMetricFamily("livestep_collector_spool_oldest_row_age_seconds",
                                     "Age of the oldest spooled row not yet in the store: the writer's lag "
                                     "(0 when the spool is empty)", value=s["oldest_age_s"])
+            q = spool.quarantine_stats()  # now, not ever: `livestep spool requeue` empties it
+            yield GaugeMetricFamily("livestep_collector_quarantine_batches",
+                                    "Batches in the spool's quarantine now: refused by the store for their content",
+                                    value=q["batches"])
+            yield GaugeMetricFamily("livestep_collector_quarantine_rows", "Rows in the spool's quarantine now",
+                                    value=q["rows"])
         w = getattr(st, "writer", None)
         if w is not None:
             ws = w.stats()
@@ -251,6 +259,14 @@ class CollectorState(Collector):
             yield CounterMetricFamily("livestep_collector_batches_quarantined",
                                       "Batches the store kept refusing, set aside in the spool's quarantine",
                                       value=ws["quarantined"])
+            state = collector_state(True, spool, w)  # /v1/health's judgement, the store's ping aside
+            yield GaugeMetricFamily("livestep_collector_degraded",
+                                    "1 while an acked row is not on its way into the store (writer down or "
+                                    "retrying, batches in quarantine; /v1/health says why)",
+                                    value=1 if state["status"] == "degraded" else 0)
+            yield GaugeMetricFamily("livestep_collector_writer_failing_seconds",
+                                    "How long the writer's inserts have been failing (0: the last one succeeded)",
+                                    value=state["writer"]["failing_for_s"] or 0.0)
             if ws.get("last_insert_at"):
                 yield GaugeMetricFamily("livestep_collector_writer_last_insert_timestamp_seconds",
                                         "Unix time of the writer's last stored block", value=ws["last_insert_at"])

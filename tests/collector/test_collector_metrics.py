@@ -36,7 +36,9 @@ def test_names_and_types(collector):
         "livestep_collector_writer_up": "gauge", "livestep_collector_store_errors": "counter",
         "livestep_collector_writer_block_rows": "histogram", "livestep_fleet_step_period_seconds": "histogram",
         "livestep_fleet_late_chunks": "counter", "livestep_fleet_chunks": "counter",
-        "livestep_fleet_sessions_at_or_below_24fps": "counter",
+        "livestep_fleet_sessions_at_or_below_24fps": "counter", "livestep_collector_degraded": "gauge",
+        "livestep_collector_quarantine_batches": "gauge", "livestep_collector_quarantine_rows": "gauge",
+        "livestep_collector_writer_failing_seconds": "gauge",
     }
     assert {n: fams[n].type for n in want} == want
     assert "livestep_findings_open" not in fams  # the api role's families are not a collector's

@@ -5,6 +5,7 @@ row exactly once. The refusal is the real store's: ``parts_to_throw_insert`` set
 from __future__ import annotations
 
 from tests.collector.helpers import ARROW, arrow_body, drained, step_rows, wait_for
+from tests.collector.test_collector_metrics import scrape, value
 
 
 def test_writes_refused_while_pings_answer_then_recovered_stores_every_acked_row_once(collector):
@@ -29,6 +30,10 @@ def test_writes_refused_while_pings_answer_then_recovered_stores_every_acked_row
     assert body["status"] == "degraded" and any("Too many parts" in r for r in body["reasons"]), body
     assert body["quarantine"] == {"batches": 0, "rows": 0} and writer.quarantined == 0
     assert body["spool"]["batches"] >= 25 and body["writer"]["failing_for_s"] > 0
+    fams = scrape(c)  # what /v1/health says, as a scraper sees it
+    assert value(fams, "livestep_collector_degraded", "livestep_collector_degraded") == 1
+    assert value(fams, "livestep_collector_writer_failing_seconds", "livestep_collector_writer_failing_seconds") > 0
+    assert value(fams, "livestep_collector_quarantine_batches", "livestep_collector_quarantine_batches") == 0
 
     store.command("ALTER TABLE steps MODIFY SETTING parts_to_throw_insert = 3000")  # the operator's fix
     wait_for(lambda: drained(c.app), what="spool drained after the store recovered")
@@ -37,5 +42,6 @@ def test_writes_refused_while_pings_answer_then_recovered_stores_every_acked_row
     assert store.query_rows(dup) == [(0,)]
     assert store.query_rows("SELECT countMerge(steps) FROM session_stats") == [(sent,)]
     assert writer.quarantined == 0
+    assert value(scrape(c), "livestep_collector_degraded", "livestep_collector_degraded") == 0
     h = c.get("/v1/health").json()
     assert h["status"] == "ok" and h["reasons"] == [], h
