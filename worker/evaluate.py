@@ -236,9 +236,14 @@ def records(result: dict[str, Any], worker_id: str = "evaluate") -> list[dict[st
 
 
 def table(result: dict[str, Any]) -> str:
+    series = result.get("series", {})
+    runs = (f"{result['steps']} steps" if {"teacher_forced", "free_running"} & series.keys() else "")
+    if "free_running" in series:
+        runs += f", {result['reruns']} reruns ({result.get('perturbation', '-')})"
+    if "drift" in series:
+        runs += f"{', ' if runs else ''}a {result['drift_steps']}-step session"
     lines = [(f"evaluate {result['preset']} (tp {result['tp']}) on {result['device']} [{result['gpu_kind']}], "
-              f"truth {result['truth']}, metric {result['metric']}, {result['steps']} steps, "
-              f"{result['reruns']} reruns ({result.get('perturbation', '-')}), commit {result['commit']}"),
+              f"truth {result['truth']}, metric {result['metric']}, {runs}, commit {result['commit']}"),
              f"{'configuration':<16}{'judge':<24}{'value':>10}{'band/k':>18}{'n':>6}  verdict"]
     for name, verdicts in result["verdicts"].items():
         for v in verdicts:
