@@ -1,12 +1,16 @@
 """The verdicts of ``livestep evaluate``: pure functions of the measured series (numpy + scipy).
 
-    teacher_forced_verdict(cand, plain, k=2.0, atol=1e-3)   # every step: err <= k * err_plain + atol
+    teacher_forced_verdict(cand, plain, k=2.0, atol=1e-3)   # per step: err <= k * err_plain + atol
     divergence_verdict(cand_runs, rerun_runs, bins=10)      # the curve inside the rerun band (bootstrap)
     drift_verdict(errors, segment=42)                       # a monotonic trend over session age?
 
 Teacher-forced: the kernel tests' rule (flash-attention's ``err <= k * err_ref + atol``), step by step:
 the candidate's error against the truth may be at most ``k`` times the plain path's own error plus
-``atol`` (the metric's units). Free-running: steps are cut into ``bins``; per run, the mean distance
+``atol`` (the metric's units), on all but ``MAX_OVER`` of the steps. A rule on *every* step is a
+maximum over the steps, stricter the longer the run: over 1,000 tiny CPU steps the real static scales
+broke it at 1 step (ratio 2.06) and the production set at 2, while a broken scale or rotation breaks it
+at every step (docs/PERFORMANCE.md). ``MAX_OVER`` stays below one step in a reset interval (1/42), so a
+break at the position resets alone still fails. Free-running: steps are cut into ``bins``; per run, the mean distance
 in a bin; the bin passes when the lower end of the bootstrap interval of the candidate runs' mean does
 not exceed ``k`` times the upper end of the reruns' (``scipy.stats.bootstrap``, percentile, 95 %). The
 same k = 2 as the kernel tests: on the tiny model a rerun perturbation of one bf16 rounding step moves
@@ -27,7 +31,8 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 K = 2.0  # teacher-forced: the candidate's error may be twice the plain path's own ...
-ATOL = 1e-3  # ... plus this (rel_l2 units)
+ATOL = 1e-3  # ... plus this (rel_l2 units) ...
+MAX_OVER = 0.01  # ... on all but this share of the steps (below 100 steps: on every one)
 K_DIVERGENCE = 2.0  # free-running: the candidate may move the trajectory at most twice as far as a rerun
 CONFIDENCE = 0.95
 ALPHA = 0.01  # drift: significance of the trend test
@@ -50,8 +55,9 @@ class Verdict:
 
 
 def teacher_forced_verdict(cand: list[float], plain: list[float], *, k: float = K, atol: float = ATOL,
-                           identical: bool = False) -> Verdict:
-    """``value`` = mean candidate error / mean plain error; fail when any step breaks the rule.
+                           identical: bool = False, max_over: float = MAX_OVER) -> Verdict:
+    """``value`` = mean candidate error / mean plain error; fail when more than ``max_over`` of the steps
+    (rounded down: any step at all in a run under 1 / max_over steps) break the rule.
     ``identical``: the candidate equalled the plain path at every step (the switch does nothing here)."""
     c, p = np.asarray(cand, float), np.asarray(plain, float)
     if c.shape != p.shape or c.size == 0:
@@ -59,9 +65,10 @@ def teacher_forced_verdict(cand: list[float], plain: list[float], *, k: float = 
     bound = k * p + atol
     bad = np.flatnonzero(c > bound)
     ratio = float(c.mean() / p.mean()) if p.mean() > 0 else float("inf")
-    verdict = "no_effect" if identical else ("fail" if bad.size else "pass")
+    allowed = int(max_over * c.size)
+    verdict = "no_effect" if identical else ("fail" if bad.size > allowed else "pass")
     return Verdict("teacher_forced_ratio", ratio, verdict, int(c.size), None, k, detail={
-        "k": k, "atol": atol, "worst_step": int(np.argmax(c / bound)), "worst": float((c / bound).max()),
+        "k": k, "atol": atol, "steps_allowed_over": allowed, "worst_step": int(np.argmax(c / bound)), "worst": float((c / bound).max()),
         "max_ratio": float((c / np.maximum(p, 1e-30)).max()), "steps_over": int(bad.size),
         "mean_error": float(c.mean()), "mean_plain_error": float(p.mean())})
 

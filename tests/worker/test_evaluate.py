@@ -178,6 +178,20 @@ def test_teacher_forced_rule_is_per_step():
     assert J.teacher_forced_verdict(plain, plain, identical=True).verdict == "no_effect"
 
 
+def test_a_long_run_is_not_failed_by_its_rarest_step_but_a_break_at_every_reset_fails():
+    """The per-step rule over 1,000 steps: a maximum that grows with the run (the real static scales
+    break it at 1 step of 1,000 on the tiny model); a candidate broken at each position reset alone
+    (1 step in 42) breaks it at 2.4 % of the steps and still fails."""
+    plain = [0.02] * 1000
+    rare = [0.03] * 1000
+    rare[905] = rare[815] = 0.05  # just over 2 x 0.02 + 0.001
+    v = J.teacher_forced_verdict(rare, plain)
+    assert v.verdict == "pass" and v.detail["steps_over"] == 2 and v.detail["steps_allowed_over"] == 10
+    at_resets = [0.2 if i % 42 == 0 else 0.03 for i in range(1000)]
+    v = J.teacher_forced_verdict(at_resets, plain)
+    assert v.verdict == "fail" and v.detail["steps_over"] == 24
+
+
 def test_divergence_inside_and_outside_the_band():
     rng = np.random.default_rng(1)
     reruns = 0.02 + 0.002 * rng.standard_normal((5, 50))
