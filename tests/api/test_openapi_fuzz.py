@@ -5,7 +5,10 @@ mangled valid streams, query/path parameters), a bounded number of examples per 
 whole run stays well under two minutes on two cores; each answer is checked for a server error and
 against the response schema documented for its status (every 422 is ``ErrorBody``: api/errors.py).
 The app is the real one (role all: spool, writer, scheduler, chDB) on a fresh database with a few
-sessions, its roles open (loopback, no tokens) so the generated requests reach the handlers.
+sessions, its roles open (loopback, no tokens) so the generated requests reach the handlers, served by
+a real uvicorn and fuzzed over HTTP. (Not in process: schemathesis's ASGI transport starts the app's
+lifespan a second time, keeps it until the process exits and shuts every one down when another fuzz
+module's does -- two spools and writers on one directory, then none running.)
 """
 
 from __future__ import annotations
@@ -14,7 +17,6 @@ from pathlib import Path
 
 import pytest
 import schemathesis
-from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis.checks import not_a_server_error
@@ -22,6 +24,7 @@ from schemathesis.specs.openapi.checks import response_schema_conformance
 
 from api.app import create_app
 from collector import records
+from tests.api.live import serve
 from tests.collector.helpers import arrow_body, chdb_dsn, drained, make_settings, step_rows, wait_for
 
 _VALID = arrow_body("step", step_rows(3))
@@ -50,8 +53,8 @@ def fuzz_app(tmp_path_factory, chdb_dir):
     store.insert_arrow("steps", records.to_arrow("step", step_rows(5, session_id="s1")), dedup_token="seed")
     tmp = tmp_path_factory.mktemp("fuzz")
     app = create_app(make_settings(dsn, tmp, role="all", reports_dir=tmp / "reports"))
-    with TestClient(app):  # runs the lifespan: store, spool, writer
-        yield app
+    with serve(app, lifespan="on") as url:  # the lifespan: store, spool, writer
+        yield app, url
         # every batch the fuzzer got accepted was also insertable: nothing stuck in the spool
         wait_for(lambda: drained(app), what="spool drained")
         assert app.state.writer.last_error is None and app.state.writer.failures == 0
@@ -76,7 +79,8 @@ def test_every_operation_is_fuzzed():
 
 @pytest.mark.parametrize("method,path", OPERATIONS, ids=[f"{m} {p}" for m, p in OPERATIONS])
 def test_no_input_gives_a_server_error_or_an_answer_off_the_schema(fuzz_app, method, path):
-    schema = schemathesis.openapi.from_asgi("/openapi.json", fuzz_app)
+    _, url = fuzz_app
+    schema = schemathesis.openapi.from_url(f"{url}/openapi.json")
     op = schema[path][method]
 
     @given(case=op.as_strategy())
