@@ -3,6 +3,7 @@ with known answers (a benchmark, not a test: it prints figures, it asserts nothi
 
     livestep evaluate-detectors --seeds 20                  # the whole catalog, 20 seeds each
     livestep evaluate-detectors --seeds 3 --only leak_resolution,benign
+    livestep evaluate-detectors --only leak_prompt_tight --reserved-jitter 64   # a noisier fleet (MiB, sd)
 
 Each (incident class, seed) simulates a fleet (``analytics.simulate``, the CI-sized fleet of the
 analytics tests) with the incident's release rolling out on ``ONSET_DAY``, then runs the detectors as
@@ -186,7 +187,9 @@ def _confident(row: dict) -> bool:
     return bool(json.loads(row["evidence"]).get("key_confident", True))
 
 
-def run_case(case: Case, seed: int, chdb_dir: str) -> Outcome:
+def run_case(case: Case, seed: int, chdb_dir: str, reserved_jitter: float | None = None) -> Outcome:
+    """``reserved_jitter``: the simulator's session-to-session sd of reserved memory, bytes (None: its
+    measured default, ``analytics.simulate.RESERVED_JITTER_BYTES``)."""
     from analytics import jobs
     from analytics.simulate import simulate_fleet
     from collector.store import open_store
@@ -197,7 +200,8 @@ def run_case(case: Case, seed: int, chdb_dir: str) -> Outcome:
     out = Outcome(case.name, seed)
     try:
         incidents = [(case.incident, ONSET_DAY)] if case.incident else []
-        sim = simulate_fleet(store, weeks=WEEKS, incidents=incidents, seed=1000 + seed, **FLEET)
+        jitter = {} if reserved_jitter is None else {"reserved_jitter": reserved_jitter}
+        sim = simulate_fleet(store, weeks=WEEKS, incidents=incidents, seed=1000 + seed, **FLEET, **jitter)
         onset = sim.start + timedelta(days=ONSET_DAY)
         rel = sim.releases[-1].name
         kinds = {w.gpu_kind for w in sim.workers}
@@ -252,6 +256,12 @@ def run_case(case: Case, seed: int, chdb_dir: str) -> Outcome:
         store.command(f"DROP DATABASE IF EXISTS {store.database}")
     out.seconds = time.perf_counter() - t0
     return out
+
+
+def _default_jitter() -> float:
+    from analytics.simulate import RESERVED_JITTER_BYTES
+
+    return RESERVED_JITTER_BYTES
 
 
 def _job(detector: str) -> str:
@@ -332,6 +342,9 @@ def register(subparsers) -> None:
     p.add_argument("--seeds", type=int, default=20, help="seeds per incident class (default 20)")
     p.add_argument("--only", default="", help="comma-separated class names (default: the whole catalog: "
                    + ", ".join(c.name for c in CATALOG) + ")")
+    p.add_argument("--reserved-jitter", type=float, default=None, metavar="MIB",
+                   help="the simulated session-to-session sd of a process's reserved memory, MiB (default: "
+                   "the H200-measured analytics.simulate.RESERVED_JITTER_BYTES)")
     p.add_argument("--verbose", action="store_true", help="print every (class, seed) outcome as it finishes")
     p.add_argument("--save", default="", help="also write the outcomes to this JSON file")
     p.add_argument("--load", default="", help="print the table of saved outcomes (comma-separated JSON files, "
@@ -358,13 +371,17 @@ def _main(args) -> int:
     if args.seeds < 1:
         print("--seeds must be >= 1", file=sys.stderr)
         return 2
+    if args.reserved_jitter is not None and args.reserved_jitter < 0:
+        print("--reserved-jitter must be >= 0 (MiB)", file=sys.stderr)
+        return 2
+    jitter = None if args.reserved_jitter is None else args.reserved_jitter * 2**20
     cases = [c for c in CATALOG if not names or c.name in names]
     chdb_dir = tempfile.mkdtemp(prefix="livestep-eval-")
     t0 = time.perf_counter()
     outcomes = []
     for c in cases:
         for seed in range(args.seeds):
-            o = run_case(c, seed, chdb_dir)
+            o = run_case(c, seed, chdb_dir, jitter)
             outcomes.append(o)
             if args.verbose:
                 print(f"{o.case} seed={o.seed} found={o.found} scope={o.scope_right} attr={o.attribution_right} "
@@ -377,5 +394,6 @@ def _main(args) -> int:
         print(line)
     print(f"\n{len(outcomes)} runs ({len(cases)} classes x {args.seeds} seeds) in {time.perf_counter() - t0:.0f} s; "
           f"fleet {FLEET['workers']} workers, {FLEET['sessions_per_day']:g} sessions/worker/day, onset day "
-          f"{ONSET_DAY:g} of {WEEKS * 7:g}, detectors at +{', +'.join(str(h) for h in LADDER_H)} h")
+          f"{ONSET_DAY:g} of {WEEKS * 7:g}, detectors at +{', +'.join(str(h) for h in LADDER_H)} h; reserved "
+          f"memory jitter {(jitter if jitter is not None else _default_jitter()) / 2**20:g} MiB sd")
     return 0

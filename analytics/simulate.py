@@ -75,6 +75,12 @@ LEAKS: dict[str, tuple[str, float]] = {
     "leak_session": ("session", 40e6),
 }
 TIGHT_HEADROOM = 0.6e9  # leak_prompt_tight: steady reserved memory this far below capacity
+# Session-to-session jitter of a process's peak reserved memory (bytes, sd). Calibrated on the worker's
+# own telemetry: on the H200 soak (docs/PERFORMANCE.md, issue 21) one process served 95 sessions of random
+# prompt length (256-2048 tokens) and its reserved memory did not move at the counter's 1 MiB resolution
+# (the caching allocator keeps its segments). 8 MiB is 8x that bound, to err on the noisy side. It was
+# 0.4 % of reserved memory (0.25-0.6 GB) before it was measured; ``reserved_jitter`` sets it.
+RESERVED_JITTER_BYTES = 8 * 2**20
 DRIFT_PER_DAY = 0.005  # drift: cache upkeep x 1.005 per day since the release started
 VARIANCE_FACTOR = 2.0  # variance: step-time variance x 2
 # decoder output resolutions (height, width) in rotation: 14, one drawn per session
@@ -310,6 +316,7 @@ def simulate_fleet(
     fp8_drift: tuple[str, str] | None = None,
     turns: bool = False,
     turn_queue: str | None = None,
+    reserved_jitter: float = RESERVED_JITTER_BYTES,
 ) -> SimResult:
     """Simulate ``weeks`` of fleet telemetry ending at ``end`` (default: this hour) into ``target``.
 
@@ -317,13 +324,16 @@ def simulate_fleet(
     Incident days count from the simulation start. ``fp8_drift``: (release kind, GPU kind) whose static
     FP8 scales drift (module docstring). ``turns``: conversational turns too (``simulate_turns``);
     ``turn_queue``: the release (name) whose workers keep the whole playout buffer at each turn (the
-    ``keep`` policy instead of ``trim``: a turn-latency regression). Returns what was simulated.
+    ``keep`` policy instead of ``trim``: a turn-latency regression). ``reserved_jitter``: the sd (bytes) of
+    a process's peak reserved memory from session to session (``RESERVED_JITTER_BYTES``, measured).
+    Returns what was simulated.
     """
     if fp8_drift is not None and (fp8_drift[0] not in ("baseline", *INCIDENTS) or fp8_drift[1] not in GPU_KINDS):
         raise SimulationError(f"fp8_drift {fp8_drift!r} is not valid: (release kind, GPU kind), release kinds "
                               f"{', '.join(('baseline', *INCIDENTS))}; GPU kinds {', '.join(GPU_KINDS)}")
-    if workers < 1 or sessions_per_day <= 0 or session_median_s <= 0 or weeks <= 0:
-        raise SimulationError("workers >= 1, sessions_per_day > 0, session_median_s > 0 and weeks > 0 are required")
+    if workers < 1 or sessions_per_day <= 0 or session_median_s <= 0 or weeks <= 0 or reserved_jitter < 0:
+        raise SimulationError("workers >= 1, sessions_per_day > 0, session_median_s > 0, weeks > 0 and "
+                              "reserved_jitter >= 0 are required")
     end = (end or datetime.now(UTC).replace(minute=0, second=0, microsecond=0)).astimezone(UTC)
     days = weeks * 7
     start = end - timedelta(days=days)
@@ -409,7 +419,7 @@ def simulate_fleet(
                 * (1.65 if rel.sync and hit else 1.0)
                 * (1.0 + 0.002 * proc.leaked)  # fragmentation as leaked buffers pile up
             )
-            reserved = proc.reserved * float(np.exp(wrng.normal(0, 0.004))) + proc.leak_bytes + proc.keyed_bytes
+            reserved = proc.reserved + float(wrng.normal(0, 1.0)) * reserved_jitter + proc.leak_bytes + proc.keyed_bytes
             if rel.tight and hit:
                 reserved = min(reserved, kind.memory_bytes - 1.0)
             age_days = (t_ms - rel.start.timestamp() * 1000) / 86_400_000
