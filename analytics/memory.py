@@ -37,7 +37,9 @@ says so instead of guessing. Severity does not wait for it: the time to OOM is t
 ambiguous explanations'.
 
 The release is flagged when the mean growth its named explanation explains over a process exceeds
-``GROWTH_NOISE_K`` x the spread of reserved memory around the fits. A process is flagged on its own
+``GROWTH_NOISE_K`` x the spread of reserved memory around the fits and one allocator segment
+(``MIN_GROWTH``); a worker's reserved memory is exact, so the spread is floored at the allocator's
+block (``SPREAD_FLOOR``). A process is flagged on its own
 fit (the release's explanation when the release is flagged) by the same rules. There is no fixed
 bytes-per-shape floor: a small leak is judged by what it does.
 
@@ -80,6 +82,15 @@ SIZED_KEY = "first_forward_tokens"
 # p < MAX_P for the best of up to len(SHAPE_KEYS) + 2 fits per process (a Bonferroni share of 1e-3)
 MAX_P = 1e-3 / (len(SHAPE_KEYS) + 2)
 GROWTH_NOISE_K = 1.0
+# A worker's peak reserved memory is exact at the caching allocator's resolution (the H200 soak held it to
+# the MiB over 95 sessions): it reserves 2 MiB blocks for small allocations and segments of 20 MiB and
+# up for large ones (c10/cuda/CUDACachingAllocator.cpp, kSmallBuffer / kLargeBuffer). So a fit can
+# leave no residual at all: the residual spread is floored at the 2 MiB block's quantisation noise
+# (2 MiB / sqrt(12)), and a growth within one 20 MiB segment over a process is the allocator's caching
+# (it met a larger peak once), not a leak. Neither is a per-shape floor.
+RESERVED_BLOCK = 2 * 2**20
+SPREAD_FLOOR = RESERVED_BLOCK / 12**0.5
+MIN_GROWTH = 20 * 2**20
 SEPARATE_P = 1e-3  # one-sided: an explanation's growth beyond its rival's, this unlikely under noise alone
 RIVAL_P = 0.05  # an explanation whose own fit grows at this level is a rival the named one must beat
 MIN_SEPARATE_SESSIONS = 5  # a process's sessions for its own two-slope fit in ``separate``
@@ -227,8 +238,9 @@ def release_fit(xs: list[np.ndarray], ys: list[np.ndarray]) -> dict:
 
     ``r2``: the share of the processes' within-process variance the growing slopes explain;
     ``p_value``: F test of those slopes (positive ones: growth) against the pooled residual spread;
-    ``spread``: that residual standard deviation; ``slope``: the median slope of the processes that grow
-    significantly (else of all); ``growth``: the mean growth the fits explain over a process."""
+    ``spread``: that residual standard deviation (at least ``SPREAD_FLOOR``); ``slope``: the median slope of the processes that grow
+    significantly (else of all); ``growth``: the mean growth the fits explain over a process (at most
+    the range its reserved memory moved)."""
     from scipy.stats import f as f_dist
 
     ss_reg = ss_res = ss_tot = 0.0
@@ -247,13 +259,13 @@ def release_fit(xs: list[np.ndarray], ys: list[np.ndarray]) -> dict:
         n += len(x)
         k += 1
         slopes.append(fit.slope)
-        growth.append(max(fit.slope, 0.0) * float(x[-1] - x[0]))
+        growth.append(min(max(fit.slope, 0.0) * float(x[-1] - x[0]), float(np.ptp(y))))
         if fit.slope > 0 and fit.p_value < MAX_P:
             grown.append(fit.slope)
     dof = n - 2 * k
-    if k == 0 or dof < 2 or ss_res <= 0:
-        return {"slope": 0.0, "p_value": 1.0, "r2": 0.0, "spread": float("inf"), "growth": 0.0, "processes": k}
-    spread2 = ss_res / dof
+    if k == 0 or dof < 2:
+        return {"slope": 0.0, "p_value": 1.0, "r2": 0.0, "spread": 0.0, "growth": 0.0, "processes": k}
+    spread2 = max(max(ss_res, 0.0) / dof, SPREAD_FLOOR**2)  # exact data leaves no residual
     p = float(f_dist.sf((ss_reg / k) / spread2, k, dof)) if ss_reg > 0 else 1.0
     return {"slope": float(np.median(grown or slopes)), "p_value": p, "r2": ss_reg / ss_tot if ss_tot > 0 else 0.0,
             "spread": float(np.sqrt(spread2)), "growth": float(np.mean(growth)), "processes": k,
@@ -284,10 +296,13 @@ def separate(explainers: list[dict[str, np.ndarray]], ys: list[np.ndarray], a: s
         if np.linalg.matrix_rank(design) < 3:
             continue
         fit = sm.OLS(y, design).fit()
-        if not np.all(np.isfinite(fit.bse[1:])) or np.any(fit.bse[1:] <= 0):
+        if fit.df_resid < 1:
             continue
-        p_a.append(float(t_dist.sf(fit.tvalues[1], fit.df_resid)))
-        p_b.append(float(t_dist.sf(fit.tvalues[2], fit.df_resid)))
+        # standard errors at a residual spread of at least SPREAD_FLOOR: exact data fits with none
+        bse = np.sqrt(np.diag(fit.normalized_cov_params)[1:] * max(float(fit.scale), SPREAD_FLOOR**2))
+        tvalues = fit.params[1:] / bse
+        p_a.append(float(t_dist.sf(tvalues[0], fit.df_resid)))
+        p_b.append(float(t_dist.sf(tvalues[1], fit.df_resid)))
         coef_a.append(float(fit.params[1]))
         coef_b.append(float(fit.params[2]))
         telling += int(np.sum((np.diff(e[a]) > 0) != (np.diff(e[b]) > 0)))
@@ -334,7 +349,8 @@ def judge_release(explainers: list[dict[str, np.ndarray]], ys: list[np.ndarray])
     """The explanation of one release's growth from all its processes (``release_fit`` per candidate):
     among the significant ones, the one ``name_key``'s rule names (``key_confident``), or the first of
     those it cannot tell apart (``ambiguous_with`` the rest); its aliases (identical counts); flagged
-    when the mean growth it explains exceeds ``GROWTH_NOISE_K`` x the spread around the fits."""
+    when the mean growth it explains exceeds ``GROWTH_NOISE_K`` x the spread around the fits and
+    ``MIN_GROWTH``."""
     fits = {}
     for name in explainers[0] if explainers else ():
         if _judged_all(name, explainers):
@@ -357,7 +373,7 @@ def judge_release(explainers: list[dict[str, np.ndarray]], ys: list[np.ndarray])
         best, ambiguous, tests = name_key(explainers, ys, reps)
     aliases = aliases_of(best)
     f = fits[best]
-    flagged = best in significant and f["growth"] > GROWTH_NOISE_K * f["spread"]
+    flagged = best in significant and f["growth"] > max(GROWTH_NOISE_K * f["spread"], MIN_GROWTH)
     confident = best in significant and all(key_of(a) == key_of(best) for a in ambiguous)
     return {"flagged": flagged, "significant": best in significant, "explained_by": best, "key": key_of(best),
             "aliases": aliases, "ambiguous_with": ambiguous, "key_confident": confident, "key_tests": tests,
@@ -370,9 +386,11 @@ def _judge_process(x: np.ndarray, y: np.ndarray, b: np.ndarray, shapes: np.ndarr
     ``buf``: fused-kernel buffers per distinct value of its key (``shapes``: their count so far)."""
     f = slope_test(x, y)
     resid = y - (f.intercept + f.slope * x)
-    spread = float(np.std(resid, ddof=2)) if len(y) > 2 else float("inf")
-    growth = f.slope * float(x[-1] - x[0]) if len(x) else 0.0
-    flagged = len(y) >= MIN_SESSIONS and f.p_value < MAX_P and f.slope > 0 and growth > GROWTH_NOISE_K * spread
+    spread = max(float(np.std(resid, ddof=2)), SPREAD_FLOOR) if len(y) > 2 else float("inf")
+    # what the fit explains, and no more than reserved memory moved: a line through one step overstates it
+    growth = min(f.slope * float(x[-1] - x[0]), float(np.ptp(y))) if len(x) else 0.0
+    flagged = (len(y) >= MIN_SESSIONS and f.p_value < MAX_P and f.slope > 0
+               and growth > max(GROWTH_NOISE_K * spread, MIN_GROWTH))
     return {"fit": f, "spread": spread, "growth": growth, "buf": slope_test(shapes, b), "flagged": flagged,
             "fitted_last": f.intercept + f.slope * float(x[-1]) if len(x) else 0.0}
 

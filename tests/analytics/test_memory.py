@@ -206,3 +206,33 @@ def test_a_process_older_than_the_window_counts_its_shapes_from_its_start():
     assert procs["start_ts"].min() >= start  # judged on the window
     rate = procs["new_shapes_per_hour"][0]
     assert 0.6 * true_rate < rate < 1.5 * true_rate, (rate, true_rate)
+
+
+def test_a_worker_exact_reserved_memory_names_its_leak_and_serialises():
+    """A real worker's peak reserved memory is exact: the H200 soak held it to the MiB over 95 sessions, so
+    a leak of a fixed size per new prompt length is an exact line. The fits then leave no residual: the
+    release fit called that "no growth" (p 1) with an infinite spread, the two-slope fits skipped every
+    process as degenerate, and the finding's evidence held inf, which the hourly job could not write."""
+    import numpy as np
+
+    for leak_on in ("first_forward_tokens", memory.PER_SESSION):
+        s, ooms = _frame(np.random.default_rng(3), workers=4, sessions=120, leak_on=leak_on, per_value=24e6,
+                         headroom=4e9, noise=0.0, prompt_values=150, gap_min=10)
+        _procs, rows = memory.analyze_frame(s, ooms)
+        _release_row, ev = _release(rows)
+        assert ev["explained_by"] == leak_on and ev["key_confident"], ev["key_tests"]
+        assert ev["release_p_value"] < 1e-3 and 23e6 < ev["release_bytes_per_unit"] < 25e6
+        for r in rows:
+            json.loads(r["evidence"])  # finite: the evidence is written as strict JSON
+
+
+def test_one_allocator_segment_is_not_a_leak():
+    """Exact reserved memory that steps up once by one 20 MiB segment (the caching allocator met a larger
+    peak) and stays there: a line fits it with p far below any threshold, but it is the allocator's
+    caching, not growth that runs a worker out of memory."""
+    import numpy as np
+
+    s, ooms = _frame(np.random.default_rng(4), workers=4, sessions=120, leak_on=None, noise=0.0)
+    step = (s["session_id"].str.extract(r"-(\d+)$").cast(int) >= 60).cast(int) * memory.MIN_GROWTH
+    s = s.with_columns((s["mem_reserved_max"] + step).alias("mem_reserved_max"))
+    assert memory.analyze_frame(s, ooms)[1] == []
