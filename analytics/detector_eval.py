@@ -40,13 +40,23 @@ import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 ONSET_DAY = 6.0
 WEEKS = 2.5
 LADDER_H = (24, 72, 240)  # hours after the onset at which the detectors run
 FLEET = {"workers": 9, "sessions_per_day": 48, "session_median_s": 10.0, "progress": False}
 ACTING = ("memory", "regressions", "changepoints", "drift")
+
+
+def sim_end(seed: int, now: datetime | None = None) -> datetime:
+    """The simulated fleet's last hour: yesterday's midnight (UTC) plus an hour of the day fixed by the seed.
+    The simulator's default end is "this hour", and the daily detectors (change points, drift) cut the
+    data at midnight: one seed's benign fleet raised a drift alarm when the catalog ran at 20:00 and none
+    at 21:00. Each seed keeps its own phase of the day boundaries (7 x seed mod 24 h), whenever it runs;
+    the date only moves the rows' age, which no detector reads."""
+    today = (now or datetime.now(UTC)).astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    return today - timedelta(days=1) + timedelta(hours=(7 * seed) % 24)
 
 
 @dataclass(frozen=True)
@@ -201,7 +211,8 @@ def run_case(case: Case, seed: int, chdb_dir: str, reserved_jitter: float | None
     try:
         incidents = [(case.incident, ONSET_DAY)] if case.incident else []
         jitter = {} if reserved_jitter is None else {"reserved_jitter": reserved_jitter}
-        sim = simulate_fleet(store, weeks=WEEKS, incidents=incidents, seed=1000 + seed, **FLEET, **jitter)
+        sim = simulate_fleet(store, weeks=WEEKS, incidents=incidents, seed=1000 + seed, end=sim_end(seed),
+                             **FLEET, **jitter)
         onset = sim.start + timedelta(days=ONSET_DAY)
         rel = sim.releases[-1].name
         kinds = {w.gpu_kind for w in sim.workers}

@@ -48,3 +48,25 @@ def test_the_table_counts_ambiguous_first_findings_and_the_rung_of_the_judged_on
     line = next(ln for ln in summarize(outs) if ln.startswith("leak_session")).split()
     assert line == ["leak_session", "memory", "100.0%", "(3/3)", "66.7%", "(2/3)", "-", "-", "24", "48", "-",
                     "66.7%", "(2/3)", "-"]  # recall, scope right, h to first, h to scope (median), ambiguous 1st
+
+
+def test_a_seed_outcome_does_not_depend_on_the_hour_the_catalog_runs(monkeypatch, chdb_dir):
+    """The simulated fleet used to end at "this hour": the daily detectors cut its data at midnight, so
+    benign_release seed 4 raised a drift alarm when run at 20:05 and none at 21:05."""
+    import analytics.detector_eval as de
+    import analytics.simulate as sim
+
+    def at(hour):
+        class Clock(datetime):
+            @classmethod
+            def now(cls, tz=None):
+                return datetime(2026, 12, 1, hour, 5, tzinfo=UTC).astimezone(tz)
+        monkeypatch.setattr(de, "datetime", Clock)
+        monkeypatch.setattr(sim, "datetime", Clock)
+        o = de.run_case(next(c for c in CATALOG if c.name == "benign_release"), 4, chdb_dir)
+        return o.false_alarms, o.note_found
+
+    assert at(20) == at(21)
+    assert de.sim_end(4, datetime(2026, 12, 1, 0, 1, tzinfo=UTC)) == de.sim_end(4, datetime(2026, 12, 1, 23, 59,
+                                                                                           tzinfo=UTC))
+    assert len({de.sim_end(s).hour for s in range(24)}) == 24  # every phase of the day boundaries, by seed
