@@ -40,7 +40,7 @@ import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 ONSET_DAY = 6.0
 WEEKS = 2.5
@@ -50,13 +50,11 @@ ACTING = ("memory", "regressions", "changepoints", "drift")
 
 
 def sim_end(seed: int, now: datetime | None = None) -> datetime:
-    """The simulated fleet's last hour: yesterday's midnight (UTC) plus an hour of the day fixed by the seed.
-    The simulator's default end is "this hour", and the daily detectors (change points, drift) cut the
-    data at midnight: one seed's benign fleet raised a drift alarm when the catalog ran at 20:00 and none
-    at 21:00. Each seed keeps its own phase of the day boundaries (7 x seed mod 24 h), whenever it runs;
-    the date only moves the rows' age, which no detector reads."""
-    today = (now or datetime.now(UTC)).astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
-    return today - timedelta(days=1) + timedelta(hours=(7 * seed) % 24)
+    """The seed's fleet ends at its own hour of the day (7 x seed mod 24: every phase of the day
+    boundaries, by seed) on a fixed weekday (``analytics.simulate.pinned_end``), whenever it runs."""
+    from analytics.simulate import pinned_end
+
+    return pinned_end((7 * seed) % 24, now)
 
 
 @dataclass(frozen=True)

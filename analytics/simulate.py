@@ -300,6 +300,18 @@ class _Plans:
         return len(self.session_ids)
 
 
+def pinned_end(hour: int = 12, now: datetime | None = None) -> datetime:
+    """An end for a fleet that must come out the same whenever it is simulated: ``hour`` o'clock UTC on
+    the last Monday before ``now`` (default: the clock). The default end, "this hour", moves the day's and
+    the week's boundaries through the data with the clock, and the daily and weekly detectors cut it there:
+    a benign fleet raised a drift alarm when simulated at 20:00 and none at 21:00. Only the rows' dates
+    move with this one (up to 8 days old: within every table's TTL)."""
+    now = (now or datetime.now(UTC)).astimezone(UTC)
+    monday = (now - timedelta(days=now.weekday())).replace(hour=0, minute=0, second=0, microsecond=0)
+    end = monday + timedelta(hours=hour % 24)
+    return end if end <= now else end - timedelta(days=7)
+
+
 def simulate_fleet(
     target,
     *,

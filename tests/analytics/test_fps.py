@@ -77,7 +77,7 @@ def test_rolled_up_fleet_queries_equal_the_live_ones(store, small):
     store.command("TRUNCATE TABLE steps")
     store.command("TRUNCATE TABLE session_stats")
     store.command("TRUNCATE TABLE session_fleet")
-    simulate_fleet(store, weeks=2, incidents=["august"], seed=7, end=sim.end, **small)  # "late" rows
+    simulate_fleet(store, weeks=2, incidents=["august"], seed=7, **(small | {"end": sim.end}))  # "late" rows
     assert len(queries.rollup(store, now=sim.end)) >= 13
     assert queries.fps_fractions(store, start, sim.end).select(counts).equals(
         queries.fps_fractions(store, start, sim.end, live=True).select(counts))

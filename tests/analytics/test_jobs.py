@@ -77,9 +77,9 @@ def test_scheduler_has_the_schedule_and_watches_releases(store, small, tmp_path)
         sched.shutdown(wait=True)
         jobs.set_report_writer(None)
     watch = jobs.ReleaseWatch()
-    sim = simulate_fleet(store, weeks=1, incidents=[("sync", 3)], seed=34, end=None, **small)
+    sim = simulate_fleet(store, weeks=1, incidents=[("sync", 3)], seed=34, **(small | {"end": None}))
     assert watch(None, store) == []  # the first poll learns what exists
-    simulate_fleet(store, weeks=1, incidents=[("sync", 3), ("benign", 5)], seed=35, end=sim.end, **small)
+    simulate_fleet(store, weeks=1, incidents=[("sync", 3), ("benign", 5)], seed=35, **(small | {"end": sim.end}))
     assert watch(None, store) == ["v1.2"]
     assert jobs.job_runs(store, "regressions")["trigger"][0] == "release"
 

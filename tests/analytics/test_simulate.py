@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from analytics.simulate import RESERVED_JITTER_BYTES, SimulationError, simulate_fleet
+from analytics.simulate import RESERVED_JITTER_BYTES, SimulationError, pinned_end, simulate_fleet
 from collector.store import open_store
 
 FINGERPRINT = ("SELECT count(), sum(step_period_ms), groupBitXor(cityHash64(session_id, ts, mem_reserved_bytes, "
@@ -23,14 +23,14 @@ def fresh(chdb_dir):
 
 
 def test_deterministic_for_a_seed_and_marked_simulated(store, small, chdb_dir):
-    a = simulate_fleet(store, weeks=1, incidents=["august"], seed=41, end=END, **small)
+    a = simulate_fleet(store, weeks=1, incidents=["august"], seed=41, **(small | {"end": END}))
     other = fresh(chdb_dir)
     try:
-        b = simulate_fleet(other, weeks=1, incidents=["august"], seed=41, end=END, **small)
+        b = simulate_fleet(other, weeks=1, incidents=["august"], seed=41, **(small | {"end": END}))
         assert (a.sessions, a.steps, a.ooms) == (b.sessions, b.steps, b.ooms)
         assert store.query_rows(FINGERPRINT) == other.query_rows(FINGERPRINT)
         other.command("TRUNCATE TABLE steps")
-        simulate_fleet(other, weeks=1, incidents=["august"], seed=42, end=END, **small)
+        simulate_fleet(other, weeks=1, incidents=["august"], seed=42, **(small | {"end": END}))
         assert store.query_rows(FINGERPRINT) != other.query_rows(FINGERPRINT)
     finally:
         other.command(f"DROP DATABASE IF EXISTS {other.database}")
@@ -39,10 +39,10 @@ def test_deterministic_for_a_seed_and_marked_simulated(store, small, chdb_dir):
 
 
 def test_rerun_into_the_same_store_lands_once(store, small):
-    a = simulate_fleet(store, weeks=1, incidents=["august"], seed=43, end=END, **small)
+    a = simulate_fleet(store, weeks=1, incidents=["august"], seed=43, **(small | {"end": END}))
     before = store.query_rows("SELECT (SELECT count() FROM steps), (SELECT count() FROM sessions), "
                               "(SELECT count() FROM events), (SELECT countMerge(steps) FROM session_stats)")
-    simulate_fleet(store, weeks=1, incidents=["august"], seed=43, end=END, **small)
+    simulate_fleet(store, weeks=1, incidents=["august"], seed=43, **(small | {"end": END}))
     after = store.query_rows("SELECT (SELECT count() FROM steps), (SELECT count() FROM sessions), "
                              "(SELECT count() FROM events), (SELECT countMerge(steps) FROM session_stats)")
     assert before == after == [(a.steps, 2 * a.sessions, a.ooms, a.steps)]
@@ -95,14 +95,14 @@ def test_through_the_real_collector(small, chdb_dir, tmp_path):
                                "(SELECT count() FROM events), (SELECT countMerge(steps) FROM session_stats)")
         assert got == [(sim.steps, 2 * sim.sessions, sim.ooms, sim.steps)]
         direct = fresh(chdb_dir)
-        simulate_fleet(direct, weeks=0.5, incidents=["august"], seed=45, end=sim.end, **small)
+        simulate_fleet(direct, weeks=0.5, incidents=["august"], seed=45, **(small | {"end": sim.end}))
         assert store.query_rows(FINGERPRINT) == direct.query_rows(FINGERPRINT)
         direct.command(f"DROP DATABASE IF EXISTS {direct.database}")
         store.command(f"DROP DATABASE IF EXISTS {store.database}")
 
 
 def test_every_shape_column_is_written_and_a_scoped_incident_hits_only_its_workers(store, small):
-    sim = simulate_fleet(store, weeks=1, incidents=[("sync:h100", 2)], seed=43, end=END, **small)
+    sim = simulate_fleet(store, weeks=1, incidents=[("sync:h100", 2)], seed=43, **(small | {"end": END}))
     rel = sim.release("sync")
     assert rel.scope == "h100"
     nulls = store.query_rows("SELECT countIf(cond_tokens IS NULL OR decoder_height IS NULL OR decoder_width IS NULL "
@@ -127,14 +127,25 @@ def test_a_healthy_process_reserved_memory_is_as_flat_as_the_h200s(store, small,
     # The H200 soak (docs/PERFORMANCE.md, issue 21): 95 sessions of random prompt length on one process left
     # reserved memory where it was. The simulator drew 0.4 % of it per session (~0.4 GB on an h200), 20x the
     # 24 MB-per-length leak the memory detector must name; a healthy process now stays within its jitter.
-    simulate_fleet(store, weeks=1, seed=45, end=END, **small)
+    simulate_fleet(store, weeks=1, seed=45, **(small | {"end": END}))
     [(sd, spread)] = store.query_rows(PEAK_SPREAD)
     assert 0 < sd < 2 * RESERVED_JITTER_BYTES and spread < 12 * RESERVED_JITTER_BYTES
     flat = fresh(chdb_dir)
     try:
-        simulate_fleet(flat, weeks=1, seed=45, end=END, reserved_jitter=0, **small)
+        simulate_fleet(flat, weeks=1, seed=45, reserved_jitter=0, **(small | {"end": END}))
         assert flat.query_rows(PEAK_SPREAD) == [(0.0, 0)]
     finally:
         flat.command(f"DROP DATABASE IF EXISTS {flat.database}")
     with pytest.raises(SimulationError, match="reserved_jitter >= 0"):
         simulate_fleet(store, weeks=1, seed=45, reserved_jitter=-1, **small)
+
+
+def test_a_pinned_end_is_the_same_all_week_and_never_ahead_of_the_clock():
+    from datetime import timedelta
+
+    monday_noon = datetime(2026, 11, 30, 12, tzinfo=UTC)
+    for h in range(7 * 24):
+        now = monday_noon + timedelta(hours=h, minutes=59)
+        assert pinned_end(12, now) == monday_noon and pinned_end(12, now) <= now
+    assert pinned_end(12, monday_noon - timedelta(minutes=1)) == monday_noon - timedelta(days=7)
+    assert pinned_end(3, monday_noon).hour == 3
