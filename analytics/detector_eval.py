@@ -277,6 +277,11 @@ def _job(detector: str) -> str:
     return detector  # the jobs' names are the detectors' (analytics.jobs.JOBS)
 
 
+def _median_h(hours: list[float]) -> str:
+    """The median of a column of hours, or '-' where no outcome has one (never committed, say)."""
+    return f"{statistics.median(hours):.0f}" if hours else "-"
+
+
 def _pct(k: int, n: int) -> str:
     return f"{100 * k / n:5.1f}% ({k}/{n})" if n else "   -"
 
@@ -305,9 +310,7 @@ def summarize(outcomes: list[Outcome]) -> list[str]:
                 f"{_pct(sum(o.scope_right for o in found), len(found)):>14} "
                 f"{_pct(sum(bool(o.attribution_right) for o in att), len(att)) if c.attribution else '-':>14} "
                 f"{_pct(sum(bool(o.severity_right) for o in sev), len(sev)) if c.severity else '-':>14} "
-                f"{statistics.median(hours) if hours else float('nan'):>10.0f} "
-                f"{statistics.median(scoped) if scoped else float('nan'):>10.0f} "
-                f"{f'{statistics.median(attributed):.0f}' if attributed else '-':>11} "
+                f"{_median_h(hours):>10} {_median_h(scoped):>10} {_median_h(attributed):>11} "
                 f"{_pct(sum(bool(o.ambiguous_first) for o in amb), len(amb)) if amb else '-':>14} {'-':>16}")
         else:
             fa = sum(bool(o.false_alarms) for o in os_)
