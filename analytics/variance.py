@@ -54,6 +54,8 @@ def spread_change(treatment: Sequence[float], control: Sequence[float], *, max_p
     sc = float(median_abs_deviation(c, scale="normal"))
     ratio = st / sc if sc > 0 else (float("inf") if st > 0 else 1.0)
     p = float(levene(t, c, center="median").pvalue)
+    if not np.isfinite(p):  # both samples without any spread around their medians: no change of spread
+        p = 1.0
     wider = len(t) >= min_samples and len(c) >= min_samples and p < max_p and ratio >= min_ratio
     return SpreadChange(len(t), len(c), st, sc, ratio, p, wider)
 

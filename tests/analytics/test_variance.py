@@ -16,6 +16,12 @@ def test_twice_the_variance_is_wider_the_same_is_not():
     assert not variance.spread_change(base, rng.normal(150, 2.0 * np.sqrt(2), 600)).wider  # narrower: no note
 
 
+def test_two_samples_without_spread_have_no_change_of_spread():
+    # exact values (a counter that does not move) made Brown-Forsythe's p NaN, which evidence cannot hold
+    same = variance.spread_change([1.0] * 50, [1.0] * 50)
+    assert same.p_value == 1.0 and not same.wider and same.ratio == 1.0
+
+
 def test_a_significant_but_tiny_widening_is_under_the_floor():
     rng = np.random.default_rng(6)
     j = variance.spread_change(rng.normal(150, 2.2, 20000), rng.normal(150, 2.0, 20000))
