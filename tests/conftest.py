@@ -61,6 +61,17 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
 
 
+@pytest.fixture(scope="module")
+def torch_chains_only():
+    """For a module of CPU evaluations: they run the block's torch chains, with TRITON_INTERPRET unset
+    for the module (the Triton chains under the interpreter are tests/kernels' subject, and a worker's
+    interpreter another test left patched is not the evaluations' concern)."""
+    old = os.environ.pop("TRITON_INTERPRET", None)
+    yield
+    if old is not None:
+        os.environ["TRITON_INTERPRET"] = old
+
+
 @pytest.fixture(scope="session")
 def chdb_dir() -> str:
     return _CHDB_DIR

@@ -5,7 +5,6 @@ week without evaluations."""
 
 from __future__ import annotations
 
-import os
 import re
 from datetime import UTC, datetime
 
@@ -17,15 +16,7 @@ from collector.records import to_arrow
 from tests.api import browser
 from tests.api.live import serve
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _torch_chains_only():
-    """CPU evaluations here run the block's torch chains: the Triton chains under the interpreter are
-    tests/kernels' subject (and a worker's interpreter another test left patched is not this test's)."""
-    old = os.environ.pop("TRITON_INTERPRET", None)
-    yield
-    if old is not None:
-        os.environ["TRITON_INTERPRET"] = old
+pytestmark = pytest.mark.usefixtures("torch_chains_only")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ from ``GET /v1/evaluations``; a canary of a numeric switch without a passing eva
 
 from __future__ import annotations
 
-import os
 from datetime import timedelta
 
 import httpx
@@ -20,14 +19,7 @@ from tests.collector.helpers import chdb_dsn, drained, make_settings, wait_for
 TOKEN = "test-ingest-token"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _torch_chains_only():
-    """CPU evaluations here run the block's torch chains: the Triton chains under the interpreter are
-    tests/kernels' subject (and a worker's interpreter another test left patched is not this test's)."""
-    old = os.environ.pop("TRITON_INTERPRET", None)
-    yield
-    if old is not None:
-        os.environ["TRITON_INTERPRET"] = old
+pytestmark = pytest.mark.usefixtures("torch_chains_only")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -56,14 +56,7 @@ def cache_scale_rots(model, cache) -> None:
     cache.begin_step = rotting
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _torch_chains_only():
-    """CPU evaluations here run the block's torch chains: the Triton chains under the interpreter are
-    tests/kernels' subject (and a worker's interpreter another test left patched is not this test's)."""
-    old = os.environ.pop("TRITON_INTERPRET", None)
-    yield
-    if old is not None:
-        os.environ["TRITON_INTERPRET"] = old
+pytestmark = pytest.mark.usefixtures("torch_chains_only")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")
