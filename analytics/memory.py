@@ -232,6 +232,18 @@ def fleet_rates(s: pl.DataFrame) -> dict[str, float]:
     return {k: float(np.median(v)) if v else 0.0 for k, v in per.items()} | {OVER_TIME: 1.0}
 
 
+def _explained_growth(slope: float, x: np.ndarray, y: np.ndarray) -> float:
+    """The growth a fit explains over a process, and no more than its reserved memory moved: a line
+    through one step (the allocator met a larger peak once) overstates it."""
+    return min(slope * float(x[-1] - x[0]), float(np.ptp(y)))
+
+
+def _beyond_noise(growth: float, spread: float) -> bool:
+    """Growth that counts: beyond ``GROWTH_NOISE_K`` x the spread around the fit and one allocator
+    segment (``MIN_GROWTH``)."""
+    return growth > max(GROWTH_NOISE_K * spread, MIN_GROWTH)
+
+
 def release_fit(xs: list[np.ndarray], ys: list[np.ndarray]) -> dict:
     """One explanation over a release's processes: each process its own intercept and slope (a leak
     hits some processes and not others: e.g. only those running a switch), judged together.
@@ -259,7 +271,7 @@ def release_fit(xs: list[np.ndarray], ys: list[np.ndarray]) -> dict:
         n += len(x)
         k += 1
         slopes.append(fit.slope)
-        growth.append(min(max(fit.slope, 0.0) * float(x[-1] - x[0]), float(np.ptp(y))))
+        growth.append(_explained_growth(max(fit.slope, 0.0), x, y))
         if fit.slope > 0 and fit.p_value < MAX_P:
             grown.append(fit.slope)
     dof = n - 2 * k
@@ -373,7 +385,7 @@ def judge_release(explainers: list[dict[str, np.ndarray]], ys: list[np.ndarray])
         best, ambiguous, tests = name_key(explainers, ys, reps)
     aliases = aliases_of(best)
     f = fits[best]
-    flagged = best in significant and f["growth"] > max(GROWTH_NOISE_K * f["spread"], MIN_GROWTH)
+    flagged = best in significant and _beyond_noise(f["growth"], f["spread"])
     confident = best in significant and all(key_of(a) == key_of(best) for a in ambiguous)
     return {"flagged": flagged, "significant": best in significant, "explained_by": best, "key": key_of(best),
             "aliases": aliases, "ambiguous_with": ambiguous, "key_confident": confident, "key_tests": tests,
@@ -387,10 +399,8 @@ def _judge_process(x: np.ndarray, y: np.ndarray, b: np.ndarray, shapes: np.ndarr
     f = slope_test(x, y)
     resid = y - (f.intercept + f.slope * x)
     spread = max(float(np.std(resid, ddof=2)), SPREAD_FLOOR) if len(y) > 2 else float("inf")
-    # what the fit explains, and no more than reserved memory moved: a line through one step overstates it
-    growth = min(f.slope * float(x[-1] - x[0]), float(np.ptp(y))) if len(x) else 0.0
-    flagged = (len(y) >= MIN_SESSIONS and f.p_value < MAX_P and f.slope > 0
-               and growth > max(GROWTH_NOISE_K * spread, MIN_GROWTH))
+    growth = _explained_growth(f.slope, x, y) if len(x) else 0.0
+    flagged = len(y) >= MIN_SESSIONS and f.p_value < MAX_P and f.slope > 0 and _beyond_noise(growth, spread)
     return {"fit": f, "spread": spread, "growth": growth, "buf": slope_test(shapes, b), "flagged": flagged,
             "fitted_last": f.intercept + f.slope * float(x[-1]) if len(x) else 0.0}
 
