@@ -199,7 +199,7 @@ def run_case(case: Case, seed: int, chdb_dir: str, reserved_jitter: float | None
     """``reserved_jitter``: the simulator's session-to-session sd of reserved memory, bytes (None: its
     measured default, ``analytics.simulate.RESERVED_JITTER_BYTES``)."""
     from analytics import jobs
-    from analytics.simulate import simulate_fleet
+    from analytics.simulate import RESERVED_JITTER_BYTES, simulate_fleet
     from collector.store import open_store
 
     t0 = time.perf_counter()
@@ -208,9 +208,9 @@ def run_case(case: Case, seed: int, chdb_dir: str, reserved_jitter: float | None
     out = Outcome(case.name, seed)
     try:
         incidents = [(case.incident, ONSET_DAY)] if case.incident else []
-        jitter = {} if reserved_jitter is None else {"reserved_jitter": reserved_jitter}
+        jitter = RESERVED_JITTER_BYTES if reserved_jitter is None else reserved_jitter
         sim = simulate_fleet(store, weeks=WEEKS, incidents=incidents, seed=1000 + seed, end=sim_end(seed),
-                             **FLEET, **jitter)
+                             reserved_jitter=jitter, **FLEET)
         onset = sim.start + timedelta(days=ONSET_DAY)
         rel = sim.releases[-1].name
         kinds = {w.gpu_kind for w in sim.workers}
@@ -265,12 +265,6 @@ def run_case(case: Case, seed: int, chdb_dir: str, reserved_jitter: float | None
         store.command(f"DROP DATABASE IF EXISTS {store.database}")
     out.seconds = time.perf_counter() - t0
     return out
-
-
-def _default_jitter() -> float:
-    from analytics.simulate import RESERVED_JITTER_BYTES
-
-    return RESERVED_JITTER_BYTES
 
 
 def _job(detector: str) -> str:
@@ -386,7 +380,9 @@ def _main(args) -> int:
     if args.reserved_jitter is not None and args.reserved_jitter < 0:
         print("--reserved-jitter must be >= 0 (MiB)", file=sys.stderr)
         return 2
-    jitter = None if args.reserved_jitter is None else args.reserved_jitter * 2**20
+    from analytics.simulate import RESERVED_JITTER_BYTES
+
+    jitter = RESERVED_JITTER_BYTES if args.reserved_jitter is None else args.reserved_jitter * 2**20
     cases = [c for c in CATALOG if not names or c.name in names]
     chdb_dir = tempfile.mkdtemp(prefix="livestep-eval-")
     t0 = time.perf_counter()
@@ -407,5 +403,5 @@ def _main(args) -> int:
     print(f"\n{len(outcomes)} runs ({len(cases)} classes x {args.seeds} seeds) in {time.perf_counter() - t0:.0f} s; "
           f"fleet {FLEET['workers']} workers, {FLEET['sessions_per_day']:g} sessions/worker/day, onset day "
           f"{ONSET_DAY:g} of {WEEKS * 7:g}, detectors at +{', +'.join(str(h) for h in LADDER_H)} h; reserved "
-          f"memory jitter {(jitter if jitter is not None else _default_jitter()) / 2**20:g} MiB sd")
+          f"memory jitter {jitter / 2**20:g} MiB sd")
     return 0
