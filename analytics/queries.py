@@ -371,6 +371,36 @@ def memory_sessions(store, start: datetime, end: datetime) -> pl.DataFrame:
     return store.query_df(sql, params)
 
 
+def power_minutes(store, start: datetime, end: datetime, reasons: dict[str, int]) -> pl.DataFrame:
+    """Per worker and minute in which it was stepping: its GPU samples (count, mean and max power, mean
+    SM clock, mean temperature, the share of samples carrying each of ``reasons``: column name -> bit of
+    the throttle-reasons mask) beside the median diffusion time of its non-reset steps that minute."""
+    shares = ", ".join(f"avg(bitAnd(ifNull(throttle_reasons, 0), {int(bit)}) != 0) AS {name}"
+                       for name, bit in reasons.items())
+    sql = f"""
+    SELECT g.worker_id AS worker_id, g.gpu_kind AS gpu_kind, g.release AS release, g.minute AS minute,
+           g.samples AS samples, g.power_avg AS power_w, g.power_max AS power_max_w, g.clock_avg AS sm_clock_mhz,
+           g.temp_avg AS temp_c, {", ".join(f"g.{n} AS {n}" for n in reasons)},
+           st.steps AS steps, st.diffusion_med AS diffusion_ms
+    FROM (
+        SELECT worker_id, any(gpu_kind) AS gpu_kind, anyLast(release) AS release, toDateTime64(toStartOfMinute(ts), 3, 'UTC') AS minute,
+               count() AS samples, avg(power_w) AS power_avg, max(power_w) AS power_max,
+               avg(sm_clock_mhz) AS clock_avg, avg(temp_c) AS temp_avg, {shares}
+        FROM gpu_samples
+        WHERE ts >= {{start:DateTime64(3, 'UTC')}} AND ts < {{end:DateTime64(3, 'UTC')}}
+        GROUP BY worker_id, minute
+    ) AS g
+    INNER JOIN (
+        SELECT worker_id, toDateTime64(toStartOfMinute(ts), 3, 'UTC') AS minute, count() AS steps, median(diffusion_ms) AS diffusion_med
+        FROM steps
+        WHERE ts >= {{start:DateTime64(3, 'UTC')}} AND ts < {{end:DateTime64(3, 'UTC')}} AND NOT reset_step
+        GROUP BY worker_id, minute
+    ) AS st ON g.worker_id = st.worker_id AND g.minute = st.minute
+    ORDER BY gpu_kind, worker_id, minute
+    """
+    return store.query_df(sql, {"start": start, "end": end})
+
+
 def events(store, kind: str, start: datetime, end: datetime) -> pl.DataFrame:
     """Events of one kind in [start, end): worker, release, time, detail JSON."""
     return store.query_df(
