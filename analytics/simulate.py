@@ -57,9 +57,9 @@ import numpy as np
 import pyarrow as pa
 
 from analytics.memory import GPU_MEMORY_BYTES
-from collector import records
+from collector import catalog, records
 
-STEP_BUDGET_MS = 1000.0 / 24 * 4  # 166.7 ms per 4-frame chunk
+STEP_BUDGET_MS = catalog.CHUNK_DEADLINE_MS  # 166.7 ms per 4-frame chunk
 RESET_EVERY = 42
 LATE_MS = 200.0  # the playout buffer absorbs jitter up to here (reset steps are absorbed too)
 NEW_TOKENS = 757
