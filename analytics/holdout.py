@@ -129,9 +129,7 @@ def generate(store, *, scenario: str, seed: int, end: datetime, days: float = 14
                 if rel == "v2":
                     if scenario == "session_age":
                         diff = diff + 0.02 * n
-                    elif scenario == "long_prompts" and ff > LONG_PROMPT:
-                        diff = diff * 1.15
-                    elif scenario == "switch_cause" and SWITCH in switches:
+                    elif scenario == "long_prompts" and ff > LONG_PROMPT or scenario == "switch_cause" and SWITCH in switches:
                         diff = diff * 1.15
                     elif scenario == "real_leak":
                         leaked += LEAK_BYTES
@@ -142,9 +140,9 @@ def generate(store, *, scenario: str, seed: int, end: datetime, days: float = 14
                 period = np.maximum(diff + 14.0, PERIOD_MS) + rng.exponential(0.5, steps)
                 ts_ms = int(t.timestamp() * 1000) + np.concatenate([[0], np.cumsum(period[:-1])]).astype(np.int64)
                 sid = f"{wid}-s{i}"
-                common = dict(worker_id=np.full(steps, wid), session_id=np.full(steps, sid),
-                              release=np.full(steps, rel), gpu_kind=np.full(steps, device),
-                              simulated=np.zeros(steps, bool))
+                common = {"worker_id": np.full(steps, wid), "session_id": np.full(steps, sid),
+                              "release": np.full(steps, rel), "gpu_kind": np.full(steps, device),
+                              "simulated": np.zeros(steps, bool)}
                 add("step", **common, ts=ts_ms, step=n, diffusion_ms=diff, step_period_ms=period,
                     decode_ms=np.full(steps, 9.0), cache_upkeep_ms=np.full(steps, 2.0), late=period > PERIOD_MS + 20,
                     playout_depth=np.full(steps, 2), reset_step=reset, energy_mj=power0 * period,

@@ -388,6 +388,27 @@ def power_minutes(store, start: datetime, end: datetime, reasons: dict[str, int]
     return store.query_df(sql, {"start": start, "end": end})
 
 
+def session_step_slopes(store, start: datetime, end: datetime, releases: list[str], min_steps: int) -> pl.DataFrame:
+    """Per session of ``releases`` that started in [start, end) with ``min_steps`` ordinary (non-reset)
+    steps or more: the least-squares slope of its ordinary steps' diffusion time on the step index
+    (ms a step), their median, its last step, and its reset steps' median over the ordinary median (null
+    without reset steps)."""
+    sql = """
+    SELECT release, any(gpu_kind) AS gpu_kind, any(worker_id) AS worker_id, session_id, min(ts) AS start_ts,
+           countIf(NOT reset_step) AS steps, max(step) AS last_step,
+           tupleElement(simpleLinearRegressionIf(toFloat64(step), diffusion_ms, NOT reset_step), 1) AS slope_ms_per_step,
+           medianIf(diffusion_ms, NOT reset_step) AS step_ms,
+           if(countIf(reset_step) > 0, medianIf(diffusion_ms, reset_step) / medianIf(diffusion_ms, NOT reset_step),
+              NULL) AS reset_ratio
+    FROM steps
+    WHERE ts >= {start:DateTime64(3, 'UTC')} AND ts < {end:DateTime64(3, 'UTC')} AND release IN {rel:Array(String)}
+    GROUP BY release, session_id
+    HAVING steps >= {min_steps:UInt32} AND start_ts >= {start:DateTime64(3, 'UTC')}
+    ORDER BY start_ts
+    """
+    return store.query_df(sql, {"start": start, "end": end, "rel": releases, "min_steps": min_steps})
+
+
 def events(store, kind: str, start: datetime, end: datetime) -> pl.DataFrame:
     """Events of one kind in [start, end): worker, release, time, detail JSON."""
     return store.query_df(
