@@ -59,6 +59,7 @@ class Holdout:
     releases: list[str]
     workers: dict[str, str] = field(default_factory=dict)  # worker -> device name
     kinds: set[str] = field(default_factory=set)  # canonical, as stored
+    release: str = "v2"  # the release the scenario is about (v1 where no release changes)
 
 
 class HoldoutError(Exception):
@@ -88,8 +89,9 @@ def generate(store, *, scenario: str, seed: int, end: datetime, days: float = 14
     rng = np.random.default_rng([seed, 29])
     end = end.astimezone(UTC)
     start, onset = end - timedelta(days=days), end - timedelta(days=days - onset_day)
-    res = Holdout(start, end, onset, scenario, ["v1", "v2"])
     release_change = scenario not in ("power_capped", "drift")
+    res = Holdout(start, end, onset, scenario, ["v1", "v2"] if release_change else ["v1"],
+                  release="v2" if release_change else "v1")
     cols: dict[str, dict[str, list]] = {k: {} for k in ("step", "gpu_sample", "session")}
 
     def add(kind, **c):
