@@ -5,7 +5,7 @@
 Each (class, seed) generates a hold-out fleet (real device names through the ingest checks) with its
 scenario, runs the detectors over their own trailing windows (``analytics.jobs.window``) at ``LADDER_H``
 hours after the onset and scores what ``analytics.detector_eval`` scores (found, scope right, attribution,
-severity), plus whether the finding **names the condition** (``Case.condition``: a text its evidence's
+severity), plus whether the finding **names the condition** by the last rung (``Case.condition``: a text its evidence's
 ``condition``, its attribution or its sentence must hold, e.g. ``first_forward_tokens > 1``). Benign
 classes (a healthy release; a release whose sessions are twice as long, per step unchanged) count every
 acting finding (warning or critical, of any detector, power and session age included) as a false alarm.
@@ -69,8 +69,8 @@ def run_case(case, seed: int, chdb_dir: str):
                 if not out.found:  # the first rung that finds it: recall, scope, condition, severity
                     out.found, out.scope_right, out.hours_to_first = True, right, hours
                     out.hours_to_scope = hours
-                    if case.condition:
-                        out.condition_right = _names_condition(case.condition, hits)
+                if case.condition and not out.condition_right:  # named by the last rung at the latest
+                    out.condition_right = _names_condition(case.condition, hits)
                 if case.severity and not out.severity_right:  # the severity it reaches by the last rung
                     out.severity_right = any(r["severity"] == case.severity for r in hits)
                 if case.attribution and out.hours_to_attribution is None:  # at the first rung that commits

@@ -409,6 +409,15 @@ def session_step_slopes(store, start: datetime, end: datetime, releases: list[st
     return store.query_df(sql, {"start": start, "end": end, "rel": releases, "min_steps": min_steps})
 
 
+def session_shapes(store, start: datetime, end: datetime) -> pl.DataFrame:
+    """Per session recorded in [start, end): its shape columns (``records.SHAPE_KEYS``; null from older
+    workers), to join to a per-session frame on ``session_id``."""
+    return store.query_df(
+        f"SELECT session_id, {', '.join(f'any({c}) AS {c}' for c in _SHAPE_COLUMNS)} FROM sessions "
+        "WHERE ts >= {start:DateTime64(3, 'UTC')} AND ts < {end:DateTime64(3, 'UTC')} GROUP BY session_id",
+        {"start": start, "end": end})
+
+
 def events(store, kind: str, start: datetime, end: datetime) -> pl.DataFrame:
     """Events of one kind in [start, end): worker, release, time, detail JSON."""
     return store.query_df(
