@@ -166,7 +166,8 @@ def _judge_rows(case: Case, rel: str, rows: list[dict], all_kinds: set[str]) -> 
             and _scope(r).get("release", rel) == rel]
     if not hits:
         return False, False, []
-    kinds = {_scope(r).get("gpu_kind") for r in hits}
+    # a finding without a GPU kind is the release's, on every kind (one decision at the release's scope)
+    kinds = set().union(*({k} if (k := _scope(r).get("gpu_kind")) else all_kinds for r in hits))
     right = kinds <= want_kinds  # no GPU kind outside the incident's (a cohort need not be on every kind)
     if case.detector == "changepoints":  # no release in a change point's scope: the gaining release names it
         right = right and all(json.loads(r["evidence"]).get("release_gaining") == rel for r in hits)
