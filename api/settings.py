@@ -108,9 +108,13 @@ class Settings(CollectorSettings):
     webhook_urls: str = Field(default="", max_length=8192,
                               description="comma-separated external receivers of incident notifications "
                               "(signed with the webhook secret; api/incidents.py); empty = none (recorded only)")
-    incident_repeat_s: float = Field(default=4 * 3600.0, ge=60, le=30 * 86400,
+    incident_repeat_s: float = Field(default=86400.0, ge=60, le=30 * 86400,
                                      description="an incident still not resolved is notified again this long "
-                                     "after its last notification (Alertmanager's repeat_interval)")
+                                     "after its last notification: one daily digest by default (Alertmanager's "
+                                     "repeat_interval)")
+    incident_resolve_after_s: float = Field(default=48 * 3600.0, ge=0, le=30 * 86400,
+                                            description="an incident whose evidence is gone resolves only after this "
+                                            "long without it (a daily detector may miss a slow cause one day)")
     webhook_window_s: int = Field(default=300, ge=1, le=86400,
                                   description="replay window of signed webhook deliveries (seconds)")
     switch_cache_s: float = Field(default=0.5, ge=0, le=60, description="how long resolved switch rules are cached")
