@@ -165,3 +165,17 @@ def test_cluster_tables_have_the_embedded_columns(store):
             assert {x for x in local if x[0] == name} == {x for x in embedded if x[0] == name}, table
     finally:
         store.command(f"DROP DATABASE IF EXISTS {db}")
+
+
+def test_the_generated_cluster_ddl_reproduces_the_hand_kept_files():
+    """collector/cluster_ddl.py turns each sql/ file into exactly the statements of its sql/cluster/ twin
+    (whitespace aside; within a file, independent ALTERs may come in another valid order)."""
+    from collections import Counter
+
+    from collector.cluster_ddl import cluster_statements
+
+    def norm(stmts):
+        return Counter(re.sub(r"\s+", " ", s).strip() for s in stmts)
+
+    for f in CLUSTER_FILES:
+        assert norm(cluster_statements(SQL_DIR / f.name)) == norm(split_statements(f.read_text())), f.name
