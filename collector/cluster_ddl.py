@@ -1,6 +1,6 @@
 """The cluster schema, generated from the single-node migrations (one source for both layouts).
 
-    cluster_statements(Path("sql/002_session_stats.sql"))   # the file's statements ON CLUSTER '{cluster}'
+    cluster_form(split_statements(Path("sql/002_session_stats.sql").read_text()))   # ON CLUSTER '{cluster}'
 
 Each ``sql/NNN_*.sql`` statement becomes its cluster form by rule, so a migration is written once:
 - a telemetry table (sharded: every table not in ``REPLICATED_EVERYWHERE``) becomes a
@@ -14,16 +14,14 @@ Each ``sql/NNN_*.sql`` statement becomes its cluster form by rule, so a migratio
   a Distributed table stores nothing); ``MODIFY QUERY`` of a view is renamed like its ``CREATE``.
 Every statement carries ``ON CLUSTER '{cluster}'`` (collector/migrations.py names the cluster);
 ``{shard}``, ``{replica}``, ``{database}`` and ``{table}`` stay server macros. The rules reproduced
-the hand-kept ``sql/cluster/`` files statement for statement before those were removed (issue 28);
-tests/collector/test_cluster_sql.py checks the result (parse, layout, the same columns as one node).
+the hand-kept ``sql/cluster/`` files statement for statement before those were removed (issue 28:
+44 of the tree's 63 duplicate pairs); collector/migrations.py applies it for ``--cluster``, and
+tests/collector/test_cluster_sql.py checks it (parse, layout, the same columns as one node).
 """
 
 from __future__ import annotations
 
 import re
-from pathlib import Path
-
-from collector.migrations import split_statements
 
 # Small tables that must be read-after-write consistent: replicated to every node, never sharded.
 REPLICATED_EVERYWHERE = frozenset({"job_runs", "fleet_daily", "fleet_daily_marks", "switch_rules", "switch_audit",
@@ -123,8 +121,3 @@ def cluster_form(stmts: list[str]) -> list[str]:
 def _read_tables(stmt: str) -> set[str]:
     """The sharded tables a view's query reads (``FROM``/``JOIN``)."""
     return {t for t in re.findall(r"\b(?:FROM|JOIN)\s+(\w+)", stmt) if _sharded(t)}
-
-
-def cluster_statements(path: Path) -> list[str]:
-    """The cluster statements of one single-node migration file (``'{cluster}'`` still a placeholder)."""
-    return cluster_form(split_statements(path.read_text()))
