@@ -129,7 +129,7 @@ def _bookkeeping_ddl(cluster: str | None) -> list[str]:
                   "DEFAULT now64(3)) ENGINE = ReplacingMergeTree ORDER BY name")
         add_layout = f"ALTER TABLE {TABLE} ADD COLUMN IF NOT EXISTS layout LowCardinality(String) DEFAULT '{SINGLE}'"
         return [create, add_layout]
-    # replicated to every node (no {shard}), like the other control-plane tables of sql/cluster/
+    # replicated to every node (no {shard}), like the control-plane tables of collector/cluster_ddl.py
     return [(f"CREATE TABLE IF NOT EXISTS {TABLE} ON CLUSTER '{cluster}' (name String, applied_at "
              f"DateTime64(3, 'UTC') DEFAULT now64(3), layout LowCardinality(String) DEFAULT '{SINGLE}') "
              "ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/all/{database}/{table}', '{replica}') "
@@ -156,7 +156,7 @@ class Step:
 
 
 def pending(store: Store, cluster: str | None = None) -> list[Step]:
-    """The files of ``sql/`` (or ``sql/cluster/`` for ``cluster``) the store has not applied, in order.
+    """The files of ``sql/`` (their cluster form for ``cluster``) the store has not applied, in order.
     A ``SchemaError`` when the database holds migrations of the other layout."""
     want = layout_of(cluster)
     done = applied(store)
