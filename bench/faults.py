@@ -261,6 +261,30 @@ def stats_vs_raw(work: Path) -> tuple[int, int, int]:
     return int(raw), int(view), int(off)
 
 
+class AckedLoad(Load):
+    """``Load`` that also remembers every batch answered 200, duplicate or not: a batch whose first ack
+    a kill cut off is acked by its retry as a duplicate, and must be stored all the same."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.any_ack: set[int] = set()
+
+    def _post(self, h: httpx.Client, i: int) -> bool:
+        ok = super()._post(h, i)
+        if ok:
+            with self.lock:
+                self.any_ack.add(i)
+        return ok
+
+
+def whole_sessions(work: Path) -> set[int]:
+    """The batches (sessions ``f<i>``) stored whole: all their ROWS steps."""
+    code = ("import sys, chdb; print(chdb.query(\"SELECT session_id FROM livestep.steps GROUP BY session_id "
+            f"HAVING uniqExact(step) = {ROWS}\", 'CSV', path=sys.argv[1]))")
+    out = subprocess.run([sys.executable, "-c", code, str(work / "chdb")], capture_output=True, text=True, check=True)
+    return {int(ln.strip().strip('"')[1:]) for ln in out.stdout.split() if ln.strip()}
+
+
 def aimed_kills(kills: int, threads: int, rate: float) -> tuple[list[tuple[str, str]], float]:
     """kill -9 while the writer holds a block stored and not committed (the drill hook
     ``LIVESTEP_FAULT_PAUSE_BEFORE_COMMIT_FILE``), ``kills`` times: each start replays that block."""
@@ -269,7 +293,7 @@ def aimed_kills(kills: int, threads: int, rate: float) -> tuple[list[tuple[str, 
     paused = pause.with_name(pause.name + ".paused")
     srv = Server(work, env={"LIVESTEP_FAULT_PAUSE_BEFORE_COMMIT_FILE": str(pause)})
     srv.start()
-    load = Load(srv.url, threads, rate)
+    load = AckedLoad(srv.url, threads, rate)
     load.start()
     aimed = 0
     for _ in range(kills):
@@ -289,10 +313,13 @@ def aimed_kills(kills: int, threads: int, rate: float) -> tuple[list[tuple[str, 
     srv.stop()
     stored, distinct = count(work)
     raw, view, off = stats_vs_raw(work)
-    acked = sum(load.acked.values())
+    whole = whole_sessions(work)
     shutil.rmtree(work, ignore_errors=True)
     return [("kills aimed between insert and commit", f"{aimed} of {kills}"),
-            ("rows acked", str(acked)), ("rows lost (acked, not stored)", str(acked - distinct)),
+            ("batches acked (200, duplicate or not)", str(len(load.any_ack))),
+            ("rows acked", str(ROWS * len(load.any_ack))),
+            ("rows lost (acked, not stored)", str(ROWS * len(load.any_ack - whole))),
+            ("rows stored, ack cut off by a kill", str(ROWS * len(whole - load.any_ack))),
             ("rows duplicated (stored twice)", str(stored - distinct)),
             ("session_stats steps / raw steps", f"{view} / {raw}"),
             ("sessions where session_stats != raw", str(off))], (view / raw if raw else float("nan"))

@@ -18,7 +18,9 @@ one fsync for every batch queued meanwhile. The writer gets the batches this pro
 memory, as they were validated (up to ``RECENT_BYTES``); after a restart, or beyond that bound, they
 are read back from their segment. Space is given back once the store has the data: stored segments
 are deleted, and the active one is rotated away when all of it is stored (``RECLAIM_BYTES``, or at
-once after an append failed: a full disk recovers when the writer drains it).
+once after an append failed: a full disk recovers when the writer drains it). Over ~450 lines because
+the append paths (threads and the event loop), the bound and the duplicate checks share one lock and
+one in-flight table; what could stand alone (storage, journal, ids, dead letters) does.
 """
 
 from __future__ import annotations
