@@ -271,8 +271,7 @@ def _record(store, job, started, status, attempt, trigger, start, end, n, error)
 
 def job_runs(store, job: str | None = None):
     """Recorded runs, newest first (polars)."""
-    where = " WHERE job = {job:String}" if job else ""
-    return store.query_df(f"SELECT * FROM job_runs{where} ORDER BY started_at DESC", {"job": job} if job else {})
+    return queries.job_runs(store, job)
 
 
 # -- the scheduler -------------------------------------------------------------------------------------

@@ -47,22 +47,21 @@ from typing import Any
 
 import orjson
 
+from analytics import queries as aq
 from analytics.describe import describe
+from analytics.findings import INCIDENT_KINDS
 from api.notify import Notifier
 from api.switchboard import canonical_scope, get_switchboard, parse_scope
-from collector.where import Where
 
 log = logging.getLogger("livestep.incidents")
 
-KINDS: tuple[str, ...] = ("memory_growth", "regression", "fp8_saturation", "changepoint")
+KINDS: tuple[str, ...] = INCIDENT_KINDS  # analytics/findings.py: the kinds whose findings open incidents
 STATES: tuple[str, ...] = ("opened", "escalated", "mitigated", "resolved", "reopened")
 OPEN_STATES = frozenset(STATES) - {"resolved"}
 SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
 DEFAULT_REPEAT_S = 4 * 3600.0  # Alertmanager's default repeat_interval
 NOTIFICATION_VERSION = "livestep-incident/1"
-_COLS = ["id", "key", "kind", "scope", "release", "gpu_kind", "switch", "state", "severity", "summary", "opened_at",
-         "updated_at", "mitigated_at", "resolved_at", "lifted_at", "notified_at", "notifications", "flips", "acted",
-         "evidence_keys", "evidence", "version"]
+_COLS = aq.INCIDENT_COLUMNS
 _locks: dict[int, threading.Lock] = {}
 _locks_guard = threading.Lock()
 
@@ -159,15 +158,12 @@ def _explaining_regression(cp: dict[str, Any], regressions: list[Group]) -> Grou
 # -- storage -------------------------------------------------------------------------------------------
 
 def _open_findings(store) -> list[dict[str, Any]]:
-    df = store.query_df("SELECT kind, scope, metric, window_start, window_end, baseline, value, effect, confidence, "
-                        "severity, status, attribution, evidence, first_seen FROM findings FINAL "
-                        "WHERE status = 'open' AND kind IN {k:Array(String)} AND severity IN ('warning', 'critical')",
-                        {"k": list(KINDS)})
+    df = aq.open_findings(store, KINDS)
     return list(df.iter_rows(named=True))
 
 
 def _load(store) -> dict[str, dict[str, Any]]:
-    df = store.query_df(f"SELECT {', '.join(_COLS)} FROM incidents FINAL")
+    df = aq.incidents_frame(store)
     out = {}
     for r in df.iter_rows(named=True):
         r["evidence_keys"] = orjson.loads(r["evidence_keys"] or "[]")
@@ -206,14 +202,7 @@ def _log(store, entries: list[tuple[datetime, str, str, str, dict[str, Any]]]) -
 def list_incidents(store, state: str | None = None, kind: str | None = None, limit: int = 100,
                    offset: int = 0) -> list[dict[str, Any]]:
     """Incidents, not resolved first, then newest first; ``state`` 'open' = every state but resolved."""
-    w = Where(limit=limit, offset=offset).eq("kind", kind)
-    if state == "open":
-        w.sql("state != 'resolved'")
-    else:
-        w.eq("state", state)
-    df = store.query_df(f"SELECT {', '.join(_COLS)} FROM incidents FINAL WHERE {w} "
-                        "ORDER BY state = 'resolved', updated_at DESC, id LIMIT {limit:UInt32} OFFSET {offset:UInt32}",
-                        w.params)
+    df = aq.incidents_frame(store, state=state, kind=kind, limit=limit, offset=offset)
     out = []
     for r in df.iter_rows(named=True):
         r["evidence_keys"] = orjson.loads(r["evidence_keys"] or "[]")
@@ -224,9 +213,7 @@ def list_incidents(store, state: str | None = None, kind: str | None = None, lim
 
 def incident_log(store, incident: str | None = None, start: datetime | None = None,
                  end: datetime | None = None, limit: int = 1000) -> list[dict[str, Any]]:
-    w = Where(limit=limit).eq("incident_id", incident).since("ts", start).until("ts", end)
-    df = store.query_df(f"SELECT ts, incident_id, event, state, detail FROM incident_log WHERE {w} "
-                        "ORDER BY ts, incident_id LIMIT {limit:UInt32}", w.params)
+    df = aq.incident_log_frame(store, incident, start, end, limit)
     return [{**r, "ts": r["ts"].isoformat(), "detail": orjson.loads(r["detail"] or "{}")}
             for r in df.iter_rows(named=True)]
 
