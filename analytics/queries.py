@@ -405,16 +405,19 @@ _SHAPE_COLUMNS = tuple(dict.fromkeys(c for cols in records.SHAPE_KEYS.values() f
 
 def memory_sessions(store, start: datetime, end: datetime) -> pl.DataFrame:
     """Per session, for memory analysis: worker, release, start, the shape columns
-    (``records.SHAPE_KEYS``, from the ``sessions`` table: null from older workers), peak reserved
-    memory and buffer count (from ``session_stats``), switches."""
+    (``records.SHAPE_KEYS``, from the ``sessions`` table: null from older workers), the GPU's total
+    memory the worker reported (null from older workers), peak reserved memory and buffer count (from
+    ``session_stats``), switches."""
     params: dict[str, Any] = {"start": start, "end": end}
     sql = f"""
     SELECT s.release AS release, s.gpu_kind AS gpu_kind, s.worker_id AS worker_id, s.session_id AS session_id,
            s.start_ts AS start_ts, s.mem_reserved_max AS mem_reserved_max, s.buffers_max AS buffers_max,
-           s.switch_state AS switch_state, {", ".join(f"t.{c} AS {c}" for c in _SHAPE_COLUMNS)}
+           s.switch_state AS switch_state, {", ".join(f"t.{c} AS {c}" for c in _SHAPE_COLUMNS)},
+           t.gpu_mem_total_bytes AS gpu_mem_total_bytes
     FROM ({_sessions_sql("")}) AS s
     INNER JOIN (
-        SELECT session_id, {", ".join(f"any({c}) AS {c}" for c in _SHAPE_COLUMNS)}
+        SELECT session_id, {", ".join(f"any({c}) AS {c}" for c in _SHAPE_COLUMNS)},
+               max(gpu_mem_total_bytes) AS gpu_mem_total_bytes
         FROM sessions
         WHERE ts >= {{start:DateTime64(3, 'UTC')}} - INTERVAL 1 DAY AND ts < {{end:DateTime64(3, 'UTC')}}
         GROUP BY session_id
