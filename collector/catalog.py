@@ -75,6 +75,7 @@ SESSION_COLUMNS: tuple[Column, ...] = (
     Column("reset_steps", "countIfMerge(reset_steps)", detail=True),
     Column("period_ms_q", "quantilesTDigestMerge(0.5, 0.95, 0.99)(period_ms_q)", detail=True),
     Column("diffusion_ms_q", "quantilesTDigestMerge(0.5, 0.95, 0.99)(diffusion_ms_q)", detail=True),
+    Column("sm_clock_mhz", "avgMerge(sm_clock_avg)", summary=True),  # sql/120: mean SM clock over the steps
 )
 # FP8 saturation per session (sql/022; analytics/saturation.py): over the session's sampled steps
 FP8_COLUMNS: tuple[Column, ...] = (
