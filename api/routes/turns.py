@@ -1,6 +1,6 @@
 """Conversational turns: ``GET /v1/turns`` (latency per release x GPU kind with intervals, per-stage
 medians), the ``/dashboard/turns`` page (the per-stage median bars as the paper draws them, the table,
-the turn-latency findings) and the turn marks on a session page's step chart (``mark_turns``).
+the turn-latency findings); the turn marks on a session page's step chart are api/dashboard.py's ``mark_turns``.
 The numbers come from analytics/turns.py; the worker side is worker/turns.py.
 """
 
@@ -102,21 +102,3 @@ def turns_page(store: StoreDep, tr: TimeRangeDep, release: Label = None, gpu_kin
         [{k: r.get(k) for k in ("scope", "metric", "value", "baseline", "effect", "severity", "summary")}
          for r in body["findings"]], empty="none")))
     return d.page("Turns", sections)
-
-
-def mark_turns(fig: go.Figure, marks: pl.DataFrame) -> go.Figure:
-    """A session's turns on its step chart: a dotted line (``dashboard.add_marks``, kind "turn") at the
-    first step that used each turn's conditioning, and a marker per turn with its latency on hover."""
-    if not marks.height:
-        return fig
-    rows = list(marks.iter_rows(named=True))
-    d.add_marks(fig, [(r["step"], "turn", f"turn {r['turn']}: {r['latency_ms']:.0f} ms") for r in rows])
-    fig.add_trace(go.Scatter(
-        x=[r["step"] for r in rows], y=[1.0] * len(rows), yaxis="y2", mode="markers", name="turns",
-        marker={"symbol": "triangle-down", "size": 9, "color": ["#12b76a" if r["speaking"] else "#667085" for r in rows]},
-        customdata=[[r["turn"], "speaking" if r["speaking"] else "listening", r["latency_ms"], r["policy"],
-                     r["cond_tokens"]] for r in rows],
-        hovertemplate="turn %{customdata[0]} (%{customdata[1]}, %{customdata[4]} tokens, %{customdata[3]}): "
-                      "first frame %{customdata[2]:.0f} ms after its conditioning<extra></extra>"))
-    fig.update_layout(yaxis2={"overlaying": "y", "range": [0, 1.05], "visible": False})
-    return fig
