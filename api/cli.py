@@ -3,7 +3,7 @@
     livestep demo                 the README's main job on the embedded store
     livestep serve [--role ...]   collector + api + scheduler (one process on chDB)
     livestep worker run|bench     the serving worker
-    livestep migrate [--cluster]  apply the schema (sql/ or sql/cluster/) to the store
+    livestep migrate [--cluster]  apply the schema (sql/, or its cluster form) to the store
     livestep simulate|analyze     the fleet simulator and on-demand analytics jobs
     livestep --version
 

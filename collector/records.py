@@ -12,8 +12,8 @@ since which migration. Everything else is derived from that declaration:
 The DDL (sql/) is the one other place a field is written, as a migration.
 
 Adding a FIELD to a kind: append one ``Col`` to its ``columns`` with ``since="NNN"`` (it must be
-``nullable``, so older workers' bodies stay valid) and write migration sql/NNN_*.sql (+ its
-sql/cluster/ twin) that adds the column. Adding a record KIND: append one ``Kind`` to ``KINDS``
+``nullable``, so older workers' bodies stay valid) and write migration sql/NNN_*.sql that adds
+the column (its cluster form is generated). Adding a record KIND: append one ``Kind`` to ``KINDS``
 (name, table, the TelemetryBatch list field, a docstring, its columns after ``COMMON``), write the
 table's migration, and name its model ``<Name>Record`` at the bottom of this module.
 

@@ -23,8 +23,8 @@ from pydantic import ValidationError
 
 from collector.limits import read_limits
 from collector.records import ARROW_SCHEMAS, conform
-from collector.spool import _fsync_dir, quarantine_paths, quarantined, spool_uid
 from collector.settings import CollectorSettings
+from collector.spool import _fsync_dir, quarantine_paths, quarantined, spool_uid
 from collector.store import Store, open_store
 from collector.writer import batch_token, insert_parts, not_landed
 

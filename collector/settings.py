@@ -50,7 +50,7 @@ class CollectorSettings(BaseSettings):
         default=None,
         min_length=1,
         max_length=128,
-        description="ClickHouse cluster the store's tables live on (sql/cluster/, applied by `livestep migrate "
+        description="ClickHouse cluster the store's tables live on (sql/ in its cluster form, applied by `livestep migrate "
         "--cluster NAME`); set, the server never applies DDL at start and refuses a schema that is not current",
     )
     migrate_on_start: bool = Field(
