@@ -18,8 +18,11 @@ from __future__ import annotations
 
 import argparse
 import errno
+import fcntl
 import logging
+import os
 import socket
+from pathlib import Path
 
 from api.settings import ROLES, load_settings
 
@@ -98,11 +101,40 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def check_store(dsn: str) -> None:
+    """Refuse, with one line, a DSN that cannot work before anything starts: a malformed one (an
+    unknown engine, a relative chDB path) or a chDB directory another process holds (chDB allows one
+    process per directory: its ``status`` file is ``flock``ed while open, so a trial lock tells)."""
+    from collector.store import StoreError, parse_dsn
+
+    try:
+        d = parse_dsn(dsn)
+    except StoreError as e:
+        raise ServeError(str(e)) from None
+    if not d.embedded:
+        return
+    status = Path(d.path) / "status"
+    try:
+        fd = os.open(status, os.O_RDONLY)
+    except OSError:  # a new directory (or none yet): nobody holds it
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        lines = status.read_text(errors="replace").splitlines()
+        holder = next((ln for ln in lines if ln.startswith("PID")), "its status file is locked")
+        raise ServeError(f"chDB directory {d.path} is in use by another process ({holder}); chDB allows one process per directory: stop it, or give another "
+                         "--dsn chdb:///dir") from None
+    finally:
+        os.close(fd)  # closing releases a trial lock that succeeded
+
+
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     settings = load_settings(host=args.host, port=args.port, role=args.role, clickhouse_dsn=args.dsn,
                              spool_dir=args.spool_dir)
+    check_store(settings.clickhouse_dsn)
     limits = _http_limits()
     sock = bind(settings.host, settings.port)  # before the app: the lifespan migrates and starts jobs
     from api.app import create_app
