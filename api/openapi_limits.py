@@ -129,8 +129,8 @@ def _table(limits: dict[str, Any]) -> str:
     ]
     lines = ["", "", "## Limits the server enforces", "", "| what | limit | beyond it |", "|---|---|---|"]
     lines += [f"| {a} | {b} | {c} |" for a, b, c in rows]
-    lines += ["", "Field bounds are in each schema (minimum, maximum, maxLength, maxItems); a timestamp must "
-              "lie within the store's retention and at most the allowed skew in the future (422 names both)."]
+    lines += ["", ("Field bounds are in each schema (minimum, maximum, maxLength, maxItems); a timestamp must "
+                   "lie within the store's retention and at most the allowed skew in the future (422 names both).")]
     return "\n".join(lines)
 
 
