@@ -31,7 +31,7 @@ from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 
 import api.routes
-from api import errors
+from api import errors, openapi_limits
 from api.settings import Settings, load_settings
 from collector.migrations import SchemaError, ensure_current
 from collector.store import Store, open_store
@@ -145,6 +145,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.ingest_metrics = app.state.fleet_counters = app.state.metrics_registry = None
 
     errors.install(app)  # every 4xx body is {"detail": str}, in the OpenAPI too (api/errors.py)
+    openapi_limits.document(app)  # the server's limits and every status, in the OpenAPI (api/openapi_limits.py)
 
     if "collector" in settings.roles:
         from collector.routes import router as collector_router

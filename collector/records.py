@@ -402,6 +402,7 @@ ADDED_COLUMNS: dict[str, tuple[str, ...]] = {
     k.name: tuple(c.name for c in k.columns if c.since) for k in KINDS if any(c.since for c in k.columns)
 }
 BATCH_FIELDS: dict[str, str] = {k.batch_field: k.name for k in KINDS}  # TelemetryBatch list -> kind
+MAX_BATCH_ROWS = 100_000  # rows of one kind in one request: each JSON list, every Arrow body (decoded)
 
 
 class _Batch(BaseModel):
@@ -416,7 +417,7 @@ class _Batch(BaseModel):
 TelemetryBatch = create_model(  # type: ignore[call-overload]
     "TelemetryBatch", __base__=_Batch,
     __doc__="The JSON body of ``POST /v1/telemetry``: any mix of kinds, at most a few thousand rows.",
-    **{f: (list[MODELS[kind]], Field(default_factory=list, max_length=100_000)) for f, kind in BATCH_FIELDS.items()},
+    **{f: (list[MODELS[kind]], Field(default_factory=list, max_length=MAX_BATCH_ROWS)) for f, kind in BATCH_FIELDS.items()},
 )
 
 # The models by name, for imports and type hints (one line per kind)

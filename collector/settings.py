@@ -86,6 +86,13 @@ class CollectorSettings(BaseSettings):
         le=1024 * MiB,
         description="largest accepted request body; a bigger one gets 413",
     )
+    max_decoded_bytes: int = Field(
+        default=64 * MiB,
+        ge=1024,
+        le=4096 * MiB,
+        description="most bytes an Arrow IPC body may decode to (its buffers decompressed: zstd, lz4); "
+        "read from the stream's metadata before decoding, a body over it gets 413",
+    )
     flush_rows: int = Field(
         default=200_000,
         ge=1,
