@@ -144,6 +144,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.scheduler = app.state.incidents = None
     app.state.ingest_metrics = app.state.fleet_counters = app.state.metrics_registry = None
 
+    from api.metrics import instrument
+
+    instrument(app)  # HTTP request metrics into the app's /metrics registry (api/metrics.py)
     errors.install(app)  # every 4xx body is {"detail": str}, in the OpenAPI too (api/errors.py)
 
     if "collector" in settings.roles:
