@@ -23,7 +23,7 @@ from typing import Annotated, Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import NoDecode
 
-from collector.settings import REPO_DIR, CollectorSettings, TokenList, split_tokens
+from collector.settings import CollectorSettings, TokenList, data_home, split_tokens
 
 ROLES = ("all", "collector", "api", "scheduler")
 Role = Literal["all", "collector", "api", "scheduler"]
@@ -129,8 +129,9 @@ class Settings(CollectorSettings):
     trusted_proxies: TokenList = Field(default_factory=lambda: ["127.0.0.1/32", "::1/128"], max_length=256,
                                        description="addresses or networks (comma-separated) whose "
                                        "trusted_proxy_header is believed; default loopback")
-    reports_dir: Path = Field(default=REPO_DIR / "var" / "reports",
-                              description="where weekly reports (HTML + JSON) are written")
+    reports_dir: Path = Field(default_factory=lambda: data_home() / "reports",
+                              description="where weekly reports (HTML + JSON) are written (default "
+                              "<LIVESTEP_HOME or ./var>/reports)")
 
     @field_validator("read_tokens", "admin_tokens", "trusted_proxies", mode="before")
     @classmethod
