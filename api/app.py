@@ -148,6 +148,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     instrument(app)  # HTTP request metrics into the app's /metrics registry (api/metrics.py)
     errors.install(app)  # every 4xx body is {"detail": str}, in the OpenAPI too (api/errors.py)
+    from api import openapi_docs
+
+    openapi_docs.install(app)  # the HTTPBearer scheme (Swagger's Authorize), /redoc with no CDN logo
 
     if "collector" in settings.roles:
         from collector.routes import router as collector_router
