@@ -59,6 +59,10 @@ def _wire_scheduler(settings: Settings, scheduler, store: Store):
     except Exception:  # a missing side job must not take the scheduler down
         log.exception("canary evaluation job not scheduled")
     try:
+        if settings.alertmanager_url:  # its grouping, silences, inhibition instead (livestep keeps the flip)
+            from api import alertmanager_publisher
+
+            return alertmanager_publisher.install(settings, store)
         return incidents.install(settings, store)
     except Exception:  # a hand-off that cannot be installed must not take the scheduler down
         log.exception("findings will not be handed to the incident logic")

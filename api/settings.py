@@ -108,6 +108,11 @@ class Settings(CollectorSettings):
     webhook_urls: str = Field(default="", max_length=8192,
                               description="comma-separated external receivers of incident notifications "
                               "(signed with the webhook secret; api/incidents.py); empty = none (recorded only)")
+    alertmanager_url: str | None = Field(
+        default=None, min_length=8, max_length=2048, pattern=r"^https?://",
+        description="an Alertmanager (http(s)://host:9093): findings are published to it as alerts (its "
+        "grouping, silences, inhibition; critical ones with a switch come back to POST /v1/alerts, which "
+        "flips it) instead of api/incidents.py grouping them; unset (default): the embedded incidents")
     incident_repeat_s: float = Field(default=4 * 3600.0, ge=60, le=30 * 86400,
                                      description="an incident still not resolved is notified again this long "
                                      "after its last notification (Alertmanager's repeat_interval)")
