@@ -106,7 +106,7 @@ COMMANDS_PACKAGES = {"api", "worker", "collector", "analytics", "kernels"}
 # a third-party module a command needs -> the extra that installs it (pyproject.toml)
 EXTRA_OF = {**dict.fromkeys(("torch", "triton", "pynvml"), "worker"),
             **dict.fromkeys(("fastapi", "starlette", "uvicorn", "chdb", "clickhouse_connect", "polars", "plotly",
-                             "apscheduler", "pydantic_settings", "scipy", "statsmodels", "otava", "fastapi_offline",
+                             "apscheduler", "pydantic_settings", "scipy", "statsmodels", "fastapi_offline",
                              "itsdangerous"), "server")}
 
 
