@@ -129,8 +129,10 @@ def _report_dir() -> Path:
         try:
             return Path(_report_writer[1]())
         except Exception:
-            log.exception("the report writer's directory is unavailable; reports go under var/reports")
-    return Path(__file__).resolve().parent.parent / "var" / "reports"
+            log.exception("the report writer's directory is unavailable; reports go under <home>/reports")
+    from collector.settings import data_home
+
+    return data_home() / "reports"
 
 
 # -- the jobs: (store, start, end, **extra) -> findings rows --------------------------------------------

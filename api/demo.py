@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from collector import catalog
+from collector.settings import default_paths
 
 CHUNK_MS = catalog.CHUNK_DEADLINE_MS  # one 4-frame chunk every 166.7 ms
 
@@ -53,13 +54,15 @@ def register(subparsers) -> None:
         "--keep-serving", action="store_true", help="keep the server up after the summary (Ctrl-C stops)"
     )
     p.add_argument(
-        "--dsn", default=None, help="store DSN (default: LIVESTEP_CLICKHOUSE_DSN or chdb://<repo>/var/chdb)"
+        "--dsn", default=None, help="store DSN (default: database demo in chdb://<LIVESTEP_HOME or ./var>/chdb: "
+        f"here {default_paths()['dsn']}?database=demo)"
     )
     p.add_argument(
         "--port", type=int, default=None, help="port on 127.0.0.1 (default: LIVESTEP_PORT or 8000; 0 = any)"
     )
     p.add_argument(
-        "--spool-dir", default=None, help="spool directory (default: LIVESTEP_SPOOL_DIR or <repo>/var/spool)"
+        "--spool-dir", default=None, help="spool directory (default: <LIVESTEP_HOME or ./var>/demo-spool: here "
+        f"{default_paths()['home']}/demo-spool)"
     )
     p.add_argument(
         "--steps", type=int, default=300, help="steps in the demo session (default 300, ~50 s of video)"
@@ -427,9 +430,10 @@ def fresh_demo_store(dsn: str | None, spool_dir: str | None) -> tuple[str, str]:
     import shutil
 
     from collector.migrations import recreate_database
+    from collector.settings import data_home
     from collector.store import open_store, parse_dsn
 
-    root = Path(__file__).resolve().parents[1] / "var"
+    root = data_home()
     dsn = dsn or f"chdb://{root / 'chdb'}?database=demo"
     spool_dir = spool_dir or str(root / "demo-spool")
     shutil.rmtree(spool_dir, ignore_errors=True)

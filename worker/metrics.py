@@ -32,6 +32,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from collector.build_info import build_info
+
 # seconds, dense around the 166.7 ms chunk deadline (the collector's fleet histogram has the same edges)
 STEP_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.125, 0.15, 0.16, 0.1667, 0.175, 0.2, 0.25, 0.3333, 0.5, 1.0, 2.5)
 
@@ -66,7 +68,7 @@ class WorkerMetrics(Collector):
         self._cursor = 0  # steps of the current session already in the histograms
         self._session_ms = 0.0  # the current session's summed step periods (its streamed time)
         self._period, self._diffusion = _Hist(), _Hist()
-        self._done = {"sessions": 0, "late": 0, "stall_s": 0.0, "dropped": 0}  # finished sessions' totals
+        self._done = {"sessions": 0, "late": 0, "stall_s": 0.0, "dropped": 0, "poll_failures": 0}  # finished sessions
         self._started = 0
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
@@ -89,6 +91,7 @@ class WorkerMetrics(Collector):
             self._done["late"] += pl.late_chunks
             self._done["stall_s"] += pl.stall_s
             self._done["dropped"] += self._dropped(session)
+            self._done["poll_failures"] += self._poll_failures(session)
             self._session = None
 
     # -- reading ------------------------------------------------------------------------------------
@@ -101,6 +104,10 @@ class WorkerMetrics(Collector):
             self._session_ms += float(sum(new))
             self._diffusion.add_ms(st.diffusion_ms[self._cursor:n])
             self._cursor = n
+
+    @staticmethod
+    def _poll_failures(s) -> int:
+        return int(getattr(s.source, "errors", 0) or 0)
 
     @staticmethod
     def _dropped(s) -> int:
@@ -116,6 +123,7 @@ class WorkerMetrics(Collector):
             psum, dsum = self._period.sum, self._diffusion.sum
             started = self._started
         w = self.worker
+        yield build_info()
         yield InfoMetricFamily("livestep_worker", "The worker's identity",
                                value={"worker_id": w.worker_id, "release": w.release, "gpu_kind": w.gpu_kind,
                                       "shape": w.shape.name})
@@ -127,10 +135,11 @@ class WorkerMetrics(Collector):
         f = HistogramMetricFamily("livestep_worker_step_diffusion_seconds", "Denoising time of one chunk (GPU time)")
         f.add_metric([], diffusion, dsum)
         yield f
-        late, stall, dropped = done["late"], done["stall_s"], done["dropped"]
+        late, stall, dropped, polls = done["late"], done["stall_s"], done["dropped"], done["poll_failures"]
         running = s is not None and s.playout.delivered < s.n_steps
         if s is not None:
             late, stall, dropped = late + s.playout.late_chunks, stall + s.playout.stall_s, dropped + self._dropped(s)
+            polls += self._poll_failures(s)
         yield CounterMetricFamily("livestep_worker_late_chunks", "Chunks delivered after their playout deadline",
                                   value=late)
         yield CounterMetricFamily("livestep_worker_stall_seconds", "Playback stalled waiting for late chunks",
@@ -138,6 +147,8 @@ class WorkerMetrics(Collector):
         yield CounterMetricFamily("livestep_worker_sessions", "Sessions started on this worker", value=started)
         yield CounterMetricFamily("livestep_worker_telemetry_records_dropped",
                                   "Telemetry records lost (worker side and shipping client)", value=dropped)
+        yield CounterMetricFamily("livestep_worker_switch_poll_failures",
+                                  "Switch polls of the control plane that failed (refused, unreachable)", value=polls)
         yield GaugeMetricFamily("livestep_worker_session_running", "1 while a session streams", value=int(running))
         if s is None:
             return
@@ -149,12 +160,22 @@ class WorkerMetrics(Collector):
         depth = pl.delivered - pl.started(now, pl.delivered) if running else 0
         yield GaugeMetricFamily("livestep_worker_playout_depth_chunks", "Chunks buffered ahead of the player",
                                 value=max(0, depth))
+        if getattr(s.source, "failing", False) is not False:  # an HTTP control plane (worker/switches.py)
+            yield GaugeMetricFamily("livestep_worker_switch_source_up",
+                                    "1 while the control plane's switch polls succeed, 0 while they fail",
+                                    value=int(s.source.failing is None))
         streamed_ms = self._session_ms
         frames = pl.delivered * s.w.shape.frames_per_chunk
         if streamed_ms > 0:
-            yield GaugeMetricFamily("livestep_worker_session_fps",
-                                    "Frames per streamed second of the current (or last) session",
+            yield GaugeMetricFamily("livestep_worker_session_sustainable_fps",
+                                    "Frames per second of the worker's own generation time in the current (or last) "
+                                    "session: what it could sustain (above 24 when paced by the player)",
                                     value=frames / (streamed_ms / 1e3))
+        if pl.streamed_s > 0:
+            yield GaugeMetricFamily("livestep_worker_session_delivered_fps",
+                                    "Frames per second the viewer got in the current (or last) session: frames "
+                                    "delivered over playback time, stalls included (24 at most when paced)",
+                                    value=frames / pl.streamed_s)
         yield InfoMetricFamily("livestep_worker_switches", "The current session's switch state (on/off)",
                                value={k: "on" if v else "off" for k, v in s.switches.as_dict().items()})
         alloc, reserved = tel.memory()  # the caching allocator's host-side counters: no sync
