@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from collector.flip_fields import FLIP_COST_FIELDS
 from collector.switch_names import PLAYOUT_SWITCHES, SWITCH_NAMES
 from worker.cache import KVCache, make_cache
 from worker.config import SwitchError, Switches
@@ -340,14 +341,16 @@ class FlipCost:
     detail: dict[str, Any] = field(default_factory=dict)
 
     def record(self, late: int, stall_s: float, steps_observed: int, out_of_service_ms: float | None) -> dict[str, Any]:
-        """The ``flip_cost`` event's detail (collector/records.py FLIP_COST_FIELDS)."""
+        """The ``flip_cost`` event's detail (collector/flip_fields.py ``FLIP_COST_FIELDS``)."""
         to_new = None if self.t_applied is None else (self.t_applied - self.t_poll) * 1e3
-        return {"step": self.polled_step, "applied_step": self.applied_step, "changed": self.changed,
+        out = {"step": self.polled_step, "applied_step": self.applied_step, "changed": self.changed,
                 "switches": self.switches, "mode": self.mode, "late_chunks": late - self.late0,
                 "stall_ms": (stall_s - self.stall0_s) * 1e3, "steps_observed": steps_observed,
                 "to_new_config_ms": to_new, "apply_ms": self.apply_ms, "build_ms":
                 None if self.build_s is None else self.build_s * 1e3, "out_of_service_ms": out_of_service_ms,
                 "error": self.error}
+        assert out.keys() == FLIP_COST_FIELDS.keys(), sorted(out.keys() ^ FLIP_COST_FIELDS.keys())
+        return out
 
 
 class Flips:
