@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import itertools
 import logging
 import math
 import sys
@@ -164,6 +165,25 @@ def _build_context(device: torch.device):
         sys.setswitchinterval(old)
 
 
+def neighbour(base: Switches, name: str) -> Switches:
+    """``base`` with ``name`` flipped; where that alone is invalid (``ring_cache`` off under delta_rotation,
+    ``rope_at_write`` off under ring_cache), with the fewest other runtime switches turned off with it that
+    make it valid (Switches' own validation decides). Raises SwitchError when none does."""
+    flip = {name: not getattr(base, name)}
+    try:
+        return base.with_(**flip)
+    except SwitchError as e:
+        first = e
+    others = [n for n in RUNTIME_SWITCHES if n != name and getattr(base, n)]
+    for k in (1, 2, 3):
+        for extra in itertools.combinations(others, k):
+            try:
+                return base.with_(**flip, **dict.fromkeys(extra, False))
+            except SwitchError:
+                continue
+    raise first
+
+
 def _key(sw: Switches) -> str:
     return sw.model_switches().encode()
 
@@ -206,8 +226,8 @@ class Readiness:
         buckets = tuple(buckets or self.w.cond_buckets)
         for name in names:
             try:
-                sw = base.with_(**{name: not getattr(base, name)})
-            except SwitchError as e:  # e.g. rope_at_write off under ring_cache
+                sw = neighbour(base, name)
+            except SwitchError as e:
                 self.skipped[name] = str(e).split(";")[0]
                 continue
             t0 = time.perf_counter()

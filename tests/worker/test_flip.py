@@ -11,7 +11,7 @@ import torch
 
 from worker.config import ModelShape, Switches
 from worker.model import DiT
-from worker.readiness import FLIP_COST_STEPS, RUNTIME_SWITCHES, carry_cache, model_view
+from worker.readiness import FLIP_COST_STEPS, RUNTIME_SWITCHES, carry_cache, model_view, neighbour
 from worker.session import Worker
 from worker.telemetry import ListSink
 
@@ -138,9 +138,11 @@ def test_a_model_view_shares_weights_and_owns_its_switch_state():
 def test_neighbours_are_prepared_at_warm_time_and_hold_no_cache(cpu_graphs):
     w = _worker()
     w.warm(PROD, neighbours=RUNTIME_SWITCHES)
-    # ring_cache off under delta_rotation is not a valid configuration (Switches' validation): skipped, saying why
-    assert "delta_rotation needs ring_cache" in w.readiness.skipped["ring_cache"]
-    assert len(w.readiness.prepared) == len(RUNTIME_SWITCHES) - len(w.readiness.skipped) > 0
+    # ring_cache off alone is invalid under delta_rotation: its neighbour turns delta_rotation off with it
+    assert w.readiness.skipped == {}
+    assert neighbour(Switches.from_mapping(PROD), "ring_cache") == Switches.from_mapping(
+        {**PROD, "ring_cache": False, "delta_rotation": False})
+    assert len(w.readiness.prepared) == len(RUNTIME_SWITCHES)
     assert w.warmed.switches == Switches.from_mapping(PROD)
     assert FLIP_COST_STEPS > 0
 
