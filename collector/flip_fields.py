@@ -6,6 +6,9 @@ A worker sends one ``flip_cost`` event per flip of a session, at the session's e
 ``switch_applied`` event of the step it took effect."""
 
 FLIP_COST_KIND = "flip_cost"
+# how a worker applies a flip (``livestep worker run --flip``; worker/readiness.py): built on a thread and
+# swapped in at a step boundary, or rebuilt in the step loop (the plain path)
+FLIP_MODES: tuple[str, ...] = ("background", "inline")
 
 # field -> meaning (times in ms; null where it does not apply)
 FLIP_COST_FIELDS: dict[str, str] = {

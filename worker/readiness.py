@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from collector.flip_fields import FLIP_COST_FIELDS
+from collector.flip_fields import FLIP_COST_FIELDS, FLIP_MODES
 from collector.switch_names import PLAYOUT_SWITCHES, SWITCH_NAMES
 from worker.cache import KVCache, make_cache
 from worker.config import SwitchError, Switches
@@ -46,7 +46,6 @@ from worker.model import DiT, NullTimer
 
 log = logging.getLogger("livestep.worker.readiness")
 
-FLIP_MODES = ("background", "inline")
 # the switches the control plane flips at runtime (the fault switch and the playout policies change no step's
 # kernels: a policy applies at once, see Session._apply)
 RUNTIME_SWITCHES: tuple[str, ...] = tuple(n for n in SWITCH_NAMES
