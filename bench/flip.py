@@ -75,7 +75,8 @@ def main() -> int:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--switches", default=None, help="comma-separated switches to flip (default: every production one)")
     ap.add_argument("--after", type=int, default=24, help="chunks past the swap a flip session runs")
-    ap.add_argument("--max-seconds", type=float, default=40.0, help="a flip session's longest run")
+    ap.add_argument("--max-seconds", type=float, default=90.0,
+                    help="a flip session's longest run (it ends earlier, --after chunks past the swap)")
     ap.add_argument("--next-seconds", type=float, default=1.5, help="the session after the last flip back")
     ap.add_argument("--ab-rounds", type=int, default=2, help="steady-step comparison rounds (0: skip)")
     ap.add_argument("--ab-steps", type=int, default=30, help="steady steps per comparison session")
@@ -163,8 +164,8 @@ def main() -> int:
             kw = {"seconds": args.next_seconds}
         s = w.run_session(switches=switches, cond_tokens=prompt(), sink=sink, preroll=args.preroll,
                           session_id=f"flip-{args.seed}-{n_session[0]:03d}-{label}", **kw)
-        if cuda:
-            torch.cuda.synchronize()
+        # no device synchronize here: a build may be capturing on its thread (a device-wide sync invalidates a
+        # capture in any mode); the allocator's counters are host-side
         return s, peak(), reserved()
 
     rows = []
