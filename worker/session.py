@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from collector.flip_fields import FLIP_COST_KIND
+from collector.gpu_kinds import canonical_gpu_kind
 from collector.switch_names import PLAYOUT_SWITCHES, SWITCH_NAMES
 from worker.buffers import BufferRegistry
 from worker.cache import CACHE_SWITCHES, KVCache, make_cache, rebuild_cache
@@ -158,7 +159,10 @@ class Worker:
         self.shape = tp_rank_of(base, tp, rank) if tp > 1 else base
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.worker_id, self.release = worker_id, release
-        self.gpu_kind = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
+        cuda = self.device.type == "cuda"
+        # the kind rules and detectors key on (NVIDIA H200 -> h200), and the memory a time to OOM is taken of
+        self.gpu_kind = canonical_gpu_kind(torch.cuda.get_device_name(self.device)) if cuda else "cpu"
+        self.gpu_mem_total_bytes = torch.cuda.get_device_properties(self.device).total_memory if cuda else None
         self.model = model if model is not None else DiT(self.shape, self.device)
         if self.device.type == "cpu" and self.shape.d_model <= 256:
             torch.set_num_threads(1)  # a tiny model is 10x slower when two threads contend per op
@@ -534,7 +538,8 @@ class Session:
         gen = torch.Generator(device=dev).manual_seed(self.seed)
         common = {"first_forward_tokens": self.ff_tokens, "tp_size": shape.tp_size, "shape": shape.name,
                   "cond_tokens": self.cond_tokens, "decoder_height": shape.frame_h, "decoder_width": shape.frame_w,
-                  "chunk_frames": shape.frames_per_chunk}  # the shape keys of records.SHAPE_KEYS
+                  "chunk_frames": shape.frames_per_chunk,  # the shape keys of records.SHAPE_KEYS
+                  "gpu_mem_total_bytes": w.gpu_mem_total_bytes}
         tel.session(phase="start", streamed_s=0.0, frames=0, avg_fps=None, late_chunks=0, stall_ms=0.0,
                     preroll=self.playout.prebuffer, switches=self.switches.encode(), **common)
         tel.event("session_start", shape=shape.name, first_forward_tokens=self.ff_tokens,
