@@ -29,7 +29,7 @@ from analytics.stats import canonical_scope
 from collector.where import Where
 
 KINDS: tuple[str, ...] = ("fps_fraction", "memory_growth", "regression", "changepoint", "canary", "fp8_saturation",
-                          "drift", "variance")
+                          "drift", "variance", "flip_cost")
 SEVERITIES: tuple[str, ...] = ("info", "warning", "critical")
 # kinds whose window_start is the day a rolling detector judged them: the next day's key continues the
 # open series (kind, scope, metric) instead of starting a new one
