@@ -34,6 +34,7 @@ from analytics.stats import canonical_scope
 OPENS_INCIDENT: dict[str, bool] = {
     "fps_fraction": False, "memory_growth": True, "regression": True, "changepoint": True, "canary": False,
     "fp8_saturation": True, "drift": True, "variance": False, "power": True,
+    "flip_cost": False,  # a flip that hurt sessions is shown, never acted on by another flip (analytics/flips.py)
 }
 KINDS: tuple[str, ...] = tuple(OPENS_INCIDENT)
 INCIDENT_KINDS: tuple[str, ...] = tuple(k for k, opens in OPENS_INCIDENT.items() if opens)

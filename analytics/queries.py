@@ -1110,3 +1110,31 @@ def job_runs(store, job: str | None = None) -> pl.DataFrame:
     """Recorded job runs, newest first."""
     w = Where().eq("job", job)
     return store.query_df(f"SELECT * FROM job_runs WHERE {w} ORDER BY started_at DESC", w.params)
+
+
+def flip_costs(store, start: datetime, end: datetime, switch: str | None = None,
+               filters: dict[str, Any] | None = None) -> pl.DataFrame:
+    """The ``flip_cost`` events in [start, end) (collector/flip_fields.py), one row per flip and switch it
+    changed (``switch``, ``value``: the new value), newest first; ``switch`` keeps that switch's rows, ``filters``
+    are label filters (``FILTER_KEYS`` but ``switches``). A session-start build (no switch changed) has no row."""
+    params: dict[str, Any] = {"start": start, "end": end, "k": records.FLIP_COST_KIND}
+    where, _ = filter_clause({k: v for k, v in (filters or {}).items() if k != "switches"}, params)
+    if switch is not None:
+        params["sw"] = switch
+        where += " AND kv.1 = {sw:String}"
+    return store.query_df(
+        "SELECT worker_id, session_id, release, gpu_kind, ts, kv.1 AS switch, kv.2 AS value, "
+        "JSONExtractString(detail, 'mode') AS mode, JSONExtractInt(detail, 'step') AS step, "
+        "JSONExtract(detail, 'applied_step', 'Nullable(Int64)') AS applied_step, "
+        "JSONExtractInt(detail, 'late_chunks') AS late_chunks, JSONExtractFloat(detail, 'stall_ms') AS stall_ms, "
+        "JSONExtractInt(detail, 'steps_observed') AS steps_observed, "
+        "JSONExtract(detail, 'to_new_config_ms', 'Nullable(Float64)') AS to_new_config_ms, "
+        "JSONExtract(detail, 'build_ms', 'Nullable(Float64)') AS build_ms, "
+        "JSONExtract(detail, 'apply_ms', 'Nullable(Float64)') AS apply_ms, "
+        "JSONExtract(detail, 'out_of_service_ms', 'Nullable(Float64)') AS out_of_service_ms, "
+        "JSONExtract(detail, 'error', 'Nullable(String)') AS error "
+        "FROM events ARRAY JOIN JSONExtractKeysAndValues(detail, 'changed', 'Bool') AS kv "
+        "WHERE kind = {k:String} AND ts >= {start:DateTime64(3, 'UTC')} AND ts < {end:DateTime64(3, 'UTC')}"
+        f" {where} ORDER BY ts DESC, worker_id, switch",
+        params,
+    )

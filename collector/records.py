@@ -40,6 +40,7 @@ from typing import Annotated, Any
 import pyarrow as pa
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model, field_validator
 
+from collector.flip_fields import FLIP_COST_FIELDS, FLIP_COST_KIND  # re-exported: part of the contract
 from collector.gpu_kinds import canonical_gpu_kind
 from collector.switch_names import NUMERIC_SWITCHES, SWITCH_NAMES  # re-exported: part of the contract
 
@@ -58,6 +59,7 @@ EVENT_KINDS: tuple[str, ...] = (
     "error",
     "telemetry_dropped",
     "batch_quarantined",  # the collector's writer: a spooled batch the store refused for its content
+    FLIP_COST_KIND,  # what a switch flip cost the live session: collector/flip_fields.py
 )
 
 # ``livestep evaluate``'s judges (worker/evaluate.py): summaries, curve points, and each configuration's
