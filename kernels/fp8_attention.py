@@ -30,10 +30,11 @@ Precision (``QK_MODES`` x ``PV_MODES``; each a constexpr of the one kernel; ``fp
 shape (bf16 SDPA on the same inputs: 3.6e-3; the old ("fp8", "fp8"): 3.6e-2; both Q and P in e4m3 cost
 ~2.5% each), measured with ``bench/attention.py`` on the H200 (docs/PERFORMANCE.md, issue 27): 117.5 us
 per call at 128x128 tiles, against 62.8 us for ("fp8", "fp8") and ~90 us for bf16 SDPA -- the precision
-costs speed: no pair inside the quality band ran faster than SDPA. Not done, on purpose: SageAttention's K smoothing (subtract K's mean over the keys) and
-FA3's Hadamard rotation reduce the error of quantizing K in the kernel; here K was quantized once, at
-write time (its cost, the FP8 cache's, measured at +0.1% model error), and Q's error against K's mean is
-a constant per query row, which softmax ignores.
+costs speed: no pair inside the quality band ran faster than SDPA (("split", "fp8"): 79.5 us, 2.6e-2).
+Not done, on purpose: SageAttention's K smoothing (subtract K's mean over the keys) and FA3's Hadamard
+rotation reduce the error of quantizing K in the kernel; here K was quantized once, at write time (its
+cost, the FP8 cache's, measured at +0.1% model error), and Q's error against K's mean is a constant per
+query row, which softmax ignores.
 
 ``TMA``: K/V tiles through host TensorDescriptors over slots [0, n_valid) (zero fill, no load masks).
 Tried and dropped (slower on the H200 sweep, see docs/PERFORMANCE.md): split window (flash-decoding), half
