@@ -20,6 +20,11 @@ neither a second noise test:
 (livestep once also required 3 x the spread of individual points: with daily medians of ~56
 sessions that is ~7 x the noise of a segment mean, and it dropped real 2-4% steps that Otava finds
 at p < 0.001.) With ``min_segment=1`` and ``min_effect=0`` the answers are Otava's own.
+
+Otava is installed without its declared dependencies (``pip install --no-deps -r
+requirements-nodeps.txt``, ``OTAVA``): ``otava.analysis`` needs numpy and scipy only, while the package
+declares BigQuery, gRPC, Slack and PostgreSQL clients and pins numpy. It is imported when a change
+point is computed, so a server without it runs every other job; this one says what to install.
 """
 
 from __future__ import annotations
@@ -31,7 +36,6 @@ from datetime import datetime, timedelta
 
 import numpy as np
 import polars as pl
-from otava.analysis import TTestSignificanceTester, compute_change_points
 
 from analytics import queries
 from analytics.findings import finding
@@ -51,6 +55,22 @@ MIN_SEGMENT_DAYS = 3
 MIN_SESSIONS_PER_DAY = 20
 MAX_PVALUE = 0.001
 CRITICAL_REL_CHANGE = 0.10  # a change of the means by 10% or more is critical, less a warning
+
+
+OTAVA = "apache-otava>=0.8,<0.9"  # requirements-nodeps.txt installs this, --no-deps
+
+
+class ChangepointError(Exception):
+    """Change points cannot be computed here (the message says what to install)."""
+
+
+def _otava():
+    try:
+        from otava.analysis import TTestSignificanceTester, compute_change_points
+    except ImportError as e:
+        raise ChangepointError(f"change points need Apache Otava ({e.name} is missing): "
+                               f"pip install --no-deps '{OTAVA}' (its numpy and scipy come with livestep[server])") from None
+    return TTestSignificanceTester, compute_change_points
 
 
 @dataclass(frozen=True)
@@ -81,6 +101,7 @@ def change_points(
     x = np.asarray(series, dtype=float)
     if len(x) < 2 * min_segment or len(x) < 2:
         return []
+    TTestSignificanceTester, compute_change_points = _otava()
     found, _ = compute_change_points(list(x), window_len=window_len, max_pvalue=max_pvalue,
                                      min_magnitude=min_magnitude)
     kept: list[int] = []

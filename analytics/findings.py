@@ -30,10 +30,11 @@ from analytics.stats import canonical_scope
 
 # Every finding kind, and whether its open warning/critical findings open an incident (api/incidents.py
 # groups them by root cause): fleet fps shares are a weekly report's fact, a canary decides itself, a
-# variance note is always info.
+# variance note is always info; a power cap is a condition of the hardware that an operator must see.
 OPENS_INCIDENT: dict[str, bool] = {
     "fps_fraction": False, "memory_growth": True, "regression": True, "changepoint": True, "canary": False,
-    "fp8_saturation": True, "drift": True, "variance": False,
+    "fp8_saturation": True, "drift": True, "variance": False, "power": True,
+    "flip_cost": False,  # a flip that hurt sessions is shown, never acted on by another flip (analytics/flips.py)
 }
 KINDS: tuple[str, ...] = tuple(OPENS_INCIDENT)
 INCIDENT_KINDS: tuple[str, ...] = tuple(k for k, opens in OPENS_INCIDENT.items() if opens)

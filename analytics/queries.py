@@ -427,6 +427,66 @@ def memory_sessions(store, start: datetime, end: datetime) -> pl.DataFrame:
     return store.query_df(sql, params)
 
 
+def power_minutes(store, start: datetime, end: datetime, reasons: dict[str, int]) -> pl.DataFrame:
+    """Per worker and minute in which it was stepping: its GPU samples (count, mean and max power, mean
+    SM clock, mean temperature, the share of samples carrying each of ``reasons``: column name -> bit of
+    the throttle-reasons mask) beside the median diffusion time of its non-reset steps that minute."""
+    shares = ", ".join(f"avg(bitAnd(ifNull(throttle_reasons, 0), {int(bit)}) != 0) AS {name}"
+                       for name, bit in reasons.items())
+    sql = f"""
+    SELECT g.worker_id AS worker_id, g.gpu_kind AS gpu_kind, g.release AS release, g.minute AS minute,
+           g.samples AS samples, g.power_avg AS power_w, g.power_max AS power_max_w, g.clock_avg AS sm_clock_mhz,
+           g.temp_avg AS temp_c, {", ".join(f"g.{n} AS {n}" for n in reasons)},
+           st.steps AS steps, st.diffusion_med AS diffusion_ms
+    FROM (
+        SELECT worker_id, any(gpu_kind) AS gpu_kind, anyLast(release) AS release, toDateTime64(toStartOfMinute(ts), 3, 'UTC') AS minute,
+               count() AS samples, avg(power_w) AS power_avg, max(power_w) AS power_max,
+               avg(sm_clock_mhz) AS clock_avg, avg(temp_c) AS temp_avg, {shares}
+        FROM gpu_samples
+        WHERE ts >= {{start:DateTime64(3, 'UTC')}} AND ts < {{end:DateTime64(3, 'UTC')}}
+        GROUP BY worker_id, minute
+    ) AS g
+    INNER JOIN (
+        SELECT worker_id, toDateTime64(toStartOfMinute(ts), 3, 'UTC') AS minute, count() AS steps, median(diffusion_ms) AS diffusion_med
+        FROM steps
+        WHERE ts >= {{start:DateTime64(3, 'UTC')}} AND ts < {{end:DateTime64(3, 'UTC')}} AND NOT reset_step
+        GROUP BY worker_id, minute
+    ) AS st ON g.worker_id = st.worker_id AND g.minute = st.minute
+    ORDER BY gpu_kind, worker_id, minute
+    """
+    return store.query_df(sql, {"start": start, "end": end})
+
+
+def session_step_slopes(store, start: datetime, end: datetime, releases: list[str], min_steps: int) -> pl.DataFrame:
+    """Per session of ``releases`` that started in [start, end) with ``min_steps`` ordinary (non-reset)
+    steps or more: the least-squares slope of its ordinary steps' diffusion time on the step index
+    (ms a step), their median, its last step, and its reset steps' median over the ordinary median (null
+    without reset steps)."""
+    sql = """
+    SELECT release, any(gpu_kind) AS gpu_kind, any(worker_id) AS worker_id, session_id, min(ts) AS start_ts,
+           countIf(NOT reset_step) AS steps, max(step) AS last_step,
+           tupleElement(simpleLinearRegressionIf(toFloat64(step), diffusion_ms, NOT reset_step), 1) AS slope_ms_per_step,
+           medianIf(diffusion_ms, NOT reset_step) AS step_ms,
+           if(countIf(reset_step) > 0, medianIf(diffusion_ms, reset_step) / medianIf(diffusion_ms, NOT reset_step),
+              NULL) AS reset_ratio
+    FROM steps
+    WHERE ts >= {start:DateTime64(3, 'UTC')} AND ts < {end:DateTime64(3, 'UTC')} AND release IN {rel:Array(String)}
+    GROUP BY release, session_id
+    HAVING steps >= {min_steps:UInt32} AND start_ts >= {start:DateTime64(3, 'UTC')}
+    ORDER BY start_ts
+    """
+    return store.query_df(sql, {"start": start, "end": end, "rel": releases, "min_steps": min_steps})
+
+
+def session_shapes(store, start: datetime, end: datetime) -> pl.DataFrame:
+    """Per session recorded in [start, end): its shape columns (``records.SHAPE_KEYS``; null from older
+    workers), to join to a per-session frame on ``session_id``."""
+    return store.query_df(
+        f"SELECT session_id, {', '.join(f'any({c}) AS {c}' for c in _SHAPE_COLUMNS)} FROM sessions "
+        "WHERE ts >= {start:DateTime64(3, 'UTC')} AND ts < {end:DateTime64(3, 'UTC')} GROUP BY session_id",
+        {"start": start, "end": end})
+
+
 def events(store, kind: str, start: datetime, end: datetime) -> pl.DataFrame:
     """Events of one kind in [start, end): worker, release, time, detail JSON."""
     return store.query_df(
@@ -1050,3 +1110,31 @@ def job_runs(store, job: str | None = None) -> pl.DataFrame:
     """Recorded job runs, newest first."""
     w = Where().eq("job", job)
     return store.query_df(f"SELECT * FROM job_runs WHERE {w} ORDER BY started_at DESC", w.params)
+
+
+def flip_costs(store, start: datetime, end: datetime, switch: str | None = None,
+               filters: dict[str, Any] | None = None) -> pl.DataFrame:
+    """The ``flip_cost`` events in [start, end) (collector/flip_fields.py), one row per flip and switch it
+    changed (``switch``, ``value``: the new value), newest first; ``switch`` keeps that switch's rows, ``filters``
+    are label filters (``FILTER_KEYS`` but ``switches``). A session-start build (no switch changed) has no row."""
+    params: dict[str, Any] = {"start": start, "end": end, "k": records.FLIP_COST_KIND}
+    where, _ = filter_clause({k: v for k, v in (filters or {}).items() if k != "switches"}, params)
+    if switch is not None:
+        params["sw"] = switch
+        where += " AND kv.1 = {sw:String}"
+    return store.query_df(
+        "SELECT worker_id, session_id, release, gpu_kind, ts, kv.1 AS switch, kv.2 AS value, "
+        "JSONExtractString(detail, 'mode') AS mode, JSONExtractInt(detail, 'step') AS step, "
+        "JSONExtract(detail, 'applied_step', 'Nullable(Int64)') AS applied_step, "
+        "JSONExtractInt(detail, 'late_chunks') AS late_chunks, JSONExtractFloat(detail, 'stall_ms') AS stall_ms, "
+        "JSONExtractInt(detail, 'steps_observed') AS steps_observed, "
+        "JSONExtract(detail, 'to_new_config_ms', 'Nullable(Float64)') AS to_new_config_ms, "
+        "JSONExtract(detail, 'build_ms', 'Nullable(Float64)') AS build_ms, "
+        "JSONExtract(detail, 'apply_ms', 'Nullable(Float64)') AS apply_ms, "
+        "JSONExtract(detail, 'out_of_service_ms', 'Nullable(Float64)') AS out_of_service_ms, "
+        "JSONExtract(detail, 'error', 'Nullable(String)') AS error "
+        "FROM events ARRAY JOIN JSONExtractKeysAndValues(detail, 'changed', 'Bool') AS kv "
+        "WHERE kind = {k:String} AND ts >= {start:DateTime64(3, 'UTC')} AND ts < {end:DateTime64(3, 'UTC')}"
+        f" {where} ORDER BY ts DESC, worker_id, switch",
+        params,
+    )

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from collector import catalog
+from collector.settings import default_paths
 
 CHUNK_MS = catalog.CHUNK_DEADLINE_MS  # one 4-frame chunk every 166.7 ms
 
@@ -53,20 +54,23 @@ def register(subparsers) -> None:
         "--keep-serving", action="store_true", help="keep the server up after the summary (Ctrl-C stops)"
     )
     p.add_argument(
-        "--dsn", default=None, help="store DSN (default: LIVESTEP_CLICKHOUSE_DSN or chdb://<repo>/var/chdb)"
+        "--dsn", default=None, help="store DSN (default: database demo in chdb://<LIVESTEP_HOME or ./var>/chdb: "
+        f"here {default_paths()['dsn']}?database=demo)"
     )
     p.add_argument(
         "--port", type=int, default=None, help="port on 127.0.0.1 (default: LIVESTEP_PORT or 8000; 0 = any)"
     )
     p.add_argument(
-        "--spool-dir", default=None, help="spool directory (default: LIVESTEP_SPOOL_DIR or <repo>/var/spool)"
+        "--spool-dir", default=None, help="spool directory (default: <LIVESTEP_HOME or ./var>/demo-spool: here "
+        f"{default_paths()['home']}/demo-spool)"
     )
     p.add_argument(
         "--steps", type=int, default=300, help="steps in the demo session (default 300, ~50 s of video)"
     )
     p.add_argument("--quick", action="store_true", help="only the first session (no history, analytics, rollback)")
     p.add_argument("--weeks", type=float, default=2.0, help="weeks of simulated fleet history (default 2)")
-    p.add_argument("--live-seconds", type=float, default=12.0, help="length of the live worker's session")
+    p.add_argument("--live-seconds", type=float, default=12.0,
+                   help="least length of the live worker's session (it runs on until the story's flip reached it)")
     p.set_defaults(func=run)
 
 
@@ -426,9 +430,10 @@ def fresh_demo_store(dsn: str | None, spool_dir: str | None) -> tuple[str, str]:
     import shutil
 
     from collector.migrations import recreate_database
+    from collector.settings import data_home
     from collector.store import open_store, parse_dsn
 
-    root = Path(__file__).resolve().parents[1] / "var"
+    root = data_home()
     dsn = dsn or f"chdb://{root / 'chdb'}?database=demo"
     spool_dir = spool_dir or str(root / "demo-spool")
     shutil.rmtree(spool_dir, ignore_errors=True)
@@ -443,11 +448,37 @@ def _title(text: str) -> None:
 
 
 # -- step 6: the loop closed: history, finding, webhook, switch off, a live worker picks it up ---
+_LIVE_CAP_S = 600.0  # the live session never runs longer than --live-seconds + this
+
+
+def _handed_source():
+    from worker.switches import HttpSource
+
+    class HandedSource(HttpSource):
+        """The live worker's switch source, noting the version of the last state it handed the session."""
+
+        handed_version = None
+
+        def poll(self, step: int):
+            got = super().poll(step)
+            if got is not None:
+                self.handed_version = self.version
+            return got
+
+    return HandedSource
+
+
+def _HandedSource(*args, **kw):
+    return _handed_source()(*args, **kw)
+
+
 def rollback_story(server: DemoServer, token: str | None, weeks: float, live_seconds: float,
                    receiver: Receiver | None = None) -> dict[str, Any]:
     """Simulated history with the August incident -> analytics -> incidents (one per root cause, one
     signed notification, one flip at its scope) -> a live tiny worker applies the flip at its next step
     boundary -> the week's report shows it."""
+    import httpx
+
     from analytics import queries as aq
     from analytics.cli import print_findings
     from analytics.jobs import run_all
@@ -457,7 +488,6 @@ def rollback_story(server: DemoServer, token: str | None, weeks: float, live_sec
     from collector.client import TelemetryClient
     from worker.config import Switches
     from worker.session import run_session
-    from worker.switches import HttpSource
 
     store = server.store
     _title(f"2. {weeks:g} weeks of fleet history through the collector: a sync-bug release, then the "
@@ -477,11 +507,21 @@ def rollback_story(server: DemoServer, token: str | None, weeks: float, live_sec
     leaking = sim.release("august").name
 
     _title(f"3. a live tiny worker of release {leaking}, every optimization on, polling /v1/switches")
-    source = HttpSource(server.url, "live-demo", leaking, "cpu", interval_s=0.5)
+    source = _HandedSource(server.url, "live-demo", leaking, "cpu", interval_s=0.5)
     box: dict[str, Any] = {}
+    told: dict[str, Any] = {}  # the switch state's version once the story's flips are decided (step 5)
+    t_live = time.monotonic()
+
+    def enough() -> bool:
+        """At least ``live_seconds``, and on until the session was handed the switches decided by the story
+        (a loaded machine runs the analytics slower than the session: a fixed length raced the flip)."""
+        return (time.monotonic() - t_live >= live_seconds and "version" in told
+                and source.handed_version == told["version"])
+
     live = threading.Thread(target=lambda: box.update(summary=run_session(
-        "tiny", seconds=live_seconds, collector_url=server.url, token=token, switches=Switches.all_on(),
-        switch_source=source, release=leaking, worker_id="live-demo")), name="live-worker", daemon=True)
+        "tiny", seconds=live_seconds + _LIVE_CAP_S, collector_url=server.url, token=token,
+        switches=Switches.all_on(), switch_source=source, release=leaking, worker_id="live-demo",
+        stop_when=enough)), name="live-worker", daemon=True)
     live.start()
     wait_until(lambda: aq.step_count(store, worker_id="live-demo") > 3, 60)
     print(f"  streaming: session of worker live-demo, switches {Switches.all_on().encode()}")
@@ -513,7 +553,9 @@ def rollback_story(server: DemoServer, token: str | None, weeks: float, live_sec
     decided = aq.applied_changes(store)
     for ts, name, scope, source_, actor, why in decided:
         print(f"  {ts:%H:%M:%S} {name} off for {scope} (by {actor} via {source_}): {why[:160]}")
-    live.join(live_seconds + 60)
+    told["version"] = httpx.get(source.endpoint, params=source.params, timeout=30,
+                                headers={"Authorization": f"Bearer {token}"} if token else {}).json().get("version")
+    live.join(live_seconds + _LIVE_CAP_S + 60)
     summary = box.get("summary")
     applied = [e for e in (summary.switch_events if summary else []) if e.get("changed")]
     for e in applied:

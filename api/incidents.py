@@ -218,6 +218,45 @@ def incident_log(store, incident: str | None = None, start: datetime | None = No
             for r in df.iter_rows(named=True)]
 
 
+def flip_cost(store, inc: dict[str, Any], now: datetime | None = None, limit: int = 50) -> dict[str, Any]:
+    """What the incident's flip cost the live sessions: the workers' ``flip_cost`` events (collector/flip_fields.py)
+    that turned its switch off in its scope since it opened, summed (late chunks and stall after each flip, the
+    slowest poll -> new configuration, time out of service), with the newest ``limit`` flips. Nothing without a
+    switch."""
+    from analytics import queries  # the read layer (SQL lives there)
+
+    out: dict[str, Any] = {"flips": 0, "workers": 0, "late_chunks": 0, "stall_ms": 0.0, "max_stall_ms": None,
+                           "max_to_new_config_ms": None, "out_of_service_ms": 0.0, "recent": []}
+    if not inc.get("switch"):
+        return out
+    start = _utc(inc["opened_at"])
+    end = (now or datetime.now(UTC)) + timedelta(minutes=1)
+    filters = {k: inc[k] for k in ("release", "gpu_kind") if inc.get(k)}
+    df = queries.flip_costs(store, start, end, switch=inc["switch"], filters=filters)
+    rows = [r for r in df.iter_rows(named=True) if r["value"] is False or r["value"] == 0]
+    if not rows:
+        return out
+    stalls = [r["stall_ms"] for r in rows]
+    to_new = [r["to_new_config_ms"] for r in rows if r["to_new_config_ms"] is not None]
+    out.update(flips=len(rows), workers=len({r["worker_id"] for r in rows}),
+               late_chunks=sum(r["late_chunks"] for r in rows), stall_ms=sum(stalls), max_stall_ms=max(stalls),
+               max_to_new_config_ms=max(to_new) if to_new else None,
+               out_of_service_ms=sum(r["out_of_service_ms"] or 0.0 for r in rows),
+               recent=[{**{k: r[k] for k in ("worker_id", "session_id", "mode", "step", "applied_step", "late_chunks",
+                                                "stall_ms", "to_new_config_ms", "out_of_service_ms", "error")},
+                        "ts": _utc(r["ts"]).isoformat()} for r in rows[:limit]])
+    return out
+
+
+def flip_cost_brief(c: dict[str, Any]) -> str:
+    """One line of ``flip_cost`` for the incidents page."""
+    if not c["flips"]:
+        return "no flip reported yet"
+    worst = "" if c["max_to_new_config_ms"] is None else f", slowest poll -> new config {c['max_to_new_config_ms']:.0f} ms"
+    return (f"{c['flips']} flips on {c['workers']} workers: {c['late_chunks']} late chunks, stall "
+            f"{c['stall_ms']:.0f} ms{worst}, out of service {c['out_of_service_ms']:.0f} ms")
+
+
 def _public(r: dict[str, Any]) -> dict[str, Any]:
     out = {k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in r.items() if k != "version"}
     out["evidence_count"] = len(r["evidence_keys"])

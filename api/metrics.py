@@ -10,6 +10,11 @@ failures by job, active switch rules by switch, alert-webhook decisions by outco
 its rollout time and the switches it turned on against the release before it (by rollout time).
 Store queries run at most once per ``cache_s`` whatever the scrape rate; a store that cannot answer
 reads ``livestep_store_up 0`` and the families it could not read are left out (never a 5xx).
+Every role also exposes ``livestep_build_info{version}`` and its HTTP requests
+(``livestep_http_requests_total``, ``livestep_http_request_duration_seconds``, ... by handler, method and
+status), counted by prometheus-fastapi-instrumentator (``instrument(app)``; the collector's ingest
+fast lane passes by it and has its own counters). The analytics job's label is ``analytics_job``: a
+``job`` label would collide with the one Prometheus attaches to every scraped series.
 """
 
 from __future__ import annotations
@@ -24,8 +29,10 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
 from analytics import queries as aq
+from collector.build_info import build_info
 
 log = logging.getLogger("livestep.api.metrics")
+JOB_LABEL = "analytics_job"  # not "job": Prometheus sets that one on every series it scrapes
 SCOPE_LABELS = ("release", "gpu_kind", "worker_id")  # the scope keys the alert webhook maps back (api/alerts.py)
 
 def _scope_labels(scope: str) -> list[str]:
@@ -80,6 +87,7 @@ class StoreState(Collector):
 
     def collect(self):
         up, rows = self._read()
+        yield build_info()
         yield GaugeMetricFamily("livestep_store_up", "1 when the store answered the last metrics read", value=up)
         if "findings" in rows:
             f = GaugeMetricFamily("livestep_findings_open", "Open findings by kind and severity",
@@ -110,10 +118,10 @@ class StoreState(Collector):
                 f.add_metric([kind, switch, *_scope_labels(scope)], n)
             yield f
         if "jobs" in rows:
-            runs = CounterMetricFamily("livestep_job_runs", "Analytics job runs (attempts)", labels=["job"])
-            fails = CounterMetricFamily("livestep_job_failures", "Analytics job runs that failed", labels=["job"])
+            runs = CounterMetricFamily("livestep_job_runs", "Analytics job runs (attempts)", labels=[JOB_LABEL])
+            fails = CounterMetricFamily("livestep_job_failures", "Analytics job runs that failed", labels=[JOB_LABEL])
             last = GaugeMetricFamily("livestep_job_last_success_timestamp_seconds",
-                                     "Unix time of the job's last successful run", labels=["job"])
+                                     "Unix time of the job's last successful run", labels=[JOB_LABEL])
             for job, n, failed, ok_at in rows["jobs"]:
                 runs.add_metric([job], n)
                 fails.add_metric([job], failed)
@@ -163,9 +171,25 @@ def registry_for(state) -> CollectorRegistry:
         reg.register(CollectorState(state))
     if roles & {"api", "scheduler"}:
         reg.register(StoreState(state))
+    else:  # the collector role alone: its build_info here (StoreState carries it otherwise)
+        reg.register(_BuildInfo())
     ProcessCollector(registry=reg)
     state.metrics_registry = reg
     return reg
+
+
+class _BuildInfo(Collector):
+    def collect(self):
+        yield build_info()
+
+
+def instrument(app) -> None:
+    """Count the app's HTTP requests into its registry (prometheus-fastapi-instrumentator: the
+    maintained instrumentation of FastAPI, not a middleware of our own). Call once, before it starts."""
+    from prometheus_fastapi_instrumentator import Instrumentator
+
+    Instrumentator(registry=registry_for(app.state), should_group_status_codes=False,
+                   excluded_handlers=["/metrics"]).instrument(app, metric_namespace="livestep")
 
 
 def exposition(registry: CollectorRegistry, accept: str) -> tuple[bytes, str]:
