@@ -12,8 +12,8 @@ since which migration. Everything else is derived from that declaration:
 The DDL (sql/) is the one other place a field is written, as a migration.
 
 Adding a FIELD to a kind: append one ``Col`` to its ``columns`` with ``since="NNN"`` (it must be
-``nullable``, so older workers' bodies stay valid) and write migration sql/NNN_*.sql (+ its
-sql/cluster/ twin) that adds the column. Adding a record KIND: append one ``Kind`` to ``KINDS``
+``nullable``, so older workers' bodies stay valid) and write migration sql/NNN_*.sql that adds
+the column (its cluster form is generated). Adding a record KIND: append one ``Kind`` to ``KINDS``
 (name, table, the TelemetryBatch list field, a docstring, its columns after ``COMMON``), write the
 table's migration, and name its model ``<Name>Record`` at the bottom of this module.
 
@@ -40,6 +40,7 @@ from typing import Annotated, Any
 import pyarrow as pa
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model, field_validator
 
+from collector.flip_fields import FLIP_COST_FIELDS, FLIP_COST_KIND  # re-exported: part of the contract
 from collector.gpu_kinds import canonical_gpu_kind
 from collector.switch_names import NUMERIC_SWITCHES, SWITCH_NAMES  # re-exported: part of the contract
 
@@ -58,6 +59,7 @@ EVENT_KINDS: tuple[str, ...] = (
     "error",
     "telemetry_dropped",
     "batch_quarantined",  # the collector's writer: a spooled batch the store refused for its content
+    FLIP_COST_KIND,  # what a switch flip cost the live session: collector/flip_fields.py
 )
 
 # ``livestep evaluate``'s judges (worker/evaluate.py): summaries, curve points, and each configuration's

@@ -34,6 +34,7 @@ from collector.ipc_budget import Decoded, decoded_size
 from collector.limits import DEFAULT as DEFAULT_LIMITS
 from collector.limits import Limits
 from collector.spool import IpcStream, KeyConflictError, SpoolError, SpoolFullError, read_ipc_stream
+from collector.spool_keys import keyed_id, unkeyed_id
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 JSON = "application/json"
@@ -547,14 +548,14 @@ def _batch_id(key: str | None, body: bytes, authorization: str) -> str:
     reused with a different body is told apart from a retry (409, see ``_ingest``)."""
     digest = hashlib.sha256(body).hexdigest()
     if key is None:
-        return "sha256:" + digest
+        return unkeyed_id(digest)
     key = key.strip()
     if not 1 <= len(key) <= 200 or not key.isprintable() or not key.isascii():
         raise HTTPException(400, "Idempotency-Key is not valid: 1 to 200 printable ASCII characters "
                                  "(one per batch, the same on every retry)")
     token = bearer_token(authorization)
     scope = hashlib.sha256(token.encode()).hexdigest()[:16] if token else "open"
-    return f"{scope}/{key}#{digest[:32]}"
+    return keyed_id(scope, key, digest)
 
 
 def _key_conflict(key: str) -> HTTPException:
@@ -580,11 +581,10 @@ async def _ingest(scope: Scope, receive: Receive) -> bytes:
     key = headers.get(b"idempotency-key")
     batch_id = _batch_id(key, body, headers.get(b"authorization", ""))
     spool = state.spool
-    if key is not None and spool.key_conflict(batch_id):  # the key names another body: nothing stored
+    conflict = key is not None and spool.key_conflict(batch_id)  # the key names another body: nothing stored
+    if conflict and not spool.previous_release_key(key.strip()):
         raise _key_conflict(key.strip())
     shown = key.strip() if key is not None else batch_id  # the ack names the batch as the client did
-    if key is not None and (legacy := spool.known(shown)) is not None:  # spooled before keys were scoped
-        return _ack(shown, legacy, True)
     metrics = getattr(state, "ingest_metrics", None)  # collector/metrics.py (None in apps without it)
     known = spool.known(batch_id)
     if known is not None:  # a retry of a stored batch: no need to parse it again
@@ -604,6 +604,14 @@ async def _ingest(scope: Scope, receive: Receive) -> bytes:
         raise HTTPException(e.status, str(e)) from e
     if not tables:
         return _ack(shown, {}, False)
+    # a key is looked up only as a key (collector/spool_keys.py): its own scoped id above, and here the
+    # bare key a release before scoped keys spooled, a duplicate only for the same rows
+    if key is not None and (previous := spool.previous_release_duplicate(shown, tables)) is not None:
+        if metrics is not None:
+            metrics.deduplicated()
+        return _ack(shown, previous, True)
+    if conflict:
+        raise _key_conflict(shown)
     try:
         ack = await spool.submit_async(batch_id, tables)
     except KeyConflictError as e:  # a twin request with the same key and another body won the race
