@@ -391,3 +391,24 @@ def iso_week_bounds(iso_week: str) -> tuple[datetime, datetime]:
 def iso_week_of(t: datetime) -> str:
     y, w, _ = t.isocalendar()
     return f"{y}-W{w:02d}"
+
+
+# -- what the Grafana dashboard adds to the pages' series (api/grafana.py; the plugin's macros in place) -----
+
+def label_values_sql(label: str) -> str:
+    """A dashboard variable's values: every ``release`` or ``gpu_kind`` seen in sessions."""
+    if label not in ("release", "gpu_kind"):
+        raise ValueError(f"no variable for {label!r}; valid: release, gpu_kind")
+    return f"SELECT DISTINCT {label} FROM session_fleet ORDER BY {label}"
+
+
+GRAFANA_TABLES = {  # panel title -> SQL; $release / $gpu_kind are the dashboard's variables
+    "open findings": "SELECT kind, severity, scope, metric, value, attribution AS switch, first_seen FROM findings FINAL "
+                     "WHERE status = 'open' AND severity IN ('warning', 'critical') ORDER BY severity, first_seen DESC",
+    "active switch rules": "SELECT name AS switch, if(value, 'on', 'off') AS value, scope, cohort, actor, reason, "
+                           "updated_at FROM switch_rules FINAL WHERE active ORDER BY updated_at DESC",
+}
+TURN_LATENCY_SQL = ("SELECT $__timeInterval(ts) AS time, release, quantile(0.5)(latency_ms) AS p50, "
+                    "quantile(0.95)(latency_ms) AS p95 FROM turns WHERE ts >= $__fromTime AND ts < $__toTime "
+                    "AND release IN (${release:singlequote}) AND gpu_kind IN (${gpu_kind:singlequote}) "
+                    "GROUP BY time, release ORDER BY time")
