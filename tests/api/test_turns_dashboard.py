@@ -89,7 +89,7 @@ def test_a_release_with_only_turn_records_answers_200(site):
     from collector import records
     from tests.collector.helpers import turn_rows
 
-    c, store, sim = site
+    c, store, _ = site
     rows = turn_rows(3, session_id="turn-only-s", release="turn-only")
     store.insert_arrow("turns", records.to_arrow("turn", rows))
     from datetime import UTC, datetime, timedelta
