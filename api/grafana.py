@@ -16,7 +16,9 @@ import json
 import re
 import sys
 
+from analytics import queries as aq
 from api import timeseries as ts
+from collector import catalog
 
 DATASOURCE = {"type": "grafana-clickhouse-datasource", "uid": "${datasource}"}
 _MACROS = ((r"\{(start|s|lo):DateTime64\(3, 'UTC'\)\}", "$__fromTime"),
@@ -27,11 +29,9 @@ _MARK_COLORS = {"rollout": "blue", "switch": "orange", "incident_open": "red", "
 
 def grafana_sql(sql: str) -> str:
     """Our parameterized SQL with the plugin's time macros (and the fixed parameters as literals)."""
-    from analytics.queries import MIN_STREAMED_S
-
     for pattern, macro in _MACROS:
         sql = re.sub(pattern, macro, sql)
-    sql = sql.replace("{min_s:Float64}", repr(MIN_STREAMED_S))
+    sql = sql.replace("{min_s:Float64}", repr(catalog.MIN_STREAMED_S))
     left = re.findall(r"\{\w+:[^}]+\}", sql)
     if left:
         raise ValueError(f"parameters without a Grafana macro: {left}")
@@ -39,9 +39,7 @@ def grafana_sql(sql: str) -> str:
 
 
 def series_query(s: ts.Series) -> str:
-    cols = ", ".join(s.columns)
-    return grafana_sql(f"SELECT toDateTime(day, 'UTC') AS time, release, {cols} FROM "
-                       f"({ts.series_sql(s, ts.live_source())}) ORDER BY time")
+    return grafana_sql(aq.series_time_sql(s))
 
 
 def _panel(i: int, s: ts.Series) -> dict:

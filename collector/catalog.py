@@ -74,6 +74,14 @@ SESSION_COLUMNS: tuple[Column, ...] = (
     Column("period_ms_q", "quantilesTDigestMerge(0.5, 0.95, 0.99)(period_ms_q)", detail=True),
     Column("diffusion_ms_q", "quantilesTDigestMerge(0.5, 0.95, 0.99)(diffusion_ms_q)", detail=True),
 )
+# FP8 saturation per session (sql/022; analytics/saturation.py): over the session's sampled steps
+FP8_COLUMNS: tuple[Column, ...] = (
+    Column("sampled_steps", "countIfMerge(fp8_sampled)"),
+    Column("saturating_steps", "countIfMerge(fp8_sat_steps)"),
+    Column("static_steps", "countIfMerge(fp8_static_steps)"),
+    Column("sat_max", "toFloat64(max(fp8_sat_max))"),
+    Column("sat_mean", "toFloat64(avgMerge(fp8_sat_avg))"),
+)
 SESSION_QUANTILES: tuple[float, ...] = (0.5, 0.95, 0.99)  # the levels of the detail columns' t-digests
 
 
@@ -83,8 +91,12 @@ class Metric:
     """A per-session figure: ``sql`` over the finalized columns; what the detectors judge of it.
 
     ``finding``: the name findings carry (kept stable: stored findings and alerts key on it).
-    ``regression_floor``: the relative floor on the ratio of medians (None: not judged per release).
-    ``daily``: (aggregate of a day's sessions, absolute floor) for the change-point and drift passes.
+    ``regression_floor``: what the release-regression judge needs beyond the noise (None: not judged):
+    the relative floor on the ratio of medians, or for a ``share`` the absolute floor on the difference
+    of proportions (tested as a proportion of chunks).
+    ``daily``: (aggregate of a day's sessions, absolute floor in the metric's units: the smallest change
+    of the segment means worth a finding) for the change-point and drift passes; the name of the daily
+    series is the finding name, with ``_p50`` for a median.
     ``variance``: the variance detector notes a wider spread of it."""
 
     name: str
@@ -115,10 +127,10 @@ METRICS: tuple[Metric, ...] = (
            regression_floor=0.03, daily=("median", 1.5), variance=True),
     Metric("upkeep_ms", "ms", "upkeep_ms", "mean KV-cache upkeep time of a step", finding="cache_upkeep_ms",
            regression_floor=0.10, daily=("median", 0.1)),
-    Metric("late_rate", "ratio", "late_chunks / steps", "share of chunks that missed their deadline",
-           aggregation="share", finding="late_chunk_rate", daily=("mean", 0.005)),
     Metric("energy_per_chunk_mj", "mJ", "energy_mj / steps", "GPU energy per chunk (NVML counter deltas)",
            regression_floor=0.03, daily=("median", 4000.0)),
+    Metric("late_rate", "ratio", "late_chunks / steps", "share of chunks that missed their deadline",
+           aggregation="share", finding="late_chunk_rate", regression_floor=0.01, daily=("mean", 0.005)),
 )
 METRICS_BY_NAME: dict[str, Metric] = {m.name: m for m in METRICS}
 # the per-session metrics the API serves (GET /v1/releases/distributions, /v1/releases/compare)

@@ -29,21 +29,22 @@ import threading
 import time
 import uuid
 import zlib
-from collections import OrderedDict, deque
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
-import orjson
 import pyarrow as pa
 
 from collector.records import ARROW_SCHEMAS, RECORD_KINDS
+from collector.spool_keys import KeyIndex, content_digest, key_of
 
 MAGIC = b"LSP1"
 HEADER = struct.Struct("<4sIQI")  # magic, payload length, seq, crc32(payload)
 _SEG_PREFIX, _SEG_SUFFIX = "seg-", ".log"
 RECENT_BYTES = 64 << 20  # decoded batches kept in memory for the writer (beyond: read back from disk)
+RECLAIM_BYTES = 4 << 20  # a fully stored active segment this big is rotated away (sooner once a write failed)
 
 
 class SpoolError(Exception):
@@ -56,12 +57,6 @@ class KeyConflictError(SpoolError):
     def __init__(self, key: str):
         super().__init__(f"Idempotency-Key {key!r} was already used for a different batch; a key names one "
                          "batch (send the same body on a retry, a new key for a new batch)")
-
-
-def key_of(batch_id: str) -> str | None:
-    """The key part of a keyed batch id (``<scope>/<key>#<body digest>``); None for an unkeyed one."""
-    base, sep, _ = batch_id.rpartition("#")
-    return base if sep else None
 
 
 class SpoolFullError(SpoolError):
@@ -131,6 +126,13 @@ def _write_durable(path: Path, data: bytes) -> None:
         os.fsync(f.fileno())
     os.replace(tmp, path)
     _fsync_dir(path.parent)
+
+
+def _append_durable(path: Path, data: bytes) -> None:
+    with open(path, "ab") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 class IpcStream(NamedTuple):
@@ -265,8 +267,7 @@ class Spool:
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._entries: deque[Entry] = deque()  # uncommitted, in seq order
-        self._keys: OrderedDict[str, dict[str, int]] = OrderedDict()
-        self._by_key: dict[str, str] = {}  # key part of a keyed batch id -> that batch id (``key_of``)
+        self._keys = KeyIndex(keys_max)  # every batch id seen (collector/spool_keys.py)
         self._inflight: dict[str, Future] = {}
         self._segments: dict[Path, list[tuple[int, str, dict[str, int]]]] = {}  # seg -> [(seq, id, rows)]
         self._depth_bytes = 0  # uncommitted + queued bytes
@@ -274,6 +275,8 @@ class Spool:
         self._recent_bytes = 0
         self._queue: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
         self._closed = False
+        self._write_error: str | None = None  # why the last append failed (disk full), until one succeeds
+        self._refused_bytes = 0  # the last batch refused for the bound (0 once one is taken)
         self.uid = self._load_uid()
         # the block logged and not committed yet (replayed first), and its split (see ``log_split``)
         self.committed_seq, self.recovered_intent, self.recovered_split = self._read_writer_log()
@@ -334,11 +337,7 @@ class Spool:
         if not p.exists():
             return
         for line in p.read_bytes().splitlines():
-            try:
-                bid, rows = line.split(b"\t", 1)
-                self._remember(bid.decode(), orjson.loads(rows))
-            except (ValueError, orjson.JSONDecodeError):
-                continue  # torn last line
+            self._keys.load_line(line)
 
     def _segment_paths(self) -> list[Path]:
         return sorted(self.dir.glob(f"{_SEG_PREFIX}*{_SEG_SUFFIX}"))
@@ -360,7 +359,8 @@ class Spool:
                     payload = data[start : start + ln]
                     batch_id, rows, _ = _decode_head(payload)
                     recs.append((seq, batch_id, rows))
-                    self._remember(batch_id, rows)
+                    digest = content_digest(decode_payload(payload)[1]) if self._keys.wants_digest(batch_id) else None
+                    self._keys.remember(batch_id, rows, digest)
                     if seq > self.committed_seq:
                         self._entries.append(Entry(seq, seg, start, ln, batch_id, rows))
                         self._depth_bytes += HEADER.size + ln
@@ -381,28 +381,10 @@ class Spool:
             self._segments.setdefault(path, [])
         return path, f
 
-    # -- idempotency -----------------------------------------------------------------------------
-    def _remember(self, batch_id: str, rows: dict[str, int]) -> None:
-        self._keys[batch_id] = rows
-        self._keys.move_to_end(batch_id)
-        key = key_of(batch_id)
-        if key is not None:
-            self._by_key[key] = batch_id
-        while len(self._keys) > self.keys_max:
-            old, _ = self._keys.popitem(last=False)
-            k = key_of(old)
-            if k is not None and self._by_key.get(k) == old:
-                del self._by_key[k]
-
+    # -- idempotency (collector/spool_keys.py) ---------------------------------------------------
     def _other_batch_for_key(self, batch_id: str) -> str | None:
         """(under the lock) Another batch id with ``batch_id``'s key, stored or in flight."""
-        key = key_of(batch_id)
-        if key is None:
-            return None
-        other = self._by_key.get(key)
-        if other is None:
-            other = next((b for b in self._inflight if key_of(b) == key), None)
-        return other if other != batch_id else None
+        return self._keys.other_batch_for_key(batch_id, self._inflight)
 
     def key_conflict(self, batch_id: str) -> bool:
         """True when ``batch_id``'s key already names a different batch (its body differs)."""
@@ -410,8 +392,22 @@ class Spool:
             return self._other_batch_for_key(batch_id) is not None
 
     def known(self, batch_id: str) -> dict[str, int] | None:
+        """Rows per kind of the batch spooled under exactly ``batch_id`` (None: none)."""
         with self._lock:
-            return self._keys.get(batch_id)
+            return self._keys.known(batch_id)
+
+    def previous_release_key(self, key: str) -> bool:
+        """A release before scoped keys spooled a batch under the bare ``key``."""
+        with self._lock:
+            return self._keys.previous_release_key(key)
+
+    def previous_release_duplicate(self, key: str, tables: dict[str, pa.Table | IpcStream]) -> dict[str, int] | None:
+        """Rows of the batch a release before scoped keys spooled under the bare ``key``, when ``tables``
+        hold the same rows (a retry across the upgrade); None otherwise."""
+        decoded = {k: (t.table if t.table is not None else read_ipc_stream(t.data)[1]) if isinstance(t, IpcStream) else t
+                   for k, t in tables.items()}
+        with self._lock:
+            return self._keys.previous_release_duplicate(key, decoded)
 
     # -- append (request threads) ----------------------------------------------------------------
     def submit(self, batch_id: str, tables: dict[str, pa.Table | IpcStream]) -> Future:
@@ -477,7 +473,9 @@ class Spool:
                 raise KeyConflictError(key_of(batch_id).partition("/")[2])
             size = HEADER.size + len(payload)
             if self._depth_bytes > 0 and self._depth_bytes + size > self.max_bytes:
+                self._refused_bytes = size
                 raise SpoolFullError(self._depth_bytes, self.max_bytes, retry_after_s=1)
+            self._refused_bytes = 0
             self._depth_bytes += size
             self._inflight[batch_id] = fut
         decoded = {k: t.table if isinstance(t, IpcStream) else t for k, t in tables.items() if k in rows}
@@ -487,7 +485,7 @@ class Spool:
     def _dup_future(self, batch_id: str) -> Future:
         """(under the lock) An ack marked duplicate: now if stored, else when the first copy lands."""
         fut: Future = Future()
-        rows = self._keys.get(batch_id)
+        rows = self._keys.known(batch_id)
         if rows is not None:
             fut.set_result(Ack(batch_id, rows, True, -1))
             return fut
@@ -542,11 +540,13 @@ class Spool:
                 view = view[self._active.write(view):]
             os.fsync(self._active.fileno())
         except Exception as e:  # noqa: BLE001 (disk full, I/O error: every waiting request must get an answer)
-            try:  # drop a partial write so the segment stays well-formed
+            try:  # drop a partial write so the segment stays well-formed (and the offset with it)
                 self._active.truncate(base)
+                self._active.seek(base)
             except OSError:
                 pass
             with self._lock:
+                self._write_error = f"{type(e).__name__}: {e}"[:300]
                 for it in items:
                     self._inflight.pop(it.batch_id, None)
                     self._depth_bytes -= HEADER.size + len(it.payload)
@@ -555,10 +555,11 @@ class Spool:
             return
         self._next_seq = seq
         with self._cond:
+            self._write_error = None
             recs = self._segments[self._active_path]
             for it, e in zip(items, new, strict=True):
                 self._entries.append(e)
-                self._remember(it.batch_id, it.rows)
+                self._keys.remember(it.batch_id, it.rows)
                 self._inflight.pop(it.batch_id, None)
                 recs.append((e.seq, it.batch_id, it.rows))
                 if it.tables is not None and self._recent_bytes + e.length <= RECENT_BYTES:
@@ -700,10 +701,27 @@ class Spool:
                 self._depth_bytes -= e.nbytes
                 if self._recent.pop(e.seq, None) is not None:
                     self._recent_bytes -= e.length
+        self._reclaim_active()
         self._drop_committed_segments()
         if self._wlog_lines > 10_000:
             self._wlog.close()
             self._compact_writer_log()
+
+    def _reclaim_active(self) -> None:
+        """Rotate the active segment away once every batch in it is stored and it holds
+        ``RECLAIM_BYTES``, or at once after an append failed: a full disk gets its space back when the
+        store has the data (before, only non-active segments were deleted, and a disk filled by the
+        active one stayed full: issue 30). The old segment is then deleted like any stored one."""
+        with self._io_lock:  # no append in between
+            with self._lock:
+                recs = self._segments.get(self._active_path, [])
+                if (not recs or recs[-1][0] > self.committed_seq
+                        or (self._active.tell() < RECLAIM_BYTES and self._write_error is None)):
+                    return
+            self._active.close()
+            path, f = self._open_segment(self._next_seq)
+            with self._lock:
+                self._active_path, self._active = path, f
 
     def _drop_committed_segments(self) -> None:
         with self._lock:  # the appender adds segments and records concurrently
@@ -714,21 +732,28 @@ class Spool:
                 del self._segments[s]
         if not done:
             return
-        lines = b"".join(
-            bid.encode() + b"\t" + orjson.dumps(rows) + b"\n" for recs in done.values() for _, bid, rows in recs
-        )
+        with self._lock:
+            lines = b"".join(self._keys.log_line(bid, rows) for recs in done.values() for _, bid, rows in recs)
         kp = self.dir / "keys.log"
         if kp.exists() and kp.stat().st_size > 200 * self.keys_max:  # compact: keep the newest keys
             with self._lock:
-                keep = list(self._keys.items())[-self.keys_max :]
-            _write_durable(kp, b"".join(k.encode() + b"\t" + orjson.dumps(r) + b"\n" for k, r in keep))
-        with open(kp, "ab") as f:
-            f.write(lines)
-            f.flush()
-            os.fsync(f.fileno())
+                keep = b"".join(self._keys.log_line(k, r) for k, r in self._keys.newest()[-self.keys_max :])
+            _write_durable(kp, keep)
+        try:
+            _append_durable(kp, lines)
+        except OSError:  # the disk is full: free the stored segments first, then record their ids
+            for s in done:
+                s.unlink(missing_ok=True)
+            _fsync_dir(self.dir)
+            _append_durable(kp, lines)
+            with self._lock:
+                self._write_error = None
+            return
         for s in done:
             s.unlink(missing_ok=True)
         _fsync_dir(self.dir)
+        with self._lock:
+            self._write_error = None  # space was freed: the next append tells
 
     # -- state -----------------------------------------------------------------------------------
     def stats(self) -> dict:
@@ -742,7 +767,16 @@ class Spool:
                 "oldest_age_s": round(time.monotonic() - oldest, 3) if oldest is not None else 0.0,
                 "last_seq": self._next_seq - 1,
                 "committed_seq": self.committed_seq,
+                "refusing": self._refusing(),
             }
+
+    def _refusing(self) -> str | None:
+        """(under the lock) Why ingest is refused for space now, None when it is not."""
+        if self._write_error is not None:
+            return f"spool cannot write (disk full?): {self._write_error}"
+        if self._refused_bytes and self._depth_bytes + self._refused_bytes > self.max_bytes:
+            return f"spool full: {self._depth_bytes} bytes not yet stored (bound {self.max_bytes})"
+        return None
 
     @property
     def depth(self) -> int:

@@ -18,7 +18,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, HTTPException, Path, Query
 from pydantic import BaseModel
 
-from analytics.queries import FRAMES_PER_STEP, session_list
+from analytics.queries import FRAMES_PER_STEP, session_list, session_step_page
 from api.deps import StoreDep, require_reader
 from api.routes._common import utc_in_range
 
@@ -120,13 +120,8 @@ def session_steps(
     limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = 100,
     offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
 ) -> StepPage:
-    params = {"sid": session_id, "limit": limit, "offset": offset}
-    total = store.query_rows("SELECT count() FROM steps WHERE session_id = {sid:String}", params)[0][0]
+    rows, total = session_step_page(store, session_id, limit, offset)
     if total == 0:
         raise HTTPException(404, f"no steps recorded for session {session_id!r}; list sessions at GET /v1/sessions")
-    rows = store.query_arrow(
-        "SELECT * FROM steps WHERE session_id = {sid:String} ORDER BY step, ts "
-        "LIMIT {limit:UInt32} OFFSET {offset:UInt64}", params
-    ).to_pylist()
     steps = [{k: _finite(v) for k, v in r.items()} for r in rows]
     return StepPage(session_id=session_id, steps=steps, total=total, limit=limit, offset=offset)

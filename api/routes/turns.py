@@ -13,10 +13,11 @@ import polars as pl
 from fastapi import APIRouter, Depends, HTTPException
 from fastapi.responses import HTMLResponse
 
+from analytics import queries as aq
 from analytics import turns
 from api import dashboard as d
+from api import views as qr
 from api.deps import StoreDep, require_reader
-from api.routes import queries as qr
 from api.routes._common import Label, TimeRangeDep
 
 router = APIRouter(tags=["turns"], dependencies=[Depends(require_reader)])
@@ -33,13 +34,13 @@ def _filters(release: str | None, gpu_kind: str | None) -> dict[str, str]:
 def _known(store, release: str | None) -> None:
     if release is None:
         return
-    known = qr.releases_seen(store)
+    known = aq.releases_seen(store)
     if release not in known:
         raise HTTPException(404, detail=f"unknown release {release!r}; known releases: {', '.join(known) or 'none'}")
 
 
 def _findings(store, tr, release: str | None, gpu_kind: str | None) -> list[dict[str, Any]]:
-    df = qr.findings_frame(store, kind="regression", scope_labels={"release": release, "gpu_kind": gpu_kind},
+    df = aq.findings_frame(store, kind="regression", scope_labels={"release": release, "gpu_kind": gpu_kind},
                            start=tr.start, end=tr.end, limit=1000)
     if df.height:
         df = df.filter(pl.col("metric").str.starts_with("turn_"))
@@ -101,12 +102,6 @@ def turns_page(store: StoreDep, tr: TimeRangeDep, release: Label = None, gpu_kin
         [{k: r.get(k) for k in ("scope", "metric", "value", "baseline", "effect", "severity", "summary")}
          for r in body["findings"]], empty="none")))
     return d.page("Turns", sections)
-
-
-def session_turns(store, session_id: str) -> pl.DataFrame:
-    return store.query_df(
-        "SELECT turn, step, ts, speaking, cond_tokens, policy, latency_ms, queue_ms, dropped_chunks, stall_ms "
-        "FROM turns WHERE session_id = {sid:String} ORDER BY turn LIMIT 10000", {"sid": session_id})
 
 
 def mark_turns(fig: go.Figure, marks: pl.DataFrame) -> go.Figure:

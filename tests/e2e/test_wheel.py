@@ -64,6 +64,9 @@ def test_the_wheel_ships_the_schema_and_declares_roles(wheel):
     assert all("extra ==" in r for r in requires if r.startswith(("chdb", "fastapi", "polars")))
     assert 'livestep[server,worker]; extra == "dev"' in requires  # ./dev installs .[dev]: every role
     assert not any(n.startswith(("tests/", "bench/", "sql/")) for n in names)
+    for rel in ("prometheus/prometheus.yml", "prometheus/rules.yml", "alertmanager/alertmanager.yml",
+                "grafana/livestep.json", "DEPLOY.md"):  # what `livestep init` writes (api/init.py)
+        assert f"api/deploy/{rel}" in names, rel
 
 
 def _uv_install(venv: Path, spec: str) -> None:
