@@ -17,7 +17,10 @@ import argparse
 def register(subparsers) -> None:
     p = subparsers.add_parser("migrate", help="apply the schema (sql/, or its cluster form) and record it",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--dsn", help="store DSN (default LIVESTEP_CLICKHOUSE_DSN or chdb://<repo>/var/chdb)")
+    from collector.settings import default_paths
+
+    p.add_argument("--dsn", help=f"store DSN (default LIVESTEP_CLICKHOUSE_DSN, else chdb://<LIVESTEP_HOME or "
+                   f"./var>/chdb: here {default_paths()['dsn']})")
     p.add_argument("--cluster", help="apply sql/ in its cluster form (Replicated + Distributed) ON CLUSTER this name (default LIVESTEP_CLUSTER; "
                                      "none: the single-node sql/)")
     p.add_argument("--dry-run", action="store_true",

@@ -21,6 +21,14 @@ like other batches' ids.
 Then the spool is drained, the server stopped, and the store counted: acked rows (rows of batches
 answered 200 and not duplicate), lost (acked rows missing from the store) and duplicated (rows stored
 more than once). Prints a table, then LAST the ratio stored/acked (baseline: every acked row stored once).
+
+    python bench/faults.py --http-faults            # ~2 min: only the connection and body faults below
+
+``--http-faults`` instead holds 200 slow and idle connections (a head, a body sent a byte every 0.25 s,
+and silent ones; the server's default deadlines, api/http_limits.py) while an ordinary client keeps
+posting, and posts a zstd body that decodes to 2,000,000 rows; it prints when each kind was closed,
+what was answered, the server's peak RSS, and LAST the ordinary client's median latency while the
+connections are held over its median without them (measured in the same run).
 """
 
 from __future__ import annotations
@@ -173,7 +181,164 @@ def count(work: Path) -> tuple[int, int]:
     return int(n), int(distinct)
 
 
+def _rss_peak_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _ordinary_latencies(url: str, seconds: float) -> list[float]:
+    """An ordinary worker's requests for ``seconds``: a 100-row batch, then a health check; latency each."""
+    out, t0, i, run = [], datetime.now(UTC), 0, random.getrandbits(32)
+    end = time.monotonic() + seconds
+    with httpx.Client(base_url=url, timeout=60) as h:
+        while time.monotonic() < end:
+            t = time.perf_counter()
+            r = h.post("/v1/telemetry", content=body(10_000_000 + i, t0), headers={
+                "Authorization": f"Bearer {TOKEN}", "content-type": ARROW, "idempotency-key": f"ordinary-{run}-{i}"})
+            out.append(time.perf_counter() - t)
+            if r.status_code != 200:
+                raise RuntimeError(f"ordinary client refused: {r.status_code} {r.text[:200]}")
+            i += 1
+            time.sleep(0.05)
+    return out
+
+
+def slow_clients_fault(srv: Server, n: int = 200, until_s: float = 300.0) -> dict:
+    """``n`` connections, a third each: a head, a body (Content-Length 100000) sent a byte every 0.25 s,
+    and silent ones, held until the server closes them; an ordinary client posts meanwhile."""
+    import selectors
+
+    kinds = ("head", "body", "idle")
+    head = (b"POST /v1/telemetry HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + TOKEN.encode()
+            + b"\r\nContent-Type: " + ARROW.encode() + b"\r\nContent-Length: 100000\r\n\r\n")
+    conns = []
+    sel = selectors.DefaultSelector()
+    for i in range(n):
+        sock = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+        kind = kinds[i % 3]
+        sock.sendall({"head": b"GET /v1/health HTTP/1.1\r\n", "body": head, "idle": b""}[kind])
+        sock.setblocking(False)
+        c = {"kind": kind, "sock": sock, "t0": time.monotonic(), "closed": None, "answer": b""}
+        conns.append(c)
+        sel.register(sock, selectors.EVENT_READ, c)
+    latencies: list[float] = []
+    errors: list[str] = []
+
+    def ordinary() -> None:
+        try:
+            latencies.extend(_ordinary_latencies(srv.url, 15.0))
+        except Exception as e:  # noqa: BLE001 - reported in the table, not lost in a thread
+            errors.append(f"{type(e).__name__}: {e}"[:300])
+
+    side = threading.Thread(target=ordinary, daemon=True)
+    side.start()
+    end, drip = time.monotonic() + until_s, 0.0
+    while time.monotonic() < end and any(c["closed"] is None for c in conns):
+        for key, _ in sel.select(timeout=0.05):
+            c = key.data
+            try:
+                data = c["sock"].recv(65536)
+            except BlockingIOError:
+                continue
+            except OSError:
+                data = b""
+            c["answer"] += data
+            if not data:
+                c["closed"] = time.monotonic() - c["t0"]
+                sel.unregister(c["sock"])
+                c["sock"].close()
+        if time.monotonic() >= drip:
+            for c in conns:
+                if c["closed"] is None and c["kind"] != "idle":
+                    try:
+                        c["sock"].send(b"X" if c["kind"] == "head" else b"\x00")
+                    except OSError:
+                        pass
+            drip = time.monotonic() + 0.25
+    side.join(60)
+    out = {}
+    for kind in kinds:
+        mine = [c for c in conns if c["kind"] == kind]
+        closed = sorted(c["closed"] for c in mine if c["closed"] is not None)
+        out[kind] = {"held": len(mine), "closed": len(closed),
+                     "answered_408": sum(c["answer"].startswith(b"HTTP/1.1 408") for c in mine),
+                     "first_s": closed[0] if closed else None, "last_s": closed[-1] if closed else None}
+        for c in mine:
+            if c["closed"] is None:
+                c["sock"].close()
+    out["latencies"], out["errors"] = latencies, errors
+    return out
+
+
+def bomb_fault(srv: Server, rows: int = 2_000_000) -> dict:
+    """A zstd Arrow body of ``rows`` step rows (10,000 rows written ``rows / 10,000`` times): the answer
+    and the server's peak RSS around it."""
+    one = records.to_arrow("step", [{"worker_id": "w1", "session_id": "bomb", "release": "r1", "gpu_kind": "cpu",
+                                     "ts": datetime.now(UTC), "step": 1, "diffusion_ms": 150.5,
+                                     "step_period_ms": 166.5, "late": False, "playout_depth": 2,
+                                     "reset_step": False, "mem_allocated_bytes": 1000, "mem_reserved_bytes": 4096,
+                                     "buffers_registered": 1, "switches": "ring_cache"}] * 10_000)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, one.schema, options=pa.ipc.IpcWriteOptions(compression="zstd")) as w:
+        for _ in range(rows // 10_000):
+            w.write_table(one)
+    bomb = sink.getvalue().to_pybytes()
+    before = _rss_peak_mb(srv.proc.pid)
+    t = time.perf_counter()
+    r = httpx.post(f"{srv.url}/v1/telemetry", content=bomb, timeout=300,
+                   headers={"Authorization": f"Bearer {TOKEN}", "content-type": ARROW})
+    return {"body_mb": len(bomb) / 1e6, "decoded_mb": rows * one.get_total_buffer_size() / 10_000 / 1e6,
+            "status": r.status_code, "detail": r.json().get("detail", "")[:90], "seconds": time.perf_counter() - t,
+            "rss_before_mb": before, "rss_after_mb": _rss_peak_mb(srv.proc.pid)}
+
+
+def http_faults_main() -> int:
+    """``--http-faults``: slow and idle connections, then a decompression bomb; a table, the ratio last."""
+    import statistics
+
+    work = Path(tempfile.mkdtemp(prefix="livestep-http-faults-"))
+    srv = Server(work)
+    srv.start()
+    try:
+        baseline = _ordinary_latencies(srv.url, 10.0)
+        held = slow_clients_fault(srv)
+        bomb = bomb_fault(srv)
+        alive = httpx.get(f"{srv.url}/v1/health", timeout=30).status_code
+    finally:
+        srv.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    limits = {"idle": "LIVESTEP_IDLE_TIMEOUT_S", "head": "LIVESTEP_HEADER_TIMEOUT_S", "body": "LIVESTEP_BODY_TIMEOUT_S"}
+    from api.http_limits import HttpLimits
+
+    deadline = {"idle": HttpLimits().idle_timeout_s, "head": HttpLimits().header_timeout_s,
+                "body": HttpLimits().body_timeout_s}
+    print(f"{'connection':10s} {'held':>5s} {'closed':>7s} {'408':>5s} {'deadline s':>11s} {'first s':>8s} "
+          f"{'last s':>8s}  bound")
+    for kind in ("head", "body", "idle"):
+        k = held[kind]
+        print(f"{kind:10s} {k['held']:5d} {k['closed']:7d} {k['answered_408']:5d} {deadline[kind]:11.1f} "
+              f"{k['first_s'] or float('nan'):8.2f} {k['last_s'] or float('nan'):8.2f}  {limits[kind]}")
+    print()
+    print(f"zstd bomb: {bomb['body_mb']:.1f} MB body, {bomb['decoded_mb']:.0f} MB decoded -> {bomb['status']} in "
+          f"{bomb['seconds']:.2f} s ({bomb['detail']}...)")
+    print(f"server peak RSS: {bomb['rss_before_mb']:.0f} MB before the bomb, {bomb['rss_after_mb']:.0f} MB after")
+    print(f"server answers after both: {alive}")
+    if held["errors"]:
+        print(f"ordinary client failed while the connections were held: {held['errors'][0]}")
+        return 1
+    base, loaded = statistics.median(baseline), statistics.median(held["latencies"])
+    print(f"ordinary POST median: {base * 1e3:.1f} ms alone ({len(baseline)} requests), {loaded * 1e3:.1f} ms with "
+          f"200 slow connections held ({len(held['latencies'])} requests)")
+    print(f"ordinary latency held/alone (baseline: no slow connections = 1.00): {loaded / base:.2f}")
+    closed_all = all(held[k]["closed"] == held[k]["held"] for k in ("head", "body", "idle"))
+    return 0 if closed_all and bomb["status"] == 413 and alive == 200 else 1
+
+
 def main() -> int:
+    if "--http-faults" in sys.argv[1:]:
+        return http_faults_main()
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_spool_args(p)
     p.add_argument("--kills", type=int, default=5)

@@ -233,3 +233,16 @@ def ensure_current(store: Store, cluster: str | None = None, apply: bool = True)
                           f"({', '.join(s.name for s in left[:5])}{', ...' if len(left) > 5 else ''}); run "
                           f"`livestep migrate{flag}` (with this server's LIVESTEP_CLICKHOUSE_DSN) first")
     return done
+
+
+def drop_database(store: Store, database: str, sync: bool = False) -> None:
+    """Drop a whole database (the demo's and the detector benchmark's throwaway ones)."""
+    if not _CLUSTER_NAME.match(database):
+        raise SchemaError(f"database name {database!r} is not valid: letters, digits, '_', '.', '-'")
+    store.command(f"DROP DATABASE IF EXISTS {database}{' SYNC' if sync else ''}")
+
+
+def recreate_database(store: Store, database: str) -> None:
+    """An empty database of that name (dropped first, SYNC: a deferred drop would outlive a short process)."""
+    drop_database(store, database, sync=True)
+    store.command(f"CREATE DATABASE {database}")

@@ -74,8 +74,13 @@ def register(subparsers) -> None:
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="spool_command", metavar="ACTION", required=True)
     r = sub.add_parser("requeue", help="insert quarantined batches under their original dedup tokens")
-    r.add_argument("--spool-dir", help="spool directory (default LIVESTEP_SPOOL_DIR or <repo>/var/spool)")
-    r.add_argument("--dsn", help="store DSN (default LIVESTEP_CLICKHOUSE_DSN or chdb://<repo>/var/chdb)")
+    from collector.settings import default_paths
+
+    paths = default_paths()
+    r.add_argument("--spool-dir", help=f"spool directory (default LIVESTEP_SPOOL_DIR, else <LIVESTEP_HOME or "
+                   f"./var>/spool: here {paths['spool']})")
+    r.add_argument("--dsn", help=f"store DSN (default LIVESTEP_CLICKHOUSE_DSN, else chdb://<LIVESTEP_HOME or "
+                   f"./var>/chdb: here {paths['dsn']})")
     r.set_defaults(func=run)
 
 

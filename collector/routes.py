@@ -5,8 +5,10 @@
 A 200 means every row of the batch is in the durable spool (fsync'd); the block writer inserts it
 into ClickHouse later. Every bad input gets a 4xx whose ``detail`` says what was wrong and what is
 valid, and nothing of that batch is stored: 400 unreadable body, 401 no token, 403 not an ingest
-token, 413 size, 415 content type, 422 values or schema; 429 + Retry-After while the spool is over
-its bound.
+token, 413 size (the body's bytes, or what an Arrow body decodes to: rows and bytes, read from its
+metadata before any buffer is decompressed, collector/ipc_budget.py), 415 content type or encoding,
+422 values or schema; 429 + Retry-After while the spool is over its bound. Bodies that are large, or
+decode large, are parsed in the thread pool, never on the event loop.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from collector import records
 from collector.auth import bearer_token, check_bearer
+from collector.ipc_budget import Decoded, decoded_size
 from collector.limits import DEFAULT as DEFAULT_LIMITS
 from collector.limits import Limits
 from collector.spool import IpcStream, KeyConflictError, SpoolError, SpoolFullError, read_ipc_stream
@@ -38,7 +41,8 @@ JSON = "application/json"
 CONTENT_TYPES = (ARROW_STREAM, JSON)
 _EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 _BATCH = TypeAdapter(records.TelemetryBatch)
-_THREADPOOL_BYTES = 1 << 20  # parse bigger bodies off the event loop
+_THREADPOOL_BYTES = 1 << 20  # parse bodies that are (or decode to) more than this off the event loop
+_DEFAULT_MAX_DECODED = 64 << 20  # collector/settings.py's default, for callers without settings
 
 
 class BadBatchError(Exception):
@@ -295,10 +299,31 @@ def _validate_fully(table: pa.Table) -> None:
                                      f"as pyarrow.ipc.new_stream writes it") from e
 
 
-def parse_arrow(body: bytes, limits: Limits = DEFAULT_LIMITS) -> dict[str, pa.Table | IpcStream]:
+def decoded_within(body: bytes, max_bytes: int) -> Decoded:
+    """What the Arrow stream ``body`` decodes to, from its metadata (nothing decompressed); 413 when it
+    is more than ``records.MAX_BATCH_ROWS`` rows or ``max_bytes`` bytes, 400 when it cannot be read."""
     if len(body) < 8 or body[-8:] != _EOS:
         raise BadBatchError(400, "truncated Arrow IPC stream: it must end with the end-of-stream marker "
                                  "(close the stream writer); send one record kind per body")
+    try:
+        size = decoded_size(body)
+    except (ValueError, pa.ArrowException) as e:
+        raise BadBatchError(400, f"not a readable Arrow IPC stream ({e}); expected one record batch stream "
+                                 f"of one record kind, Content-Type {ARROW_STREAM}") from e
+    if size.rows > records.MAX_BATCH_ROWS:
+        raise BadBatchError(413, f"the Arrow stream decodes to {size.rows} rows, over the limit of "
+                                 f"{records.MAX_BATCH_ROWS} rows per request; send smaller batches")
+    if size.bytes > max_bytes:
+        raise BadBatchError(413, f"the Arrow stream decodes to {size.bytes} bytes, over the limit of {max_bytes} "
+                                 "decoded bytes per request (LIVESTEP_MAX_DECODED_BYTES); send smaller batches")
+    return size
+
+
+def parse_arrow(body: bytes, limits: Limits = DEFAULT_LIMITS, max_decoded_bytes: int = _DEFAULT_MAX_DECODED,
+                checked: Decoded | None = None) -> dict[str, pa.Table | IpcStream]:
+    """An Arrow IPC body -> {kind: table}; ``checked``: ``decoded_within`` already passed (the route's)."""
+    if checked is None:
+        decoded_within(body, max_decoded_bytes)  # before anything is decompressed
     try:
         schema, table, consumed = read_ipc_stream(body)
     except (pa.ArrowInvalid, pa.ArrowException, OSError, ValueError) as e:
@@ -400,9 +425,13 @@ def parse_json(body: bytes, limits: Limits = DEFAULT_LIMITS) -> dict[str, pa.Tab
     return out
 
 
-def parse_body(content_type: str, body: bytes, limits: Limits = DEFAULT_LIMITS) -> dict[str, pa.Table | IpcStream]:
+def parse_body(content_type: str, body: bytes, limits: Limits = DEFAULT_LIMITS,
+               max_decoded_bytes: int = _DEFAULT_MAX_DECODED,
+               checked: Decoded | None = None) -> dict[str, pa.Table | IpcStream]:
     try:
-        return parse_arrow(body, limits) if content_type == ARROW_STREAM else parse_json(body, limits)
+        if content_type == ARROW_STREAM:
+            return parse_arrow(body, limits, max_decoded_bytes, checked)
+        return parse_json(body, limits)
     except BadBatchError:
         raise
     except Exception as e:  # anything unexpected while reading input is the input's fault: never a 5xx
@@ -458,10 +487,12 @@ _ERRORS = {
     for s, d in {400: "unreadable body or header", 401: "missing bearer token",
                  403: "bearer token that is not an ingest token", 413: "body too large",
                  409: "Idempotency-Key already used for a different body (nothing stored)",
-                 415: "unknown content type", 422: "invalid values or schema",
+                 415: "unknown content type, or a Content-Encoding (send bodies unencoded; an Arrow "
+                      "stream may compress its own buffers)", 422: "invalid values or schema",
                  429: "spool full: retry after Retry-After seconds"}.items()
 }
-_HEADERS_READ = frozenset((b"authorization", b"content-type", b"content-length", b"idempotency-key"))
+_HEADERS_READ = frozenset((b"authorization", b"content-type", b"content-length", b"idempotency-key",
+                           b"content-encoding"))
 
 
 class _ClientGoneError(Exception):
@@ -541,6 +572,11 @@ async def _ingest(scope: Scope, receive: Receive) -> bytes:
     if media not in CONTENT_TYPES:
         raise HTTPException(415, f"Content-Type {media or '(none)'!r} is not supported; valid: "
                                  f"{', '.join(CONTENT_TYPES)}")
+    encoding = headers.get(b"content-encoding", "identity").strip().lower()
+    if encoding not in ("identity", ""):  # else a gzip body would be read as JSON: a confusing 400
+        raise HTTPException(415, f"Content-Encoding {encoding[:40]!r} is not supported; send the body unencoded "
+                                 "(identity). An Arrow IPC stream may compress its own buffers (zstd, lz4), "
+                                 "bounded by what they decode to")
     body = await _read_body(receive, headers.get(b"content-length"), settings.max_body_bytes)
     key = headers.get(b"idempotency-key")
     batch_id = _batch_id(key, body, headers.get(b"authorization", ""))
@@ -557,10 +593,11 @@ async def _ingest(scope: Scope, receive: Receive) -> bytes:
         return _ack(shown, known, True)
     limits = state.writer.limits if getattr(state, "writer", None) is not None else DEFAULT_LIMITS
     try:
-        if len(body) > _THREADPOOL_BYTES:
-            tables = await run_in_threadpool(parse_body, media, body, limits)
+        size = decoded_within(body, settings.max_decoded_bytes) if media == ARROW_STREAM else None
+        if max(len(body), size.bytes if size else 0) > _THREADPOOL_BYTES:  # decompress + parse off the loop
+            tables = await run_in_threadpool(parse_body, media, body, limits, settings.max_decoded_bytes, size)
         else:
-            tables = parse_body(media, body, limits)
+            tables = parse_body(media, body, limits, settings.max_decoded_bytes, size)
     except BadBatchError as e:
         if metrics is not None and e.rows:
             metrics.refused_rows(e.status, e.rows)
