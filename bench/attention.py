@@ -4,6 +4,7 @@ and the default's tiles against bf16 SDPA, measured in one process.
     python3 bench/attention.py [--budget-s 200] [--json OUT.json]
     python3 bench/attention.py --pairs split+bf16,bf16+bf16,fp8+fp8 --tiles 128x128   # the short sweep
 
+``--model`` (the CPU box): only the precision model's error per pair, no kernel, no GPU.
 ``--pairs`` (QK+PV, each in ``QK_MODES`` x ``GPU_PV_MODES``; ``PAIR@TILES`` pins one pair's tiles) and
 ``--tiles`` (``BMxBN``, comma-separated; warps 8 for 128-row tiles, else 4; 3 stages; TMA; ``tuned``:
 each pair's launch tiles, ``TUNED``/``TUNED_PAIRS``): only those candidates against SDPA, at the rank
@@ -27,6 +28,7 @@ import datetime as dt
 import json
 import math
 import os
+import statistics
 import sys
 import time
 
@@ -143,7 +145,14 @@ def main() -> None:
         help="only these precision pairs, QK+PV comma-separated (e.g. split+bf16,bf16+bf16,fp8+fp8@64x128)",
     )
     ap.add_argument("--tiles", default="tuned", help="with --pairs: BMxBN tiles, comma-separated, or tuned")
+    ap.add_argument(
+        "--model",
+        action="store_true",
+        help="CPU: only the precision model's error per pair (--pairs; all by default), no kernel",
+    )
     args = ap.parse_args()
+    if args.model:
+        return model_errors(args)
     if args.pairs:
         return short(args)
     dev = torch.device("cuda")
@@ -241,6 +250,36 @@ def main() -> None:
         f"chosen {attn.DEFAULT} {cfg_name(tuned)}: {chosen['us']:.1f} us / SDPA {sdpa_us:.1f} us = "
         f"{chosen['us'] / sdpa_us:.3f}x (goal <= 0.55), rel.err {chosen['err']:.2e} vs SDPA's {chosen['sdpa_err']:.2e}"
     )
+
+
+def model_errors(args, heads: int = 2, queries: int = 128, seeds: int = 4) -> None:
+    """``--model`` (any device, the CPU box): each pair's precision model (``fp8_attention_lowp_ref`` in fp64)
+    vs the fp64 truth at ``heads`` x ``queries`` of the rank's window, over ``seeds`` input sets, with bf16
+    SDPA's on the same inputs; last, bf16+bf16's error over the default's (the pair that may replace it)."""
+    global H, T
+    H, T = heads, queries
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    pairs = [(c[0], c[1]) for c in candidates(args.pairs, "tuned")] if args.pairs else [
+        (qk, pv) for qk in attn.QK_MODES for pv in attn.PV_MODES]  # fmt: skip
+    errs: dict = {p: [] for p in [("-", "-"), *pairs]}
+    for seed in range(seeds):
+        torch.manual_seed(seed)
+        q, kc, vk, ks, vs = inputs(dev)
+        truth = attn.fp8_attention_ref(q, kc, vk, ks, vs, S, compute_dtype=torch.float64).double()
+        errs[("-", "-")].append(rel_err(sdpa(q, kc, vk, ks, vs)(), truth))
+        for qk, pv in pairs:
+            o = attn.fp8_attention_lowp_ref(q, kc, vk, ks, vs, S, qk=qk, pv=pv, compute_dtype=torch.float64)
+            errs[(qk, pv)].append(rel_err(o, truth))
+    print(f"# precision model, {dev.type}: H={H} T={T} S={S} D={D}, {seeds} seeds; DEFAULT={attn.DEFAULT}")
+    print("| QK+PV | rel.err vs fp64 (min-max over seeds) | / SDPA's |")
+    print("|---|---|---|")
+    sd = statistics.mean(errs[("-", "-")])
+    for (qk, pv), e in errs.items():
+        name = "bf16 SDPA" if qk == "-" else f"{qk}+{pv}"
+        print(f"| {name} | {min(e):.2e}-{max(e):.2e} | {statistics.mean(e) / sd:.2f} |")
+    if ("bf16", "bf16") in errs and attn.DEFAULT in errs:
+        r = statistics.mean(errs[("bf16", "bf16")]) / statistics.mean(errs[attn.DEFAULT])
+        print(f"bf16+bf16's error / DEFAULT {attn.DEFAULT}'s: {r:.3f}")
 
 
 def short(args, dev=None) -> None:
