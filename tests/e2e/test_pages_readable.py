@@ -83,7 +83,7 @@ def _overlap(a, b) -> bool:
 
 
 def test_simultaneous_marks_do_not_overprint_and_day_points_sit_mid_day(site):
-    base, _, sim, chromium = site
+    base, _, _, chromium = site
     res = chromium.load(f"{base}/dashboard/", wait_for=CHARTS_JS)
     assert res.errors == [], res.errors
     period = res.probe["fleet-step_period"]
@@ -97,7 +97,7 @@ def test_simultaneous_marks_do_not_overprint_and_day_points_sit_mid_day(site):
 
 
 def test_one_colour_per_release_in_the_report_and_on_the_dashboards(site):
-    base, week, sim, chromium = site
+    base, week, _, chromium = site
     fleet = chromium.load(f"{base}/dashboard/", wait_for=CHARTS_JS).probe
     report = chromium.load(f"{base}/v1/reports/{week}.html", wait_for=REPORT_JS).probe
     dash = fleet["fleet-late_chunks"]["colors"]
@@ -124,7 +124,7 @@ def test_weekly_report_reads_as_text(site):
 
 
 def test_release_page_compares_the_newest_judged_release_with_the_one_before(site):
-    base, _, sim, chromium = site
+    base, _, sim, _ = site
     import httpx
 
     html = httpx.get(f"{base}/dashboard/releases").text
