@@ -39,16 +39,16 @@ import polars as pl
 
 from analytics import queries
 from analytics.findings import finding
+from collector import catalog
 
 # Daily series the change-point pass watches: metric -> (per-session column, aggregate, effect floor in
 # the metric's units: the smallest change of the segment means worth a finding)
+# the metric catalogue's ``daily`` entries (collector/catalog.py). Floors: step period and diffusion
+# 1.5 ms (~1% of a step, 0.9% of the 166.7 ms budget), upkeep 0.1 ms (~1.2% of a healthy ~8.5 ms mean),
+# energy 4000 mJ (~1% of a 4-GPU chunk), late-chunk rate 0.005 (half a point of chunks late).
 DAILY_METRICS: dict[str, tuple[str, str, float]] = {
-    "step_period_ms_p50": ("step_period_ms", "median", 1.5),  # ms: ~1% of a step (0.9% of the 166.7 ms budget)
-    "diffusion_ms_p50": ("diffusion_ms", "median", 1.5),  # ms: ~1% of the diffusion
-    "cache_upkeep_ms_p50": ("upkeep_ms", "median", 0.1),  # ms: ~1.2% of a healthy ~8.5 ms mean upkeep
-    "energy_per_chunk_mj_p50": ("energy_per_chunk_mj", "median", 4000.0),  # mJ: ~1% of a 4-GPU chunk
-    "late_chunk_rate": ("late_rate", "mean", 0.005),  # share: half a point of chunks late
-}
+    m.finding_name + ("_p50" if m.daily[0] == "median" else ""): (m.name, m.daily[0], m.daily[1])
+    for m in catalog.METRICS if m.daily is not None}
 # Why floors at ~1%: a fleet's day-level spread (load, thermals) moves every session of a day together;
 # three days 1% apart are significant to a t-test yet not a regression anyone would act on.
 MIN_SEGMENT_DAYS = 3

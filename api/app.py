@@ -31,7 +31,7 @@ from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 
 import api.routes
-from api import errors
+from api import errors, openapi_limits
 from api.settings import Settings, load_settings
 from collector.migrations import SchemaError, ensure_current
 from collector.store import Store, open_store
@@ -102,7 +102,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             writer = BlockWriter(spool, get_store, settings.flush_rows, settings.flush_interval_s,
                                  settings.retry_max_s, settings.fault_store_down_file,
                                  settings.poison_after_failures,
-                                 fault_refuse_writes_file=settings.fault_refuse_writes_file)
+                                 fault_refuse_writes_file=settings.fault_refuse_writes_file,
+                                 fault_pause_before_commit_file=settings.fault_pause_before_commit_file)
             from collector.metrics import FleetCounters, IngestMetrics
 
             app.state.ingest_metrics, app.state.fleet_counters = IngestMetrics(), FleetCounters()
@@ -152,6 +153,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     instrument(app)  # HTTP request metrics into the app's /metrics registry (api/metrics.py)
     errors.install(app)  # every 4xx body is {"detail": str}, in the OpenAPI too (api/errors.py)
+    openapi_limits.document(app)  # the server's limits and every status, in the OpenAPI (api/openapi_limits.py)
     from api import openapi_docs
 
     openapi_docs.install(app)  # the HTTPBearer scheme (Swagger's Authorize), /redoc with no CDN logo

@@ -4,7 +4,7 @@
     livestep init [DIR]           write the deployment files (Prometheus, Alertmanager, Grafana) to DIR/deploy
     livestep serve [--role ...]   collector + api + scheduler (one process on chDB)
     livestep worker run|bench     the serving worker
-    livestep migrate [--cluster]  apply the schema (sql/ or sql/cluster/) to the store
+    livestep migrate [--cluster]  apply the schema (sql/, or its cluster form) to the store
     livestep simulate|analyze     the fleet simulator and on-demand analytics jobs
     livestep --version
 

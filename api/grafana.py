@@ -19,7 +19,9 @@ import json
 import re
 import sys
 
+from analytics import queries as aq
 from api import timeseries as ts
+from collector import catalog
 
 DATASOURCE = {"type": "grafana-clickhouse-datasource", "uid": "${datasource}"}
 _MACROS = ((r"\{(start|s|lo):DateTime64\(3, 'UTC'\)\}", "$__fromTime"),
@@ -30,11 +32,9 @@ _MARK_COLORS = {"rollout": "blue", "switch": "orange", "incident_open": "red", "
 
 def grafana_sql(sql: str) -> str:
     """Our parameterized SQL with the plugin's time macros (and the fixed parameters as literals)."""
-    from analytics.queries import MIN_STREAMED_S
-
     for pattern, macro in _MACROS:
         sql = re.sub(pattern, macro, sql)
-    sql = sql.replace("{min_s:Float64}", repr(MIN_STREAMED_S))
+    sql = sql.replace("{min_s:Float64}", repr(catalog.MIN_STREAMED_S))
     left = [p for p in re.findall(r"\{\w+:[^}]+\}", sql) if not p.endswith(":singlequote}")]
     if left:
         raise ValueError(f"parameters without a Grafana macro: {left}")
@@ -46,20 +46,18 @@ VARIABLE_FILTER = "release IN (${release:singlequote}) AND gpu_kind IN (${gpu_ki
 
 
 def series_query(s: ts.Series, columns: tuple[str, ...] | None = None) -> str:
-    source = ts.live_source()
+    source = aq.live_source()
     if DAY_BUCKET not in source:
         raise ValueError(f"the live source no longer buckets by {DAY_BUCKET!r}: update api/grafana.py")
     source = source.replace(DAY_BUCKET, "$__timeInterval(start_ts) AS day")
     cols = ", ".join(columns or s.columns)
     return grafana_sql(f"SELECT day AS time, release, {cols} FROM "
-                       f"({ts.series_sql(s, source, VARIABLE_FILTER)}) ORDER BY time")
+                       f"({aq.series_sql(s, source, VARIABLE_FILTER)}) ORDER BY time")
 
 
 def _variable(label: str) -> dict:
-    from analytics.queries import label_values_sql
-
-    return {"name": label, "label": label, "type": "query", "datasource": DATASOURCE, "query": label_values_sql(label),
-            "definition": label_values_sql(label), "multi": True, "includeAll": True, "refresh": 2,
+    return {"name": label, "label": label, "type": "query", "datasource": DATASOURCE, "query": aq.label_values_sql(label),
+            "definition": aq.label_values_sql(label), "multi": True, "includeAll": True, "refresh": 2,
             "current": {"selected": True, "text": ["All"], "value": ["$__all"]}}
 
 
@@ -90,15 +88,13 @@ def _panel(i: int, s: ts.Series, title: str | None = None, sql: str | None = Non
 
 
 def panels() -> list[dict]:
-    from analytics.queries import GRAFANA_TABLES, TURN_LATENCY_SQL
-
     out = [_panel(i, s) for i, s in enumerate(ts.SERIES)]
     fps = ts.SERIES_BY_NAME["fps_fractions"]
     out.append(_panel(len(out), fps, "sessions that streamed >= 1 s, per interval", series_query(fps, ("session_count",)),
                       "count"))
     turns = ts.Series("turn_latency", "turn latency, p50 and p95 of turns", "ms", "", ("p50", "p95"))
-    out.append(_panel(len(out), turns, sql=grafana_sql(TURN_LATENCY_SQL)))
-    for title, sql in GRAFANA_TABLES.items():
+    out.append(_panel(len(out), turns, sql=grafana_sql(aq.TURN_LATENCY_SQL)))
+    for title, sql in aq.GRAFANA_TABLES.items():
         out.append(_table(len(out), title, sql))
     return out
 

@@ -28,31 +28,12 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
+from analytics import queries as aq
 from collector.build_info import build_info
 
 log = logging.getLogger("livestep.api.metrics")
 JOB_LABEL = "analytics_job"  # not "job": Prometheus sets that one on every series it scrapes
 SCOPE_LABELS = ("release", "gpu_kind", "worker_id")  # the scope keys the alert webhook maps back (api/alerts.py)
-
-_QUERIES = {
-    "findings": "SELECT kind, severity, count() FROM findings FINAL WHERE status = 'open' GROUP BY kind, severity",
-    "critical": "SELECT kind, attribution, scope, count() FROM findings FINAL "
-                "WHERE status = 'open' AND severity = 'critical' GROUP BY kind, attribution, scope",
-    "jobs": "SELECT job, count(), countIf(status = 'failed'), "
-            "toUnixTimestamp64Milli(maxIf(finished_at, status = 'ok')) / 1000 FROM job_runs GROUP BY job",
-    "rules": "SELECT name, value, count() FROM switch_rules FINAL WHERE active GROUP BY name, value",
-    "webhook": "SELECT action, count() FROM switch_audit WHERE source = 'alert' GROUP BY action",
-    # per release: first session start (its rollout) and the switch states its sessions started with
-    "releases": "SELECT release, toUnixTimestamp64Milli(min(ts)) / 1000 AS rollout, groupUniqArray(switches), "
-                "groupUniqArray(gpu_kind) FROM sessions WHERE phase = 'start' GROUP BY release "
-                "ORDER BY rollout DESC LIMIT 50",
-    # incidents (api/incidents.py, where its table exists): open until resolved
-    "incidents": "SELECT kind, severity, state, count() FROM incidents FINAL WHERE state != 'resolved' "
-                 "GROUP BY kind, severity, state",
-    "incidents_critical": "SELECT kind, switch, release, gpu_kind, count() FROM incidents FINAL "
-                          "WHERE state != 'resolved' AND severity = 'critical' GROUP BY kind, switch, release, gpu_kind",
-}
-
 
 def _scope_labels(scope: str) -> list[str]:
     kv = dict(p.split("=", 1) for p in scope.split(",") if "=" in p)
@@ -93,13 +74,11 @@ class StoreState(Collector):
             up = 0
             if store is not None:
                 try:
-                    tables = {r[0] for r in store.query_rows(
-                        "SELECT name FROM system.tables WHERE database = currentDatabase()")}
+                    tables = aq.tables(store)
                     up = 1
-                    for name, sql in _QUERIES.items():
-                        table = sql.split(" FROM ", 1)[1].split()[0]
+                    for name, table in aq.STATE_TABLES.items():
                         if table in tables:
-                            rows[name] = store.query_rows(sql)
+                            rows[name] = aq.state_rows(store, name)
                 except Exception as e:  # noqa: BLE001 - a store down reads as livestep_store_up 0
                     log.warning("metrics: store not readable: %s", e)
                     up = 0 if not rows else up

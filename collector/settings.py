@@ -71,7 +71,7 @@ class CollectorSettings(BaseSettings):
         default=None,
         min_length=1,
         max_length=128,
-        description="ClickHouse cluster the store's tables live on (sql/cluster/, applied by `livestep migrate "
+        description="ClickHouse cluster the store's tables live on (sql/ in its cluster form, applied by `livestep migrate "
         "--cluster NAME`); set, the server never applies DDL at start and refuses a schema that is not current",
     )
     migrate_on_start: bool = Field(
@@ -106,6 +106,13 @@ class CollectorSettings(BaseSettings):
         ge=1024,
         le=1024 * MiB,
         description="largest accepted request body; a bigger one gets 413",
+    )
+    max_decoded_bytes: int = Field(
+        default=64 * MiB,
+        ge=1024,
+        le=4096 * MiB,
+        description="most bytes an Arrow IPC body may decode to (its buffers decompressed: zstd, lz4); "
+        "read from the stream's metadata before decoding, a body over it gets 413",
     )
     flush_rows: int = Field(
         default=200_000,
@@ -148,6 +155,12 @@ class CollectorSettings(BaseSettings):
         default=None,
         description="TEST/DRILL ONLY: while this file exists the writer treats the store as unavailable "
         "(rows stay in the spool); None disables the hook",
+    )
+    fault_pause_before_commit_file: Path | None = Field(
+        default=None,
+        description="TEST/DRILL ONLY: while this file exists the writer stops after a block is in the store and "
+        "before its spool commit, and says so by creating <file>.paused (bench/faults.py aims kill -9 there); "
+        "None disables the hook",
     )
 
     @field_validator("ingest_tokens", mode="before")

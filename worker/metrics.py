@@ -68,7 +68,10 @@ class WorkerMetrics(Collector):
         self._cursor = 0  # steps of the current session already in the histograms
         self._session_ms = 0.0  # the current session's summed step periods (its streamed time)
         self._period, self._diffusion = _Hist(), _Hist()
-        self._done = {"sessions": 0, "late": 0, "stall_s": 0.0, "dropped": 0, "poll_failures": 0}  # finished sessions
+        self._done = {"sessions": 0, "late": 0, "stall_s": 0.0, "dropped": 0, "poll_failures": 0}  # finished sessions' totals
+        # switch flips (worker/readiness.py): per mode, their count, late chunks and stall; seconds out of service
+        self._flips: dict[str, list[float]] = {}  # mode -> [flips, late chunks, stall s, to new config s]
+        self._out_of_service_s = 0.0
         self._started = 0
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
@@ -92,6 +95,13 @@ class WorkerMetrics(Collector):
             self._done["stall_s"] += pl.stall_s
             self._done["dropped"] += self._dropped(session)
             self._done["poll_failures"] += self._poll_failures(session)
+            for f in getattr(summary, "flips", None) or []:
+                acc = self._flips.setdefault(f["mode"], [0, 0, 0.0, 0.0])
+                acc[0] += 1
+                acc[1] += f["late_chunks"]
+                acc[2] += f["stall_ms"] / 1e3
+                acc[3] += (f["to_new_config_ms"] or 0.0) / 1e3
+            self._out_of_service_s += getattr(summary, "out_of_service_s", 0.0) or 0.0
             self._session = None
 
     # -- reading ------------------------------------------------------------------------------------
@@ -122,6 +132,7 @@ class WorkerMetrics(Collector):
             period, diffusion = self._period.buckets(), self._diffusion.buckets()
             psum, dsum = self._period.sum, self._diffusion.sum
             started = self._started
+            flips, oos = {m: list(v) for m, v in self._flips.items()}, self._out_of_service_s
         w = self.worker
         yield build_info()
         yield InfoMetricFamily("livestep_worker", "The worker's identity",
@@ -150,6 +161,7 @@ class WorkerMetrics(Collector):
         yield CounterMetricFamily("livestep_worker_switch_poll_failures",
                                   "Switch polls of the control plane that failed (refused, unreachable)", value=polls)
         yield GaugeMetricFamily("livestep_worker_session_running", "1 while a session streams", value=int(running))
+        yield from _flip_families(flips, oos, w)
         if s is None:
             return
         yield from self._session_families(s, running)
@@ -186,6 +198,25 @@ class WorkerMetrics(Collector):
         latest = dict(getattr(tel.power, "latest", None) or {}) if tel.power is not None else {}
         if latest:
             yield from _gpu_families(latest)
+
+
+def _flip_families(flips: dict[str, list[float]], out_of_service_s: float, w):
+    """Switch flips of finished sessions (their ``flip_cost`` events), by how they were applied."""
+    names = (("livestep_worker_flips", "Switch flips applied (mode: background, session_start, inline)"),
+             ("livestep_worker_flip_late_chunks", "Late chunks from a flip's poll to 24 chunks after it took effect"),
+             ("livestep_worker_flip_stall_seconds", "Playback stall over the same chunks"),
+             ("livestep_worker_flip_to_new_config_seconds", "Poll to the first step on the new configuration, summed"))
+    for j, (name, doc) in enumerate(names):
+        f = CounterMetricFamily(name, doc, labels=["mode"])
+        for mode, acc in sorted(flips.items()):
+            f.add_metric([mode], acc[j])
+        yield f
+    yield CounterMetricFamily("livestep_worker_out_of_service_seconds",
+                              "Time the worker blocked between sessions for a switch change (a re-warm)",
+                              value=out_of_service_s)
+    rd = getattr(w, "readiness", None)
+    yield GaugeMetricFamily("livestep_worker_flip_building", "1 while a flip's target is built in the background",
+                            value=int(bool(rd is not None and rd.building())))
 
 
 # livestep name, help, gpu_sample field, scale, DCGM-exporter counterpart (docs/METRICS.md)

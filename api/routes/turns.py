@@ -1,6 +1,6 @@
 """Conversational turns: ``GET /v1/turns`` (latency per release x GPU kind with intervals, per-stage
 medians), the ``/dashboard/turns`` page (per-stage bars of the parts' means, which add up to the mean latency, the table,
-the turn-latency findings) and the turn marks on a session page's step chart (``mark_turns``).
+the turn-latency findings); the turn marks on a session page's step chart are api/dashboard.py's ``mark_turns``.
 The numbers come from analytics/turns.py; the worker side is worker/turns.py.
 """
 
@@ -13,10 +13,11 @@ import polars as pl
 from fastapi import APIRouter, Depends, HTTPException
 from fastapi.responses import HTMLResponse
 
+from analytics import queries as aq
 from analytics import turns
 from api import dashboard as d
+from api import views as qr
 from api.deps import StoreDep, require_reader
-from api.routes import queries as qr
 from api.routes._common import Label, TimeRangeDep
 
 router = APIRouter(tags=["turns"], dependencies=[Depends(require_reader)])
@@ -33,13 +34,13 @@ def _filters(release: str | None, gpu_kind: str | None) -> dict[str, str]:
 def _known(store, release: str | None) -> None:
     if release is None:
         return
-    known = sorted(set(qr.releases_seen(store)) | set(turns.turn_releases(store)))  # turns-only releases too
+    known = sorted(set(aq.releases_seen(store)) | set(aq.turn_releases(store)))  # turns-only releases too
     if release not in known:
         raise HTTPException(404, detail=f"unknown release {release!r}; known releases: {', '.join(known) or 'none'}")
 
 
 def _findings(store, tr, release: str | None, gpu_kind: str | None) -> list[dict[str, Any]]:
-    df = qr.findings_frame(store, kind="regression", scope_labels={"release": release, "gpu_kind": gpu_kind},
+    df = aq.findings_frame(store, kind="regression", scope_labels={"release": release, "gpu_kind": gpu_kind},
                            start=tr.start, end=tr.end, limit=1000)
     if df.height:
         df = df.filter(pl.col("metric").str.starts_with("turn_"))
@@ -111,27 +112,3 @@ def turns_page(store: StoreDep, tr: TimeRangeDep, release: Label = None, gpu_kin
         [{k: r.get(k) for k in ("scope", "metric", "value", "baseline", "effect", "severity", "summary")}
          for r in body["findings"]], empty="none")))
     return d.page("Turns", sections)
-
-
-def session_turns(store, session_id: str) -> pl.DataFrame:
-    return store.query_df(
-        "SELECT turn, step, ts, speaking, cond_tokens, policy, latency_ms, queue_ms, dropped_chunks, stall_ms "
-        "FROM turns WHERE session_id = {sid:String} ORDER BY turn LIMIT 10000", {"sid": session_id})
-
-
-def mark_turns(fig: go.Figure, marks: pl.DataFrame) -> go.Figure:
-    """A session's turns on its step chart: a dotted line (``dashboard.add_marks``, kind "turn") at the
-    first step that used each turn's conditioning, and a marker per turn with its latency on hover."""
-    if not marks.height:
-        return fig
-    rows = list(marks.iter_rows(named=True))
-    d.add_marks(fig, [(r["step"], "turn", f"turn {r['turn']}: {r['latency_ms']:.0f} ms") for r in rows])
-    fig.add_trace(go.Scatter(
-        x=[r["step"] for r in rows], y=[1.0] * len(rows), yaxis="y2", mode="markers", name="turns",
-        marker={"symbol": "triangle-down", "size": 9, "color": ["#12b76a" if r["speaking"] else "#667085" for r in rows]},
-        customdata=[[r["turn"], "speaking" if r["speaking"] else "listening", r["latency_ms"], r["policy"],
-                     r["cond_tokens"]] for r in rows],
-        hovertemplate="turn %{customdata[0]} (%{customdata[1]}, %{customdata[4]} tokens, %{customdata[3]}): "
-                      "first frame %{customdata[2]:.0f} ms after its conditioning<extra></extra>"))
-    fig.update_layout(yaxis2={"overlaying": "y", "range": [0, 1.05], "visible": False})
-    return fig

@@ -59,18 +59,34 @@ def test_delta_rotate_prod_shape(spread, rng, device):
     _delta_case(H, S, D, spread, rng, device)
 
 
+# the prod shape for the default, the old all-FP8 pair and the all-bf16 one (bench/attention.py checks
+# every pair's error at this shape before timing it)
+PROD_MODES = [DEFAULT, ("fp8", "fp8"), ("bf16", "bf16")]
+
+
 @pytest.mark.parametrize("n_valid", [S, 3001])
-@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("mode", PROD_MODES, ids=["default", "fp8-fp8", "bf16"])
 @pytest.mark.parametrize("v_keys", [False, True], ids=["v_dims", "v_keys"])
 def test_fp8_attention_prod_shape(n_valid, mode, v_keys, rng, device):
     check_attention(H, T, S, D, n_valid, *mode, rng, device, MODES[mode], v_keys=v_keys)
 
 
-@pytest.mark.parametrize("Hh,Tq,Sw,n_valid", [(7, 301, 2049, 2001), (3, 1000, 6000, 5999), (20, 33, 700, 129)])
-@pytest.mark.parametrize("mode", [DEFAULT, ("fp8", "fp8"), ("bf16", "bf16")], ids=["default", "fp8-fp8", "bf16"])
+@pytest.mark.parametrize(
+    "Hh,Tq,Sw,n_valid", [(7, 301, 2049, 2001), (3, 1000, 6000, 5999), (20, 33, 700, 129)]
+)
+@pytest.mark.parametrize("mode", PROD_MODES, ids=["default", "fp8-fp8", "bf16"])
 def test_fp8_attention_odd_sizes_gpu(Hh, Tq, Sw, n_valid, mode, rng, device):
     """Odd heads / queries / windows with the launch tiles of the GPU (TUNED, TMA): vs the fp64 truth."""
     check_attention(Hh, Tq, Sw, D, n_valid, *mode, rng, device, MODES[mode], v_keys=True)
+
+
+def test_pv_split_is_refused_on_the_gpu(rng, device):
+    """pv="split" returned non-finite outputs on the H200 (kernels/fp8_attention.py): refused, listing the
+    modes that run here."""
+    g, _ = rng
+    q, k, v, ks, vs = _inputs(2, 40, 64, D, 64, g, device, True)
+    with pytest.raises(AssertionError, match=r"valid here: \['fp8', 'bf16'\]"):
+        fp8_attention(q, k, v, ks, vs, 64, pv="split")
 
 
 @pytest.mark.parametrize("v_keys", [False, True], ids=["v_dims", "v_keys"])
@@ -102,7 +118,7 @@ def _cfg(bm, bn, w, st, tma=False):
     ],
     ids=["64x128w4", "128x64s4", "128x128-tma", "64x128w4-tma"],
 )  # fmt: skip
-@pytest.mark.parametrize("n_valid", [S, 3001])
+@pytest.mark.parametrize("n_valid", [3001])
 @pytest.mark.parametrize("v_keys", [False, True], ids=["v_dims", "v_keys"])
 @pytest.mark.parametrize("mode", [DEFAULT, ("fp8", "fp8")], ids=["default", "fp8-fp8"])
 def test_fp8_attention_variants_prod_shape(cfg, n_valid, v_keys, mode, rng, device):
@@ -263,7 +279,9 @@ def test_chains_graphed_equal_eager(rng, device):
     copied into the captured ones: the same bytes as the eager calls on those inputs."""
     g, seed = rng
     x, y = (torch.randn(T, D_MODEL, generator=g, device=device, dtype=torch.bfloat16) for _ in range(2))
-    gate, w, b = (torch.rand(D_MODEL, generator=g, device=device, dtype=torch.bfloat16) + 0.5 for _ in range(3))
+    gate, w, b = (
+        torch.rand(D_MODEL, generator=g, device=device, dtype=torch.bfloat16) + 0.5 for _ in range(3)
+    )
     u = torch.randn(T, FFN, generator=g, device=device, dtype=torch.bfloat16)
     s = torch.tensor(0.02, device=device)
 
