@@ -1091,6 +1091,18 @@ def turn_stage_medians(store, start: datetime, end: datetime, parts: tuple[str, 
     )
 
 
+def turn_stage_means(store, start: datetime, end: datetime, parts: tuple[str, ...]) -> pl.DataFrame:
+    """Per release x GPU kind x policy: turns, the mean of each part and of the latency (means of parts
+    that add up per turn add up), and the latency's median; from the turns of the window."""
+    means = ", ".join(f"avg(t.{p}_ms) AS {p}_ms" for p in ("latency", *parts))  # t.: the column, not the alias
+    return store.query_df(
+        f"SELECT release, gpu_kind, policy, count() AS turns, {means}, quantile(0.5)(t.latency_ms) AS latency_p50_ms "
+        "FROM turns AS t WHERE ts >= {start:DateTime64(3, 'UTC')} AND ts < {end:DateTime64(3, 'UTC')} "
+        "GROUP BY release, gpu_kind, policy ORDER BY release, gpu_kind, policy",
+        {"start": start, "end": end},
+    )
+
+
 # -- findings and job runs, as the analytics read them back --------------------------------------------
 
 def read_findings(store, kind: str | None = None, job: str | None = None, status: str | None = None) -> pl.DataFrame:
