@@ -580,7 +580,7 @@ def findings_frame(store, *, kind: str | None = None, severity: str | None = Non
     )
 
 
-def session_shapes(store, start: datetime, end: datetime) -> pl.DataFrame:
+def session_first_forward(store, start: datetime, end: datetime) -> pl.DataFrame:
     """Per session whose start record is in [start - 1 day, end): its first-forward token count."""
     return store.query_df(
         "SELECT session_id, any(first_forward_tokens) AS first_forward_tokens FROM sessions "
