@@ -224,6 +224,7 @@ def run_case(case: Case, seed: int, chdb_dir: str, reserved_jitter: float | None
         return holdout_eval.run_case(case, seed, chdb_dir)
     from analytics import jobs
     from analytics.simulate import RESERVED_JITTER_BYTES, simulate_fleet
+    from collector.migrations import drop_database
     from collector.store import open_store
 
     t0 = time.perf_counter()
@@ -286,7 +287,7 @@ def run_case(case: Case, seed: int, chdb_dir: str, reserved_jitter: float | None
             if not case.note and notes:
                 out.false_alarms += [f"variance-note:{r['scope']}" for r in notes]
     finally:
-        store.command(f"DROP DATABASE IF EXISTS {store.database}")
+        drop_database(store, store.database)
     out.seconds = time.perf_counter() - t0
     return out
 

@@ -59,7 +59,9 @@ SESSION_AGE_WINDOW = timedelta(days=14)  # reads raw steps (a slope per session)
 SATURATION_WINDOW = timedelta(days=2)
 RELEASE_POLL = timedelta(minutes=5)
 # trailing-window detectors: each run is the whole current judgement (findings.write_findings current=True)
-CURRENT_JOBS = frozenset({"memory", "fp8_saturation", "power", "regressions", "session_age", "changepoints", "drift", "variance"})
+CURRENT_JOBS = frozenset({"memory", "fp8_saturation", "power", "regressions", "session_age", "changepoints", "drift",
+                          "variance", "flips"})
+FLIPS_WINDOW = timedelta(days=7)
 
 _listeners: list[Callable[[list[dict]], None]] = []
 _listeners_lock = threading.Lock()
@@ -129,8 +131,10 @@ def _report_dir() -> Path:
         try:
             return Path(_report_writer[1]())
         except Exception:
-            log.exception("the report writer's directory is unavailable; reports go under var/reports")
-    return Path(__file__).resolve().parent.parent / "var" / "reports"
+            log.exception("the report writer's directory is unavailable; reports go under <home>/reports")
+    from collector.settings import data_home
+
+    return data_home() / "reports"
 
 
 # -- the jobs: (store, start, end, **extra) -> findings rows --------------------------------------------
@@ -178,6 +182,12 @@ def _turn_regressions(store, start, end, releases=None, **_):
     return turns.run(store, start, end, releases=releases)
 
 
+def _flips(store, start, end, **_):
+    from analytics import flips  # switch flips that hurt sessions (analytics/flips.py)
+
+    return flips.run(store, start, end)
+
+
 def _rollup(store, start, end, **_):
     queries.rollup(store, now=end)
     # no findings of its own: returns None
@@ -203,6 +213,7 @@ JOBS: dict[str, Callable[..., list[dict] | None]] = {
     "drift": _drift,
     "variance": _variance,
     "turn_regressions": _turn_regressions,
+    "flips": _flips,
     "weekly_report": _weekly_report,
     "rollup": _rollup,
 }
@@ -220,7 +231,7 @@ def window(name: str, now: datetime | None = None, week: str | None = None, star
     span = {"memory": MEMORY_WINDOW, "fp8_saturation": SATURATION_WINDOW, "power": power.WINDOW,
             "regressions": REGRESSION_WINDOW, "session_age": SESSION_AGE_WINDOW, "changepoints": CHANGEPOINT_WINDOW,
             "drift": DRIFT_WINDOW, "variance": REGRESSION_WINDOW, "rollup": timedelta(days=1),
-            "turn_regressions": REGRESSION_WINDOW}
+            "turn_regressions": REGRESSION_WINDOW, "flips": FLIPS_WINDOW}
     start = start or end - span.get(name, timedelta(days=7))
     if start >= end:
         raise JobError(f"job window start {start} is not before end {end}; valid: start < end")
@@ -296,8 +307,7 @@ def _record(store, job, started, status, attempt, trigger, start, end, n, error)
 
 def job_runs(store, job: str | None = None):
     """Recorded runs, newest first (polars)."""
-    where = " WHERE job = {job:String}" if job else ""
-    return store.query_df(f"SELECT * FROM job_runs{where} ORDER BY started_at DESC", {"job": job} if job else {})
+    return queries.job_runs(store, job)
 
 
 # -- the scheduler -------------------------------------------------------------------------------------
@@ -377,6 +387,8 @@ def start_scheduler(store, *, timezone=UTC, reports_dir: Path | None = None,
         id="variance", replace_existing=True)
     add(scheduled, CronTrigger(hour=2, minute=50, timezone=timezone), args=[s, "turn_regressions", store],
         id="turn_regressions", replace_existing=True)
+    add(scheduled, IntervalTrigger(hours=1, timezone=timezone), args=[s, "flips", store], id="flips",
+        replace_existing=True)
     add(scheduled, IntervalTrigger(minutes=10, timezone=timezone), args=[s, "rollup", store], id="rollup",
         replace_existing=True, next_run_time=datetime.now(timezone))
     watch = ReleaseWatch()

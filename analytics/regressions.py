@@ -34,16 +34,17 @@ from analytics.stats import (
     judge_proportion,
     relative_noise,
 )
+from collector import catalog
 
-# metric -> (per-session column, relative floor on the median ratio)
+# metric -> (per-session column, relative floor on the median ratio): the catalogue's (collector/catalog.py)
 CONTINUOUS: dict[str, tuple[str, float]] = {
-    "step_period_ms": ("step_period_ms", 0.03),
-    "diffusion_ms": ("diffusion_ms", 0.03),
-    "cache_upkeep_ms": ("upkeep_ms", 0.10),
-    "energy_per_chunk_mj": ("energy_per_chunk_mj", 0.03),
-}
-# metric -> absolute floor on the difference of proportions
-PROPORTIONS: dict[str, float] = {"late_chunk_rate": 0.01, "frac_le_24fps": 0.03, "frac_le_23_5fps": 0.03}
+    m.finding_name: (m.name, m.regression_floor) for m in catalog.METRICS
+    if m.regression_floor is not None and m.aggregation != "share"}
+# metric -> absolute floor on the difference of proportions (late chunks; the fleet fps fractions)
+PROPORTIONS: dict[str, float] = {
+    **{m.finding_name: m.regression_floor for m in catalog.METRICS
+       if m.regression_floor is not None and m.aggregation == "share"},
+    **{name: 0.03 for name in catalog.FPS_FRACTIONS}}
 MIN_SAMPLES = 30
 ALPHA = 0.01
 NOISE_K = 3.0
@@ -57,7 +58,7 @@ class RegressionError(Exception):
 def _proportion_counts(df: pl.DataFrame, metric: str) -> tuple[int, int]:
     if metric == "late_chunk_rate":
         return int(df["late_chunks"].sum()), int(df["steps"].sum())
-    limit = queries.FPS_BUDGET if metric == "frac_le_24fps" else queries.FPS_LOW
+    limit = catalog.FPS_FRACTIONS[metric]
     return int((df["fps"] <= limit).sum()), len(df)
 
 

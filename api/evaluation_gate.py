@@ -22,17 +22,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from analytics import queries as aq
 from collector.switch_names import NUMERIC_SWITCHES
-from collector.where import Where
-
-_LATEST_SQL = """
-SELECT switch, gpu_kind, release, argMax(verdict, ts) AS latest_verdict,
-       argMax(session_id, ts) AS evaluation_id, max(ts) AS latest_ts, argMax(preset, ts) AS latest_preset,
-       argMax(configuration, ts) AS latest_configuration
-FROM evaluations
-WHERE metric = 'overall' AND verdict != 'incomplete' AND {where}
-GROUP BY switch, gpu_kind, release
-ORDER BY switch, gpu_kind, release"""
 
 
 class GateError(Exception):
@@ -46,8 +37,7 @@ class GateError(Exception):
 def evaluations(store, switch: str | None = None, gpu_kind: str | None = None,
                 release: str | None = None) -> list[dict[str, Any]]:
     """The newest overall verdict per (switch, GPU kind, release), filtered by what is given."""
-    w = Where().eq("switch", switch).eq("gpu_kind", gpu_kind).eq("release", release)
-    rows = store.query_rows(_LATEST_SQL.format(where=w), w.params)
+    rows = aq.latest_verdicts(store, switch, gpu_kind, release)
     keys = ("switch", "gpu_kind", "release", "verdict", "evaluation_id", "ts", "preset", "configuration")
     return [{**dict(zip(keys, r, strict=True)), "ts": r[5].isoformat()} for r in rows]
 
@@ -81,12 +71,7 @@ def require(store, switch: str, gpu_kind: str, release: str) -> dict[str, Any] |
 def kinds_in(store, release: str, days: int = 30) -> list[str]:
     """The GPU kinds a release runs on, as far as the store knows: those its workers reported sessions
     from over the last ``days``, and those it has evaluations for."""
-    rows = store.query_rows(
-        "SELECT DISTINCT gpu_kind FROM session_stats WHERE release = {r:String} "
-        "AND first_ts >= now64(3) - toIntervalDay({d:UInt32}) "
-        "UNION DISTINCT SELECT DISTINCT gpu_kind FROM evaluations WHERE release = {r:String} AND metric = 'overall'",
-        {"r": release, "d": days})
-    return sorted(r[0] for r in rows)
+    return aq.release_gpu_kinds(store, release, days)
 
 
 def require_for_scope(store, switch: str, scope: dict[str, str]) -> list[dict[str, Any]]:

@@ -227,3 +227,15 @@ def test_blame_arriving_later_joins_the_incident_and_a_flapping_cause_stays_one(
     # opened; escalated and mitigated; nothing the day it was missed; the daily digest
     assert [len(r.notifications) for r in reps] == [1, 1, 0, 1] and reps[3].changed == []
     assert all(c["to"] not in ("resolved", "reopened") for r in reps for c in r.changed)
+
+
+def test_every_finding_kind_that_can_be_critical_can_open_an_incident():
+    """findings.INCIDENT_KINDS is the one list: a critical drift finding opens an incident (it never did
+    while api/incidents.py kept its own list), and an info-only kind (variance notes) never does."""
+    from analytics import findings
+
+    fs = [_f("drift", {"release": "v2", "gpu_kind": "h200"}, "step_period_ms_p50", severity="critical"),
+          _f("variance", {"release": "v2", "gpu_kind": "h200"}, "step_period_ms", severity="critical")]
+    keys = [g.key for g in incidents.group_findings(fs)]
+    assert keys == ["drift|release=v2"]
+    assert incidents.KINDS == findings.INCIDENT_KINDS and set(findings.INCIDENT_KINDS) <= set(findings.KINDS)
