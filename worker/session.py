@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from collector import catalog
 from collector.flip_fields import FLIP_COST_KIND
 from collector.gpu_kinds import canonical_gpu_kind
 from collector.switch_names import PLAYOUT_SWITCHES, SWITCH_NAMES
@@ -62,7 +63,7 @@ from worker.turns import TurnInbox, TurnPlayer, Turns, check_policy
 
 log = logging.getLogger("livestep.worker.session")
 
-CHUNK_PERIOD_S = 4 / 24  # 166.7 ms: four frames at 24 fps
+CHUNK_PERIOD_S = catalog.CHUNK_DEADLINE_MS / 1000  # 166.7 ms: four frames at 24 fps (collector/catalog.py)
 DYNAMIC_SCALES = "row"  # DiT.act_scales with static_scales off: per-token scales, the plain path
 SATURATION_EVERY = {"cuda": 64, "cpu": 8}  # a saturation probe every N steps (Session's default)
 
