@@ -120,6 +120,11 @@ class Settings(CollectorSettings):
                                   description="replay window of signed webhook deliveries (seconds)")
     switch_cache_s: float = Field(default=0.5, ge=0, le=60, description="how long resolved switch rules are cached")
     switch_poll_s: float = Field(default=1.0, gt=0, le=3600, description="poll interval hinted to workers")
+    # a switch change reaches a scope's workers in waves (Argo Rollouts' maxUnavailable): wave k of ``flip_waves``
+    # (a stable hash of the worker id) gets it ``k * flip_wave_s`` after the rule was written, so at most
+    # 1/flip_waves of the workers apply it at once (api/switchboard.py ``Switchboard.resolve``)
+    flip_waves: int = Field(default=1, ge=1, le=100, description="waves a switch change rolls out in (1: all at once)")
+    flip_wave_s: float = Field(default=60.0, ge=0, le=3600, description="seconds between waves of a switch change")
     canary_min_sessions: int = Field(default=30, ge=1, le=1_000_000, description="sessions per side before a canary is judged")
     session_secret: str | None = Field(default=None, min_length=16, max_length=4096,
                                        description="key that signs browser session cookies (/login); unset: a random "

@@ -114,6 +114,16 @@ def bucket(worker_id: str, salt: str = "") -> int:
     return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") % BUCKETS
 
 
+def rollout_wave(worker_id: str, name: str, waves: int) -> int:
+    """The wave in [0, waves) in which a change of switch ``name`` reaches this worker (salted by the name, so
+    the same workers do not always go first)."""
+    return bucket(worker_id, f"rollout/{name}") * waves // BUCKETS
+
+
+def _aware(t: datetime) -> datetime:
+    return t if t.tzinfo is not None else t.replace(tzinfo=UTC)
+
+
 AUTOMATIC_SOURCES = frozenset({"alert", "incident", "canary"})
 
 
@@ -232,11 +242,17 @@ class Switchboard:
                    key=lambda r: r.version, default=None)
 
     def resolve(self, worker_id: str | None = None, release: str | None = None,
-                gpu_kind: str | None = None) -> tuple[dict[str, bool], int]:
+                gpu_kind: str | None = None, waves: int = 1, wave_s: float = 0.0,
+                now: datetime | None = None) -> tuple[dict[str, bool], int]:
         """The switches some rule covering one worker decides (undecided names are left out: the worker
-        keeps its own value), and the board version."""
+        keeps its own value), and the board version. With ``waves`` > 1 a rule reaches this worker only
+        ``wave(worker) * wave_s`` after it was written (``rollout_wave``): until then the rule before it decides."""
         labels = _labels(worker_id, release, gpu_kind)
         rules, version = self.snapshot()
+        if waves > 1 and wave_s > 0 and worker_id is not None:
+            t = now or datetime.now(UTC)
+            rules = [r for r in rules
+                     if _aware(r.updated_at) + timedelta(seconds=rollout_wave(worker_id, r.name, waves) * wave_s) <= t]
         best: dict[str, Rule] = {}
         for r in rules:
             if r.matches(labels) and (r.name not in best or r.version > best[r.name].version):
