@@ -580,8 +580,8 @@ def findings_frame(store, *, kind: str | None = None, severity: str | None = Non
     )
 
 
-def session_shapes(store, start: datetime, end: datetime) -> pl.DataFrame:
-    """Per session whose start record is in [start - 1 day, end): its first-forward token count."""
+def first_forward_tokens(store, start: datetime, end: datetime) -> pl.DataFrame:
+    """Per session whose records are in [start - 1 day, end): its first-forward token count (the memory page)."""
     return store.query_df(
         "SELECT session_id, any(first_forward_tokens) AS first_forward_tokens FROM sessions "
         "WHERE ts >= {start:DateTime64(3, 'UTC')} - INTERVAL 1 DAY AND ts < {end:DateTime64(3, 'UTC')} "
@@ -856,6 +856,12 @@ def series_frame(store, s: Series, start: datetime, end: datetime, gpu_kind: str
     return store.query_df(series_sql(s, source, str(w)), w.params)
 
 
+def series_time_sql(s: Series, source: str, where: str = "", columns: tuple[str, ...] | None = None) -> str:
+    """The series over ``source`` with its day as ``time`` (Grafana's panels, api/grafana.py)."""
+    return (f"SELECT day AS time, release, {', '.join(columns or s.columns)} FROM "
+            f"({series_sql(s, source, where)}) ORDER BY time")
+
+
 def live_source() -> str:
     """The fleet_daily-shaped rows computed live from the session_fleet view, with ``{start:...}`` /
     ``{end:...}`` / ``{min_s:...}`` parameters (what Grafana runs, its macros substituted)."""
@@ -1086,6 +1092,17 @@ def turn_stage_medians(store, start: datetime, end: datetime, parts: tuple[str, 
         f"SELECT release, gpu_kind, policy, countMerge(turns) AS turns, countIfMerge(stalled_turns) AS stalled,"
         f" {_turn_medians(parts)} FROM turn_stats "
         "WHERE first_ts >= {start:DateTime64(3, 'UTC')} AND first_ts < {end:DateTime64(3, 'UTC')} "
+        "GROUP BY release, gpu_kind, policy ORDER BY release, gpu_kind, policy",
+        {"start": start, "end": end},
+    )
+
+
+def turn_stage_means(store, start: datetime, end: datetime, parts: tuple[str, ...]) -> pl.DataFrame:
+    """Per release x GPU kind x policy: turns, the mean of each part and of the latency, the latency's median."""
+    means = ", ".join(f"avg(t.{p}_ms) AS {p}_ms" for p in ("latency", *parts))  # t.: the column, not the alias
+    return store.query_df(
+        f"SELECT release, gpu_kind, policy, count() AS turns, {means}, quantile(0.5)(t.latency_ms) AS latency_p50_ms "
+        "FROM turns AS t WHERE ts >= {start:DateTime64(3, 'UTC')} AND ts < {end:DateTime64(3, 'UTC')} "
         "GROUP BY release, gpu_kind, policy ORDER BY release, gpu_kind, policy",
         {"start": start, "end": end},
     )
