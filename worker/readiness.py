@@ -68,6 +68,7 @@ class WarmState:
     model: DiT
     probe: SaturationProbe | None
     seconds: float = 0.0
+    complete: bool = True  # every bucket's graphs (False: ``build_quick``'s, the least a live swap needs)
 
 
 def model_view(model: DiT) -> DiT:
@@ -152,6 +153,42 @@ def build_warm(worker, sw: Switches, buckets: tuple[int, ...], *, model: DiT, pr
     return warm
 
 
+def build_quick(worker, sw: Switches, bucket: int, *, model: DiT, probe: SaturationProbe | None,
+                graph_mode: str = "thread_local", pace=None) -> WarmState:
+    """The least a live session's swap needs: ``bucket``'s first forward and the full window's step (calibrating,
+    then plain and probed) captured on a cache of its own, its window filled with stand-in tokens first (a live
+    window is full by the time a flip arrives, and graphs key on the window size). No fill-step graphs and no
+    other bucket: ``complete`` False; the full state follows (``build_warm``)."""
+    from worker.session import DYNAMIC_SCALES  # session.py imports this module
+
+    t0 = time.perf_counter()
+    shape, dev = worker.shape, worker.device
+    cache = make_cache(shape, sw, dev, model.dtype)
+    runner = ChunkRunner(model, sw.cuda_graphs, probe=probe, capture="any")
+    runner.graph_mode = graph_mode
+    model.act_scales = "static" if sw.static_scales else DYNAMIC_SCALES
+    model.set_compile(sw.compile, triton=sw.triton_kernels)
+    model.reset_act_scales()
+    if probe is not None:
+        probe.compiled = sw.compile
+    gen = torch.Generator(device=dev).manual_seed(bucket)
+    worker.register_forward(bucket, sw)
+    cond_kv = runner.first_forward(torch.randn(bucket, shape.d_model, generator=gen, device=dev), cache)
+    k = torch.randn(shape.n_blocks, shape.heads, shape.window, shape.head_dim, generator=gen, device=dev).to(model.dtype)
+    cache.load_tokens(k, torch.randn_like(k), cache.book.next_pos + shape.window)  # also compiles the swap's write
+    del k
+    T, C = shape.new_tokens, shape.latent_channels
+    for i in range(3):  # calibrating (static scales), then calibrated plain + probed, then one replay
+        if pace is not None:
+            pace(i)
+        cache.begin_step(T)
+        worker.register_forward(T, sw)
+        runner(torch.randn(T, C, generator=gen, device=dev), cache, cond_kv)
+        cache.end_step()
+    runner.capture = "never"
+    return WarmState(sw, cache, runner, (bucket,), model, probe, time.perf_counter() - t0, complete=False)
+
+
 @contextlib.contextmanager
 def _build_context(device: torch.device):
     """A build's thread: its own CUDA stream (the step loop's stream never waits on it) and a short GIL
@@ -197,7 +234,9 @@ class _Build:
     first: int | None
     t_request: float
     thread: threading.Thread | None = None
-    warm: WarmState | None = None
+    quick: WarmState | None = None  # build_quick's, for a live swap (taken once)
+    quick_taken: bool = False
+    warm: WarmState | None = None  # the complete one
     error: str | None = None
     t_ready: float | None = None
 
@@ -279,13 +318,20 @@ class Readiness:
             with _build_context(w.device):
                 if self.delay_s:
                     time.sleep(self.delay_s)
-                view = model_view(w.model)
+                cuda = w.device.type == "cuda"
+                if b.first is not None:  # a live session waits for it: the least its swap needs, first
+                    quick = build_quick(w, b.switches, b.first, model=model_view(w.model),
+                                        probe=SaturationProbe(w.device), pace=self.pace)
+                    if cuda:
+                        torch.cuda.current_stream().synchronize()  # this thread's stream only: ready to replay
+                    b.quick = quick
+                view = model_view(w.model)  # the quick state's view may be the live model by now: one of its own
                 probe = SaturationProbe(w.device)
                 warm = build_warm(w, b.switches, w.cond_buckets, model=view, probe=probe, first=b.first,
                                   reset_run=_key(b.switches) not in self.prepared, graph_mode="thread_local",
                                   pace=self.pace)
-                if w.device.type == "cuda":
-                    torch.cuda.current_stream().synchronize()  # this thread's stream only: ready to replay
+                if cuda:
+                    torch.cuda.current_stream().synchronize()
             b.warm = warm
         except Exception as e:  # noqa: BLE001 - a failed build leaves the session on what it runs
             log.exception("flip build for [%s] failed", b.switches.encode())
@@ -302,22 +348,29 @@ class Readiness:
             return b.warm if b is not None and b.warm is not None and _key(b.switches) == _key(sw) else None
 
     def failed(self, sw: Switches) -> str | None:
+        """Why the build for ``sw`` failed before anything could be swapped in (None: it did not)."""
         with self._lock:
             b = self._build
-            return b.error if b is not None and _key(b.switches) == _key(sw) else None
+            return b.error if b is not None and _key(b.switches) == _key(sw) and not b.quick_taken else None
 
     def building(self) -> bool:
         with self._lock:
             return self._wanted is not None or (self._build is not None and self._build.t_ready is None)
 
-    def take(self, sw: Switches) -> WarmState | None:
-        """The ready warm state for ``sw``, handed over (the worker now owns it)."""
+    def take(self, sw: Switches, complete: bool = False) -> WarmState | None:
+        """A ready warm state for ``sw``, handed over (the worker now owns it): the complete one when built,
+        else (``complete`` False) the quick one, once."""
         with self._lock:
             b = self._build
-            if b is None or b.warm is None or _key(b.switches) != _key(sw):
+            if b is None or _key(b.switches) != _key(sw):
                 return None
-            self._build = None
-            return b.warm
+            if b.warm is not None:
+                self._build = None
+                return b.warm
+            if not complete and b.quick is not None and not b.quick_taken:
+                b.quick_taken = True
+                return b.quick
+            return None
 
     def wait(self, timeout_s: float = 600.0) -> bool:
         """Until no build runs (benches and tests between phases); False on timeout."""

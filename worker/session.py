@@ -219,17 +219,17 @@ class Worker:
         if getattr(self, "building", False) or warm is None or warm.runner.capture != "never":
             return 0.0  # not warm, or a build's / warm()'s own session
         final = s.switches.model_switches()
-        if final == warm.switches.model_switches():
+        if final == warm.switches.model_switches() and (warm.complete or not s.background):
             return 0.0
         t0 = time.perf_counter()
         target = s.flips.target
         if not s.background:
             log.info("switches changed to [%s]: re-warming", final.encode())
             self.warm(final, warm.buckets)
-        elif target is not None and target.switches.model_switches() == final:
-            self.adopt(target)
-        elif (ready := self.readiness.take(final)) is not None:
+        elif (ready := self.readiness.take(final, complete=True)) is not None:
             self.adopt(ready)
+        elif target is not None and target.switches.model_switches() == final:
+            self.adopt(target)  # the quick state until the complete one is built (the next session attaches)
         else:
             self.readiness.request(final)
         return time.perf_counter() - t0
@@ -517,8 +517,8 @@ class Session:
         w, shape, tel = self.w, self.w.shape, self.tel
         dev = w.device
         self.t_start = t_wall0 = time.perf_counter()
-        if self.background and w.warm_for(self.switches) is None:  # built since the last session ended
-            if (ready := w.readiness.take(self.switches)) is not None:
+        if self.background and not getattr(w.warm_for(self.switches), "complete", False):
+            if (ready := w.readiness.take(self.switches, complete=True)) is not None:  # built since the last session
                 w.adopt(ready)
         warm = w.warm_for(self.switches)
         self.started_warm = warm is not None and warm.runner.capture == "never"
@@ -526,6 +526,8 @@ class Session:
             self.cache = warm.cache
             self.cache.restart()
             self.ff_tokens = w.bucket(self.cond_tokens)
+            if self.background and not warm.complete:  # a flip's quick state: attach to its complete one
+                self.flips.want(self, self.switches, -1, {})
         else:
             self.cache = make_cache(shape, self.switches, dev, w.model.dtype)
             self.ff_tokens = self.cond_tokens
