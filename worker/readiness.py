@@ -2,9 +2,10 @@
 
     w = Worker("prod57b"); w.warm(sw, neighbours=RUNTIME_SWITCHES)   # + each one-switch neighbour's compiles
     # mid-session, a flip polled at step i: Readiness builds the target on a thread (a model view, its own
-    # cache, runner and graphs, on a side stream) while the session steps its current configuration;
-    # the session swaps at the first step boundary after it is ready (``carry``); after the session the
-    # worker keeps the target as its warm state: nothing blocks between sessions.
+    # cache, runner and graphs, on a side stream) while the session steps its current configuration: first
+    # the least a swap needs (build_quick), then the complete warm state (build_warm); the session swaps at
+    # the first step boundary after the quick one is ready (carry_cache, carry_scales); the worker keeps the
+    # target (later sessions swap the complete one in): nothing blocks between sessions.
 
 What is held for readiness: at warm time every runtime switch's one-flip neighbour of the warm set runs
 one short synthetic session (no graphs) on a model view, so inductor's and Triton's caches hold every
