@@ -186,7 +186,7 @@ def main() -> int:
             to_on = {k: not v for k, v in to_off.items()}
             a, pk_a, res_a = session(sw, to_off, f"{name}-off")
             b, pk_b, res_b = session(off, to_on, f"{name}-on")  # the next session of the off flip
-            c, _, res_c = session(sw, None, f"{name}-next")  # the next session of the on flip
+            c, _, _ = session(sw, None, f"{name}-next")  # the next session of the on flip
             for direction, s, nxt, pk, res in (("off", a, b, pk_a, res_a), ("on", b, c, pk_b, res_b)):
                 f = next((f for f in s.flips if f["step"] >= 0), {})  # the control plane's flip
                 row = {"switch": name, "dir": direction, "late": f.get("late_chunks"), "stall": f.get("stall_ms"),

@@ -99,7 +99,6 @@ def test_a_session_on_a_quick_state_attaches_to_the_complete_one(cpu_graphs, mon
         if step == 2:
             release.set()
             assert w.readiness.wait()
-        return None
 
     off = {**PROD, "delta_rotation": False}
     s = w.run_session(steps=6, realtime=False, switches=off, cond_tokens=11, switch_source=source)
