@@ -16,6 +16,10 @@ the session (the cache is rebuilt holding the same window), each change reported
 captured once for the worker (worker/graphs.py) on its own cache; an unwarmed session captures the
 step once its window is full (the cache's advance/reset stays eager outside the graph either way).
 What a session made is freed by reference counting when it ends (tests/worker/test_lifetime.py).
+A flip of the step's work on a warm worker is built in the background and swapped in at a step boundary
+(worker/readiness.py, worker/flips.py); the Worker that runs sessions is worker/process.py. This module is
+over 450 lines because the step loop and what it does between steps (switches, turns, the playout wait, the
+end records) share the session's state; each of those that grew a life of its own lives in its own module.
 
 With ``static_scales`` (FP8 activations quantized with per-tensor scales calibrated on the session's
 first forward and chunk; off: per-token dynamic scales), one step in ``saturation_every`` (64 on CUDA,
@@ -47,10 +51,11 @@ from worker.config import (
     Switches,
 )
 from worker.decoder import Decoder
+from worker.flips import FlipCost, Flips, carry_cache, carry_scales
 from worker.fp8 import SaturationProbe
 from worker.graphs import ChunkRunner
 from worker.process import Worker, _as_switches, cond_buckets_of  # noqa: F401 - re-exported: Worker runs Sessions
-from worker.readiness import FlipCost, Flips, WarmState, carry_cache, carry_scales
+from worker.readiness import WarmState
 from worker.switches import SwitchSource, make_source
 from worker.telemetry import ListSink, Playout, Telemetry, rss_bytes, weak_method
 from worker.turns import TurnInbox, TurnPlayer, Turns, check_policy

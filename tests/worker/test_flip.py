@@ -10,8 +10,9 @@ from __future__ import annotations
 import torch
 
 from worker.config import ModelShape, Switches
+from worker.flips import FLIP_COST_STEPS, carry_cache
 from worker.model import DiT
-from worker.readiness import FLIP_COST_STEPS, RUNTIME_SWITCHES, carry_cache, model_view, neighbour
+from worker.readiness import RUNTIME_SWITCHES, model_view, neighbour
 from worker.session import Worker
 from worker.telemetry import ListSink
 
