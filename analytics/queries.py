@@ -880,12 +880,6 @@ ANNOTATION_SQL: dict[str, str] = {
 }
 
 
-def series_time_sql(s: Series) -> str:
-    """The series over the live view, with a ``time`` column per day (Grafana's panels, api/grafana.py)."""
-    return (f"SELECT toDateTime(day, 'UTC') AS time, release, {', '.join(s.columns)} FROM "
-            f"({series_sql(s, live_source())}) ORDER BY time")
-
-
 def annotation_rows(store, kind: str, start: datetime, end: datetime) -> list[tuple]:
     """(time, text) of one kind of ``ANNOTATION_SQL`` mark in [start, end), oldest first."""
     return store.query_rows(ANNOTATION_SQL[kind], {"s": start, "e": end})
@@ -1138,3 +1132,29 @@ def flip_costs(store, start: datetime, end: datetime, switch: str | None = None,
         f" {where} ORDER BY ts DESC, worker_id, switch",
         params,
     )
+
+
+# -- what the Grafana dashboard adds to the pages' series (api/grafana.py; the plugin's macros in place) -----
+
+def label_values_sql(label: str) -> str:
+    """A dashboard variable's values: every ``release`` or ``gpu_kind`` seen in sessions."""
+    if label not in ("release", "gpu_kind"):
+        raise ValueError(f"no variable for {label!r}; valid: release, gpu_kind")
+    return f"SELECT DISTINCT {label} FROM session_fleet ORDER BY {label}"
+
+
+GRAFANA_TABLES = {  # panel title -> SQL; $release / $gpu_kind are the dashboard's variables
+    "open findings": "SELECT kind, severity, scope, metric, value, attribution AS switch, first_seen FROM findings FINAL "
+                     "WHERE status = 'open' AND severity IN ('warning', 'critical') ORDER BY severity, first_seen DESC",
+    "active switch rules": "SELECT name AS switch, if(value, 'on', 'off') AS value, scope, cohort, actor, reason, "
+                           "updated_at FROM switch_rules FINAL WHERE active ORDER BY updated_at DESC",
+}
+TURN_LATENCY_SQL = ("SELECT $__timeInterval(ts) AS time, release, quantile(0.5)(latency_ms) AS p50, "
+                    "quantile(0.95)(latency_ms) AS p95 FROM turns WHERE ts >= $__fromTime AND ts < $__toTime "
+                    "AND release IN (${release:singlequote}) AND gpu_kind IN (${gpu_kind:singlequote}) "
+                    "GROUP BY time, release ORDER BY time")
+
+
+def turn_releases(store) -> list[str]:
+    """Every release that has turn records (a release can have turns and no session statistics yet)."""
+    return [r[0] for r in store.query_rows("SELECT DISTINCT release FROM turns ORDER BY release")]

@@ -104,6 +104,19 @@ def stage_medians(store, start: datetime, end: datetime) -> pl.DataFrame:
     return queries.turn_stage_medians(store, start, end, PARTS)
 
 
+def stage_means(store, start: datetime, end: datetime) -> pl.DataFrame:
+    """Per release x GPU kind (and policy): turns, the mean of each part and of the latency, and the
+    latency's median. The parts of a turn add up to its latency, so their means add up to the mean
+    latency (their medians do not: the dashboard stacks these)."""
+    means = ", ".join(f"avg(t.{p}_ms) AS {p}_ms" for p in ("latency", *PARTS))  # t.: the column, not the alias
+    return store.query_df(
+        f"SELECT release, gpu_kind, policy, count() AS turns, {means}, quantile(0.5)(t.latency_ms) AS latency_p50_ms "
+        "FROM turns AS t WHERE ts >= {start:DateTime64(3, 'UTC')} AND ts < {end:DateTime64(3, 'UTC')} "
+        "GROUP BY release, gpu_kind, policy ORDER BY release, gpu_kind, policy",
+        {"start": start, "end": end},
+    )
+
+
 # ---------------------------------------------------------------------------------------------
 # The detector
 

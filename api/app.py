@@ -102,7 +102,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             writer = BlockWriter(spool, get_store, settings.flush_rows, settings.flush_interval_s,
                                  settings.retry_max_s, settings.fault_store_down_file,
                                  settings.poison_after_failures,
-                                 fault_refuse_writes_file=settings.fault_refuse_writes_file)
+                                 fault_refuse_writes_file=settings.fault_refuse_writes_file,
+                                 fault_pause_before_commit_file=settings.fault_pause_before_commit_file)
             from collector.metrics import FleetCounters, IngestMetrics
 
             app.state.ingest_metrics, app.state.fleet_counters = IngestMetrics(), FleetCounters()

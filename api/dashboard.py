@@ -251,6 +251,24 @@ def add_marks(fig: go.Figure, marks: list, xs: Any = None) -> go.Figure:
     return fig
 
 
+def mark_turns(fig: go.Figure, marks: pl.DataFrame) -> go.Figure:
+    """A session's turns on its step chart: a dotted line (``dashboard.add_marks``, kind "turn") at the
+    first step that used each turn's conditioning, and a marker per turn with its latency on hover."""
+    if not marks.height:
+        return fig
+    rows = list(marks.iter_rows(named=True))
+    add_marks(fig, [(r["step"], "turn", f"turn {r['turn']}: {r['latency_ms']:.0f} ms") for r in rows])
+    fig.add_trace(go.Scatter(
+        x=[r["step"] for r in rows], y=[1.0] * len(rows), yaxis="y2", mode="markers", name="turns",
+        marker={"symbol": "triangle-down", "size": 9, "color": ["#12b76a" if r["speaking"] else "#667085" for r in rows]},
+        customdata=[[r["turn"], "speaking" if r["speaking"] else "listening", r["latency_ms"], r["policy"],
+                     r["cond_tokens"]] for r in rows],
+        hovertemplate="turn %{customdata[0]} (%{customdata[1]}, %{customdata[4]} tokens, %{customdata[3]}): "
+                      "first frame %{customdata[2]:.0f} ms after its conditioning<extra></extra>"))
+    fig.update_layout(yaxis2={"overlaying": "y", "range": [0, 1.05], "visible": False})
+    return fig
+
+
 def add_threshold(fig: go.Figure, y: float, label: str) -> go.Figure:
     fig.add_shape(type="line", xref="paper", x0=0, x1=1, y0=y, y1=y, name="threshold",
                   line={"color": "#b42318", "width": 1.5, "dash": "dash"})

@@ -23,7 +23,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
 
-_MUST_EXIST = frozenset(("release", "baseline", "candidate"))  # query names answered 404 when unknown
+_MUST_EXIST = frozenset(("release", "baseline", "candidate", "name"))  # query names answered 404 when unknown
 # statuses a route answers that neither its declaration nor the rules above give (reads its body itself)
 _ALSO = {("post", "/v1/alerts"): {413: "body over the webhook's byte limit"},
          ("get", "/logout"): {303: "to /login, the session cookie dropped"}}

@@ -14,6 +14,10 @@ until it is acked, as the shipping client does. In one run:
    real store's refusal is tests/collector/test_store_refusing_writes.py), then recovers;
 3. a retry storm of ``--storm-s``: every batch posted 3 times at once, plus re-posts of acked ones.
 
+``--spool`` runs the spool's faults instead (``spool_faults``): kill -9 aimed between the writer's insert and its
+commit (``--aimed-kills``, session_stats against the raw table), the spool on a full tmpfs (root), and keys spelled
+like other batches' ids.
+
 Then the spool is drained, the server stopped, and the store counted: acked rows (rows of batches
 answered 200 and not duplicate), lost (acked rows missing from the store) and duplicated (rows stored
 more than once). Prints a table, then LAST the ratio stored/acked (baseline: every acked row stored once).
@@ -30,6 +34,7 @@ connections are held over its median without them (measured in the same run).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import random
 import shutil
@@ -70,8 +75,10 @@ def body(i: int, t0: datetime) -> bytes:
 
 
 class Server:
-    def __init__(self, work: Path):
+    def __init__(self, work: Path, spool_dir: Path | None = None, env: dict[str, str] | None = None):
         self.work = work
+        self.spool_dir = spool_dir or work / "spool"
+        self.extra_env = env or {}
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
@@ -81,9 +88,9 @@ class Server:
 
     def start(self) -> None:
         env = {**os.environ, "LIVESTEP_INGEST_TOKENS": TOKEN, "LIVESTEP_FAULT_REFUSE_WRITES_FILE": str(self.refuse),
-               "LIVESTEP_FLUSH_INTERVAL_S": "0.1", "LIVESTEP_RETRY_MAX_S": "1", "LIVESTEP_SPOOL_MAX_BYTES": str(2 << 30)}
+               "LIVESTEP_FLUSH_INTERVAL_S": "0.1", "LIVESTEP_RETRY_MAX_S": "1", "LIVESTEP_SPOOL_MAX_BYTES": str(2 << 30), **self.extra_env}
         cmd = [sys.executable, "-m", "api.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port), "--role",
-               "collector", "--dsn", f"chdb://{self.work / 'chdb'}", "--spool-dir", str(self.work / "spool"),
+               "collector", "--dsn", f"chdb://{self.work / 'chdb'}", "--spool-dir", str(self.spool_dir),
                "--log-level", "warning"]
         log = open(self.work / "serve.log", "ab")  # noqa: SIM115 (the child writes it)
         self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -333,6 +340,7 @@ def main() -> int:
     if "--http-faults" in sys.argv[1:]:
         return http_faults_main()
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_spool_args(p)
     p.add_argument("--kills", type=int, default=5)
     p.add_argument("--kill-every-s", type=float, default=6.0)
     p.add_argument("--outage-s", type=float, default=120.0)
@@ -340,6 +348,8 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=4)
     p.add_argument("--rate", type=float, default=40.0, help="batches per second offered (all threads)")
     a = p.parse_args()
+    if a.spool:
+        return spool_faults(a)
     work = Path(tempfile.mkdtemp(prefix="livestep-faults-"))
     srv = Server(work)
     srv.start()
@@ -393,6 +403,186 @@ def main() -> int:
     print(f"stored/acked (baseline: every acked row stored once = 1.0000): {stored / acked:.4f}")
     shutil.rmtree(work, ignore_errors=True)
     return 0 if lost == 0 and dup == 0 else 1
+
+
+
+# -- the spool's faults (issue 30 items 1, 2, 4): ``python bench/faults.py --spool`` ------------------------
+def add_spool_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("the spool's faults (--spool runs these instead of the bad day above)")
+    g.add_argument("--spool", action="store_true", help="aimed kills, a full spool disk, keys in their own namespace")
+    g.add_argument("--aimed-kills", type=int, default=20, help="kill -9 between the writer's insert and its commit")
+    g.add_argument("--disk-mib", type=int, default=6, help="the spool's tmpfs (needs root; skipped otherwise)")
+
+
+def stats_vs_raw(work: Path) -> tuple[int, int, int]:
+    """(raw steps, steps counted by session_stats, sessions whose two counts differ)."""
+    code = ("import sys, chdb; print(chdb.query(\"SELECT (SELECT count() FROM livestep.steps), "
+            "(SELECT countMerge(steps) FROM livestep.session_stats), (SELECT count() FROM (SELECT session_id, "
+            "countMerge(steps) AS n FROM livestep.session_stats GROUP BY session_id) AS v FULL JOIN (SELECT "
+            "session_id, count() AS m FROM livestep.steps GROUP BY session_id) AS r USING session_id WHERE n != m)\", "
+            "'CSV', path=sys.argv[1]))")
+    out = subprocess.run([sys.executable, "-c", code, str(work / "chdb")], capture_output=True, text=True, check=True)
+    raw, view, off = out.stdout.strip().split(",")
+    return int(raw), int(view), int(off)
+
+
+class AckedLoad(Load):
+    """``Load`` that also remembers every batch answered 200, duplicate or not: a batch whose first ack
+    a kill cut off is acked by its retry as a duplicate, and must be stored all the same."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.any_ack: set[int] = set()
+
+    def _post(self, h: httpx.Client, i: int) -> bool:
+        ok = super()._post(h, i)
+        if ok:
+            with self.lock:
+                self.any_ack.add(i)
+        return ok
+
+
+def whole_sessions(work: Path) -> set[int]:
+    """The batches (sessions ``f<i>``) stored whole: all their ROWS steps."""
+    code = ("import sys, chdb; print(chdb.query(\"SELECT session_id FROM livestep.steps GROUP BY session_id "
+            f"HAVING uniqExact(step) = {ROWS}\", 'CSV', path=sys.argv[1]))")
+    out = subprocess.run([sys.executable, "-c", code, str(work / "chdb")], capture_output=True, text=True, check=True)
+    return {int(ln.strip().strip('"')[1:]) for ln in out.stdout.split() if ln.strip()}
+
+
+def aimed_kills(kills: int, threads: int, rate: float) -> tuple[list[tuple[str, str]], float]:
+    """kill -9 while the writer holds a block stored and not committed (the drill hook
+    ``LIVESTEP_FAULT_PAUSE_BEFORE_COMMIT_FILE``), ``kills`` times: each start replays that block."""
+    work = Path(tempfile.mkdtemp(prefix="livestep-aimed-"))
+    pause = work / "pause-before-commit"
+    paused = pause.with_name(pause.name + ".paused")
+    srv = Server(work, env={"LIVESTEP_FAULT_PAUSE_BEFORE_COMMIT_FILE": str(pause)})
+    srv.start()
+    load = AckedLoad(srv.url, threads, rate)
+    load.start()
+    aimed = 0
+    for _ in range(kills):
+        time.sleep(1.0)  # traffic flows into a fresh process
+        pause.touch()
+        deadline = time.monotonic() + 60
+        while not paused.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        aimed += paused.exists()
+        srv.kill()  # the block is in the store, its spool commit not logged
+        pause.unlink()
+        paused.unlink(missing_ok=True)
+        srv.start()
+    load.finish()
+    while srv.health()["spool"]["batches"]:
+        time.sleep(0.5)
+    srv.stop()
+    stored, distinct = count(work)
+    raw, view, off = stats_vs_raw(work)
+    whole = whole_sessions(work)
+    shutil.rmtree(work, ignore_errors=True)
+    return [("kills aimed between insert and commit", f"{aimed} of {kills}"),
+            ("batches acked (200, duplicate or not)", str(len(load.any_ack))),
+            ("rows acked", str(ROWS * len(load.any_ack))),
+            ("rows lost (acked, not stored)", str(ROWS * len(load.any_ack - whole))),
+            ("rows stored, ack cut off by a kill", str(ROWS * len(whole - load.any_ack))),
+            ("rows duplicated (stored twice)", str(stored - distinct)),
+            ("session_stats steps / raw steps", f"{view} / {raw}"),
+            ("sessions where session_stats != raw", str(off))], (view / raw if raw else float("nan"))
+
+
+def full_disk(disk_mib: int) -> list[tuple[str, str]]:
+    """The spool on a ``disk_mib`` tmpfs, the store refusing writes: ingest until the disk is full, then the
+    store recovers; how long after the spool drained ingest is taken again, and what health said."""
+    if os.geteuid() != 0:
+        return [("full spool disk", "skipped: mounting a tmpfs needs root")]
+    work = Path(tempfile.mkdtemp(prefix="livestep-disk-"))
+    mnt = work / "disk"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={disk_mib}m", "tmpfs", str(mnt)], check=True)
+    try:
+        srv = Server(work, spool_dir=mnt)
+        srv.start()
+        srv.refuse.touch()
+        t0 = datetime.now(UTC).replace(microsecond=0) - timedelta(hours=1)
+        refused, i = None, 0
+        with httpx.Client(base_url=srv.url, timeout=10) as h:
+            def post(n: int) -> int:
+                return h.post("/v1/telemetry", content=body(n, t0), headers={
+                    "authorization": f"Bearer {TOKEN}", "content-type": ARROW, "idempotency-key": f"d{n}"}).status_code
+            while refused is None and i < 100_000:
+                code = post(i)
+                i += 1
+                refused = code if code != 200 else None
+            health = srv.health()
+            srv.refuse.unlink()
+            while srv.health()["spool"]["batches"]:
+                time.sleep(0.05)
+            drained = time.monotonic()
+            while post(i) != 200:
+                time.sleep(0.05)
+            back_s = time.monotonic() - drained
+            after = srv.health()
+        srv.stop()
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+        shutil.rmtree(work, ignore_errors=True)
+    return [(f"spool on a {disk_mib} MiB tmpfs, store refusing", f"{i - 1} batches taken, then {refused}"),
+            ("health while refused", f"{health['status']}: " + "; ".join(r[:60] for r in health["reasons"])),
+            ("ingest back after the spool drained (s)", f"{back_s:.2f}"),
+            ("health after", after["status"])]
+
+
+def key_namespace() -> list[tuple[str, str]]:
+    """Keys spelled like other batches' spool ids, and a previous release's bare key with another body:
+    each must be stored (duplicate: false), never acked as a duplicate and dropped."""
+    from collector.spool import Spool
+
+    work = Path(tempfile.mkdtemp(prefix="livestep-keys-"))
+    second = "faults-bench-token-2"
+    t0 = datetime.now(UTC).replace(microsecond=0) - timedelta(hours=1)
+    old = Spool(work / "spool", max_bytes=1 << 26)  # a previous release spooled batch "legacy-1" under the bare key
+    old.submit("legacy-1", {"step": pa.ipc.open_stream(body(900, t0)).read_all()}).result()
+    old.close()
+    srv = Server(work, env={"LIVESTEP_INGEST_TOKENS": f"{TOKEN},{second}"})
+    srv.start()
+    wrong = 0
+    cases = []
+    with httpx.Client(base_url=srv.url, timeout=10) as h:
+        def post(n: int, key: str | None, token: str = TOKEN) -> dict:
+            hd = {"authorization": f"Bearer {token}", "content-type": ARROW}
+            if key is not None:
+                hd["idempotency-key"] = key
+            return h.post("/v1/telemetry", content=body(n, t0), headers=hd).json()
+        unkeyed = post(1, None)["batch_id"]
+        post(2, "k-2")
+        scoped = f"{hashlib.sha256(TOKEN.encode()).hexdigest()[:16]}/k-2#{hashlib.sha256(body(2, t0)).hexdigest()[:32]}"
+        for name, n, key, token in [("key = an unkeyed batch's sha256 id", 3, unkeyed, TOKEN),
+                                    ("key = another token's scoped id", 4, scoped, second),
+                                    ("previous release's bare key, other rows", 5, "legacy-1", TOKEN)]:
+            dup = post(n, key, token)["duplicate"]
+            wrong += dup
+            cases.append((name, "acked as duplicate (dropped)" if dup else "stored"))
+        cases.append(("previous release's bare key, same rows", "duplicate" if post(900, "legacy-1")["duplicate"]
+                      else "stored again"))
+    while srv.health()["spool"]["batches"]:
+        time.sleep(0.2)
+    srv.stop()
+    stored, _ = count(work)
+    shutil.rmtree(work, ignore_errors=True)
+    return [*cases, ("bodies dropped as false duplicates", str(wrong)),
+            ("rows stored (baseline 6 batches x 100)", str(stored))]
+
+
+def spool_faults(a: argparse.Namespace) -> int:
+    aimed, ratio = aimed_kills(a.aimed_kills, a.threads, a.rate)
+    rows = [("-- aimed kills --", ""), *aimed]
+    rows += [("-- full spool disk --", ""), *full_disk(a.disk_mib)]
+    rows += [("-- keys in their own namespace --", ""), *key_namespace()]
+    print(f"{'fault / measure':52s} value")
+    for name, value in rows:
+        print(f"{name:52s} {value}")
+    print(f"session_stats/raw steps after the aimed kills (baseline: the raw table = 1.0000): {ratio:.4f}")
+    return 0
 
 
 if __name__ == "__main__":

@@ -49,11 +49,13 @@ def canonical_scope(labels: Mapping[str, object]) -> str:
 # -- per-session columns: the finalized session_stats row --------------------------------------------
 @dataclass(frozen=True)
 class Column:
-    """One column of a finalized session: ``sql`` merges the session's partial rows (sql/002, 021, 022)."""
+    """One column of a finalized session: ``sql`` merges the session's partial rows (sql/002, 021, 022).
+    ``summary``: served as is (a number or null) in GET /v1/sessions's ``SessionSummary``."""
 
     name: str
     sql: str
     detail: bool = False  # only in the session listing (GET /v1/sessions), not in analytics' frames
+    summary: bool = False
 
 
 SESSION_COLUMNS: tuple[Column, ...] = (
@@ -73,6 +75,7 @@ SESSION_COLUMNS: tuple[Column, ...] = (
     Column("reset_steps", "countIfMerge(reset_steps)", detail=True),
     Column("period_ms_q", "quantilesTDigestMerge(0.5, 0.95, 0.99)(period_ms_q)", detail=True),
     Column("diffusion_ms_q", "quantilesTDigestMerge(0.5, 0.95, 0.99)(diffusion_ms_q)", detail=True),
+    Column("sm_clock_mhz", "avgMerge(sm_clock_avg)", summary=True),  # sql/120: mean SM clock over the steps
 )
 # FP8 saturation per session (sql/022; analytics/saturation.py): over the session's sampled steps
 FP8_COLUMNS: tuple[Column, ...] = (
@@ -82,6 +85,7 @@ FP8_COLUMNS: tuple[Column, ...] = (
     Column("sat_max", "toFloat64(max(fp8_sat_max))"),
     Column("sat_mean", "toFloat64(avgMerge(fp8_sat_avg))"),
 )
+SUMMARY_COLUMNS: tuple[Column, ...] = tuple(c for c in SESSION_COLUMNS if c.summary)
 SESSION_QUANTILES: tuple[float, ...] = (0.5, 0.95, 0.99)  # the levels of the detail columns' t-digests
 
 

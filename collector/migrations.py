@@ -149,7 +149,7 @@ def applied(store: Store) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class Step:
-    """One file to apply: its name and its statements as they will run."""
+    """One file to apply: its name and its statements as they will run (the views it alters reloaded)."""
 
     name: str
     statements: list[str]
@@ -167,8 +167,8 @@ def pending(store: Store, cluster: str | None = None) -> list[Step]:
                 else "use a fresh database for the cluster schema")
         raise SchemaError(f"database {store.database} holds {have} migrations, not {want}: it never mixes "
                           f"single-node and cluster tables; {hint}")
-    return [Step(f.name, statements(f, cluster)) for f in store.migration_files(cluster is not None)
-            if f.name not in done]
+    steps = [(f.name, statements(f, cluster)) for f in store.migration_files(cluster is not None) if f.name not in done]
+    return [Step(name, stmts + reload_views(stmts)) for name, stmts in steps]
 
 
 _MODIFY_QUERY = re.compile(r"^\s*ALTER\s+TABLE\s+([A-Za-z0-9_.`]+)(\s+ON\s+CLUSTER\s+'[^']*')?\s+MODIFY\s+QUERY\b",
@@ -213,7 +213,7 @@ def migrate(store: Store, cluster: str | None = None, dry_run: bool = False) -> 
     for stmt in _bookkeeping_ddl(cluster):
         store.command(stmt)
     for step in steps:
-        for stmt in step.statements + reload_views(step.statements):
+        for stmt in step.statements:
             store.command(stmt)
         store.client().insert(TABLE, [[step.name, layout]], column_names=["name", "layout"])
     return steps

@@ -173,6 +173,9 @@ KINDS: tuple[Kind, ...] = (
             "fraction in [0, 1] of the step's FP8 activation elements (inputs of linears quantized with static "
             "scales) at the FP8 maximum (+-448: clipped, or rounded up from |x/scale| >= 432); measured on "
             "sampled steps only, null on the others and when static_scales is off")),
+        ms("sm_clock_mhz", nullable=True, since="120", description=(
+            "mean SM clock of the session's GPUs over the step (MHz, the worker's NVML samples); null without "
+            "NVML. A power-capped or throttled GPU runs below its top clock")),
     )),
     Kind("gpu_sample", "gpu_samples", "gpu_samples", "One NVML reading of one GPU (~10 Hz).", (
         integer("gpu_index", 0, 1023),

@@ -24,7 +24,9 @@ from pydantic import ValidationError
 from collector.limits import read_limits
 from collector.records import ARROW_SCHEMAS, conform
 from collector.settings import CollectorSettings
-from collector.spool import _fsync_dir, quarantine_paths, quarantined, spool_uid
+from collector.spool import spool_uid
+from collector.spool_quarantine import quarantine_paths, quarantined
+from collector.spool_storage import fsync_dir
 from collector.store import Store, open_store
 from collector.writer import batch_token, insert_parts, not_landed
 
@@ -62,7 +64,7 @@ def requeue(spool_dir: Path, store: Store) -> list[Outcome]:
             continue
         for p in quarantine_paths(spool_dir, q.seq, q.kind):
             p.unlink(missing_ok=True)
-        _fsync_dir(q.path.parent)
+        fsync_dir(q.path.parent)
         out.append(Outcome(q.seq, q.kind, q.rows, missing.num_rows, None))
     return out
 

@@ -156,6 +156,12 @@ class CollectorSettings(BaseSettings):
         description="TEST/DRILL ONLY: while this file exists the writer treats the store as unavailable "
         "(rows stay in the spool); None disables the hook",
     )
+    fault_pause_before_commit_file: Path | None = Field(
+        default=None,
+        description="TEST/DRILL ONLY: while this file exists the writer stops after a block is in the store and "
+        "before its spool commit, and says so by creating <file>.paused (bench/faults.py aims kill -9 there); "
+        "None disables the hook",
+    )
 
     @field_validator("ingest_tokens", mode="before")
     @classmethod

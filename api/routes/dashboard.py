@@ -28,7 +28,6 @@ from api import dashboard as d
 from api import views as qr
 from api.deps import SettingsDep, StoreDep, require_reader
 from api.routes._common import Label, TimeRange, TimeRangeDep
-from api.routes.turns import mark_turns
 from api.switchboard import DEFAULTS, get_switchboard
 from collector.records import SWITCH_NAMES
 
@@ -193,7 +192,7 @@ def session_page(store: StoreDep, session_id: Annotated[str, Path(min_length=1, 
     changes = ts.session_switch_changes(steps)
     d.add_marks(times, [(step, "switch", f"switches {what}") for step, what in changes])
     times.update_layout(yaxis={"ticksuffix": " ms", "rangemode": "tozero"})
-    times = mark_turns(times, aq.session_turns(store, session_id))  # conversational turns (api/routes/turns.py)
+    times = d.mark_turns(times, aq.session_turns(store, session_id))  # conversational turns
     mem = d.fig_series(x, {"reserved": [v / 2**30 for v in col("mem_reserved_bytes")],
                            "allocated": [v / 2**30 for v in col("mem_allocated_bytes")]}, "memory", "GiB")
     return d.page(f"Session {session_id}", [

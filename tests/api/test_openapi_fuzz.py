@@ -14,6 +14,7 @@ module's does -- two spools and writers on one directory, then none running.)
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -69,8 +70,10 @@ def _operations() -> list[tuple[str, str]]:
     return sorted((m.upper(), p) for p, item in app.openapi()["paths"].items() for m in item)
 
 
-# examples per operation: the ingest route gets more (its bodies are the untrusted input)
+# examples per operation: the ingest route gets more (its bodies are the untrusted input);
+# LIVESTEP_FUZZ_SCALE=N multiplies them for a longer hunt (docs/PERFORMANCE.md records one)
 EXAMPLES = {("POST", "/v1/telemetry"): 60}
+SCALE = int(os.environ.get("LIVESTEP_FUZZ_SCALE", "1"))
 OPERATIONS = _operations()
 
 
@@ -85,7 +88,7 @@ def test_no_input_gives_a_server_error_or_an_answer_off_the_schema(fuzz_app, met
     op = schema[path][method]
 
     @given(case=op.as_strategy())
-    @settings(max_examples=EXAMPLES.get((method, path), 8), deadline=None, derandomize=True, database=None,
+    @settings(max_examples=EXAMPLES.get((method, path), 8) * SCALE, deadline=None, derandomize=True, database=None,
               suppress_health_check=list(HealthCheck))
     def check(case):
         response = case.call()

@@ -81,3 +81,29 @@ def test_lying_metadata_is_400_not_a_crash():
     with pytest.raises(BadBatchError) as e:
         parse_body(ARROW_STREAM, bytes(body))
     assert e.value.status == 400
+
+
+def test_a_body_that_decodes_large_is_parsed_off_the_event_loop(collector, monkeypatch):
+    import asyncio
+
+    import collector.routes as routes
+
+    where = []
+    parse = routes.parse_body
+
+    def recording(*args, **kw):
+        try:
+            asyncio.get_running_loop()
+            where.append("event loop")
+        except RuntimeError:
+            where.append("thread pool")
+        return parse(*args, **kw)
+
+    monkeypatch.setattr(routes, "parse_body", recording)
+    c = collector()
+    small = _stream(records.to_arrow("step", step_rows(1) * 20_000), "zstd")  # < 1 MiB sent, ~3 MB decoded
+    assert len(small) < 1 << 20 < decoded_size(small).bytes
+    assert c.post("/v1/telemetry", content=small, headers={"content-type": ARROW}).status_code == 200
+    tiny = arrow_body("step", step_rows(5))  # the hot path's 100-row batches stay on the loop (no hop)
+    assert c.post("/v1/telemetry", content=tiny, headers={"content-type": ARROW}).status_code == 200
+    assert where == ["thread pool", "event loop"]
