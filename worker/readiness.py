@@ -112,15 +112,20 @@ def _as_build_worker(worker, model: DiT, probe: SaturationProbe | None, warm: Wa
     return bw
 
 
+class BuildSuperseded(Exception):
+    """A newer flip wants another target: the running build stops at its next synthetic step."""
+
+
 def build_warm(worker, sw: Switches, buckets: tuple[int, ...], *, model: DiT, probe: SaturationProbe | None,
                run=None, reset_run: bool = True, first: int | None = None, graph_mode: str = "global",
-               graphs: bool | None = None, pace=None) -> WarmState:
+               graphs: bool | None = None, pace=None, superseded=None) -> WarmState:
     """Capture every graph sessions with ``sw`` need (``Worker.warm``'s work): one synthetic session per
     conditioning bucket (``first`` first), not real time, no telemetry; with ``reset_run`` the first runs
     through a position reset (its ops compile on first use: 980 ms for the first Triton delta rotation on
     the H200), else a reset at its second step. ``run(**session kwargs)`` runs one (default: a Session on
     the worker as a build sees it); ``graphs`` False: no graphs (neighbour preparation); ``pace(step)`` is
-    asked before each synthetic step (it may wait: ``Readiness.pace``)."""
+    asked before each synthetic step (it may wait: ``Readiness.pace``); ``superseded()`` true stops the build
+    at the next step (``BuildSuperseded``)."""
     from worker.session import Session  # session.py imports this module
 
     t0 = time.perf_counter()
@@ -146,7 +151,10 @@ def build_warm(worker, sw: Switches, buckets: tuple[int, ...], *, model: DiT, pr
             else:
                 reset_every = 2
         run(steps=steps, switches=sw, cond_tokens=b, realtime=False, telemetry=False, seed=b,
-            session_id=f"warm-{b}", reset_every=reset_every, **({"switch_source": pace} if pace else {}))
+            session_id=f"warm-{b}", reset_every=reset_every, **({"switch_source": pace} if pace else {}),
+            **({"stop_when": superseded} if superseded else {}))
+        if superseded is not None and superseded():
+            raise BuildSuperseded(f"[{sw.encode()}] superseded by a newer flip")
     if run is None:  # a flip's swap loads the live window into this cache: its write path compiled now, here
         carry_cache(cache, cache)
     runner.capture = "never"
@@ -155,7 +163,7 @@ def build_warm(worker, sw: Switches, buckets: tuple[int, ...], *, model: DiT, pr
 
 
 def build_quick(worker, sw: Switches, bucket: int, *, model: DiT, probe: SaturationProbe | None,
-                graph_mode: str = "thread_local", pace=None) -> WarmState:
+                graph_mode: str = "thread_local", pace=None, superseded=None) -> WarmState:
     """The least a live session's swap needs: ``bucket``'s first forward and the full window's step (calibrating,
     then plain and probed) captured on a cache of its own, its window filled with stand-in tokens first (a live
     window is full by the time a flip arrives, and graphs key on the window size). No fill-step graphs and no
@@ -182,6 +190,8 @@ def build_quick(worker, sw: Switches, bucket: int, *, model: DiT, probe: Saturat
     for i in range(3):  # calibrating (static scales), then calibrated plain + probed, then one replay
         if pace is not None:
             pace(i)
+        if superseded is not None and superseded():
+            raise BuildSuperseded(f"[{sw.encode()}] superseded by a newer flip")
         cache.begin_step(T)
         worker.register_forward(T, sw)
         runner(torch.randn(T, C, generator=gen, device=dev), cache, cond_kv)
@@ -237,6 +247,7 @@ class _Build:
     thread: threading.Thread | None = None
     quick: WarmState | None = None  # build_quick's, for a live swap (taken once)
     quick_taken: bool = False
+    superseded: bool = False  # a newer request wants other switches: stop at the next step
     warm: WarmState | None = None  # the complete one
     error: str | None = None
     t_ready: float | None = None
@@ -268,6 +279,10 @@ class Readiness:
     def pace(self, step: int) -> None:
         """A build's synthetic step may start: the live session has slack (``Flips.boundary`` sets the gate)."""
         self.gate.wait(PACE_WAIT_S)
+
+    def _superseded(self) -> bool:
+        b = self._build
+        return b is not None and b.superseded
 
     # -- at warm time ----------------------------------------------------------------------------
 
@@ -303,8 +318,9 @@ class Readiness:
             b = self._build
             if b is not None and _key(b.switches) == key:
                 return  # building it, or built
-            if b is not None and b.warm is None and b.error is None:  # another one is running
-                self._wanted = _Build(sw, first, time.perf_counter())
+            if b is not None and b.warm is None and b.error is None:  # another one is running: it stops at its
+                self._wanted = _Build(sw, first, time.perf_counter())  # next step, then this one starts
+                b.superseded = True
                 return
             self._start(_Build(sw, first, time.perf_counter()))
 
@@ -322,7 +338,7 @@ class Readiness:
                 cuda = w.device.type == "cuda"
                 if b.first is not None:  # a live session waits for it: the least its swap needs, first
                     quick = build_quick(w, b.switches, b.first, model=model_view(w.model),
-                                        probe=SaturationProbe(w.device), pace=self.pace)
+                                        probe=SaturationProbe(w.device), pace=self.pace, superseded=self._superseded)
                     if cuda:
                         torch.cuda.current_stream().synchronize()  # this thread's stream only: ready to replay
                     b.quick = quick
@@ -330,11 +346,14 @@ class Readiness:
                 probe = SaturationProbe(w.device)
                 warm = build_warm(w, b.switches, w.cond_buckets, model=view, probe=probe, first=b.first,
                                   reset_run=_key(b.switches) not in self.prepared, graph_mode="thread_local",
-                                  pace=self.pace)
+                                  pace=self.pace, superseded=self._superseded)
                 if cuda:
                     torch.cuda.current_stream().synchronize()
             b.warm = warm
-        except Exception as e:
+        except BuildSuperseded as e:
+            log.info("%s", e)
+            b.error = str(e)
+        except Exception as e:  # a failed build leaves the session on what it runs
             log.exception("flip build for [%s] failed", b.switches.encode())
             b.error = f"{type(e).__name__}: {e}"[:300]
         b.t_ready = time.perf_counter()

@@ -198,3 +198,22 @@ def test_flip_costs_reach_the_workers_metrics(cpu_graphs):
     text = generate_latest(m.registry).decode()
     assert 'livestep_worker_flips_total{mode="inline"} 1.0' in text
     assert "livestep_worker_out_of_service_seconds_total" in text and "livestep_worker_flip_building 0.0" in text
+
+
+def test_a_newer_flip_supersedes_the_running_build(cpu_graphs):
+    """Flipped off, then on again before the off target is ready: the off build stops at its next step and the
+    build of the newest target starts at once (a flip back never waits for a stale target's build)."""
+    import threading
+
+    w = _worker()
+    w.warm(PROD)
+    gate = threading.Event()
+    w.readiness.pace = lambda step: None if gate.wait(60) else None  # the builds advance when the test lets them
+    off = Switches.from_mapping({**PROD, "delta_rotation": False})
+    w.readiness.request(off, first=8)
+    w.readiness.request(Switches.from_mapping({**PROD, "fp8_cache": False}), first=8)
+    gate.set()
+    assert w.readiness.wait()
+    done = w.readiness.builds
+    assert [b["switches"] for b in done] == [off.encode(), Switches.from_mapping({**PROD, "fp8_cache": False}).encode()]
+    assert "superseded" in done[0]["error"] and done[1]["error"] is None
