@@ -208,7 +208,11 @@ def test_a_newer_flip_supersedes_the_running_build(cpu_graphs):
     w = _worker()
     w.warm(PROD)
     gate = threading.Event()
-    w.readiness.pace = lambda step: None if gate.wait(60) else None  # the builds advance when the test lets them
+
+    def pace(step):  # the builds advance when the test lets them
+        gate.wait(60)
+
+    w.readiness.pace = pace
     off = Switches.from_mapping({**PROD, "delta_rotation": False})
     w.readiness.request(off, first=8)
     w.readiness.request(Switches.from_mapping({**PROD, "fp8_cache": False}), first=8)
