@@ -100,6 +100,8 @@ class Flips:
     def want(self, s, new: Switches, step: int, changed: dict[str, bool]) -> None:
         """A flip polled at ``step`` (-1: the session started on switches the worker is not warm for): the
         build starts (or the wanted target changes); the session steps on."""
+        if self.pending is not None and self.pending.polled_step < 0 <= step:
+            self.pending = None  # a control-plane flip while attached to a build at start: that flip is what counts
         if self.pending is None:
             pl = s.playout
             self.pending = FlipCost(changed, new.encode(), "background" if step >= 0 else "session_start", step,

@@ -221,3 +221,32 @@ def test_a_newer_flip_supersedes_the_running_build(cpu_graphs):
     done = w.readiness.builds
     assert [b["switches"] for b in done] == [off.encode(), Switches.from_mapping({**PROD, "fp8_cache": False}).encode()]
     assert "superseded" in done[0]["error"] and done[1]["error"] is None
+
+
+def test_a_flip_while_attached_at_start_is_its_own_flip(cpu_graphs, monkeypatch):
+    """A session that starts on switches still building (attached) and is flipped by the control plane: the
+    control plane's flip is the one recorded, polled at its step, built and swapped in."""
+    import threading
+
+    import worker.readiness
+
+    release = threading.Event()
+    quick = worker.readiness.build_quick
+
+    w = _worker()
+    w.warm(PROD)
+    off = {**PROD, "delta_rotation": False}
+    monkeypatch.setattr(worker.readiness, "build_quick", lambda *a, **k: (release.wait(60), quick(*a, **k))[1])  # held
+
+    def source(step):
+        if step == 2:
+            return {"fp8_cache": False}
+        if step == 3:
+            release.set()
+            assert w.readiness.wait()
+        return None
+
+    s = w.run_session(steps=6, realtime=False, switches=off, cond_tokens=6, switch_source=source)
+    costs = [c for c in s.flips if c["step"] >= 0]
+    assert len(costs) == 1 and costs[0]["step"] == 2 and costs[0]["changed"] == {"fp8_cache": False}
+    assert costs[0]["applied_step"] == 3 and s.switches == Switches.from_mapping({**off, "fp8_cache": False}).encode()
