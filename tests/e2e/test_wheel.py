@@ -54,9 +54,8 @@ def test_the_wheel_ships_the_schema_and_declares_roles(wheel):
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
         meta = z.read(f"livestep-{__version__}.dist-info/METADATA").decode()
-    for cluster in (False, True):
-        for f in schema_files(cluster):
-            assert f"collector/sql/{'cluster/' if cluster else ''}{f.name}" in names
+    for f in schema_files():  # (the cluster form is generated from the same files: collector/cluster_ddl.py)
+        assert f"collector/sql/{f.name}" in names
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     requires = re.findall(r"^Requires-Dist: (.+)$", meta, re.MULTILINE)
     torch = [r for r in requires if r.startswith("torch")]
