@@ -31,6 +31,7 @@ import numpy as np
 import pyarrow as pa
 
 from collector import records
+from collector.switch_names import PRODUCTION_OFF
 
 SCENARIOS: tuple[str, ...] = ("healthy", "power_capped", "session_age", "long_prompts", "longer_sessions",
                               "drift", "switch_cause", "real_leak")
@@ -103,7 +104,7 @@ def generate(store, *, scenario: str, seed: int, end: datetime, days: float = 14
         for k in range(workers_per_kind):
             wid = f"hw{d_i}{k}"
             res.workers[wid] = device
-            switches = set(records.SWITCH_NAMES) - {"buffer_per_shape", "turn_drop_unplayed", "turn_trim"}
+            switches = set(records.SWITCH_NAMES) - set(PRODUCTION_OFF)  # the production set
             if k != 0:
                 switches.discard(SWITCH)
             sw = records.encode_switches(switches)

@@ -580,8 +580,8 @@ def findings_frame(store, *, kind: str | None = None, severity: str | None = Non
     )
 
 
-def first_forward_tokens(store, start: datetime, end: datetime) -> pl.DataFrame:
-    """Per session whose records are in [start - 1 day, end): its first-forward token count (the memory page)."""
+def session_first_forward(store, start: datetime, end: datetime) -> pl.DataFrame:
+    """Per session whose start record is in [start - 1 day, end): its first-forward token count."""
     return store.query_df(
         "SELECT session_id, any(first_forward_tokens) AS first_forward_tokens FROM sessions "
         "WHERE ts >= {start:DateTime64(3, 'UTC')} - INTERVAL 1 DAY AND ts < {end:DateTime64(3, 'UTC')} "
@@ -1098,7 +1098,8 @@ def turn_stage_medians(store, start: datetime, end: datetime, parts: tuple[str, 
 
 
 def turn_stage_means(store, start: datetime, end: datetime, parts: tuple[str, ...]) -> pl.DataFrame:
-    """Per release x GPU kind x policy: turns, the mean of each part and of the latency, the latency's median."""
+    """Per release x GPU kind x policy: turns, the mean of each part and of the latency (means of parts
+    that add up per turn add up), and the latency's median; from the turns of the window."""
     means = ", ".join(f"avg(t.{p}_ms) AS {p}_ms" for p in ("latency", *parts))  # t.: the column, not the alias
     return store.query_df(
         f"SELECT release, gpu_kind, policy, count() AS turns, {means}, quantile(0.5)(t.latency_ms) AS latency_p50_ms "

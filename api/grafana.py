@@ -5,7 +5,7 @@ definitions (the same SQL the dashboard pages run): ``deploy/grafana/livestep.js
 
 Import it in Grafana (Dashboards > Import) and pick a ClickHouse data source (grafana-clickhouse-datasource)
 on livestep's database. Variables: ``release`` and ``gpu_kind`` (multi-value, all by default) filter
-every panel. Panels: one per ``SERIES`` (per release, from the live session_fleet view, bucketed by
+every time series. Panels: one per ``SERIES`` (per release, from the live session_fleet view, bucketed by
 Grafana's interval ``$__timeInterval``: an hour or less on a day's range, not a day), with the deadline
 as a threshold; sessions per interval; turn latency p50/p95; the open findings and the active switch
 rules (tables; analytics/queries.py declares their SQL). Annotations: release rollouts, switch changes,

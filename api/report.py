@@ -91,6 +91,13 @@ def weekly_data(store, iso_week: str) -> dict[str, Any]:
     }
 
 
+def _readable_json(v: Any) -> str:
+    """JSON with a space after each separator: a table cell can wrap it between items, not inside a word."""
+    import json
+
+    return json.dumps(v, default=str, separators=(", ", ": "))
+
+
 def _html(store, data: dict[str, Any]) -> str:
     start, end = datetime.fromisoformat(data["start"]), datetime.fromisoformat(data["end"])
     weeks = qr.fps_table(store, start - timedelta(days=7), end, ["week", "release"])
@@ -98,15 +105,15 @@ def _html(store, data: dict[str, Any]) -> str:
     fps = data["fps"]
     this, before = fps["this_week"] or {}, fps["week_before"] or {}
     summary = [{"week": data["iso_week"], "sessions": this.get("sessions"),
-                "<= 24 fps": this.get("frac_le_24fps"), "<= 23.5 fps": this.get("frac_le_23_5fps"),
-                "week before <= 24 fps": before.get("frac_le_24fps"), "change": fps["frac_le_24fps_change"]}]
+                "share <= 24 fps": this.get("frac_le_24fps"), "share <= 23.5 fps": this.get("frac_le_23_5fps"),
+                "week before, share <= 24 fps": before.get("frac_le_24fps"), "change": fps["frac_le_24fps_change"]}]
     ev_counts: dict[str, int] = {}
     for e in data["switch_events"]:
         ev_counts[e["kind"]] = ev_counts.get(e["kind"], 0) + 1
     applied = [{"ts": e["ts"], "kind": e["kind"], "worker_id": e["worker_id"], "release": e["release"],
-                "detail": orjson.dumps(e["detail"]).decode()[:200]} for e in data["switch_events"][:200]]
+                "detail": _readable_json(e["detail"])[:200]} for e in data["switch_events"][:200]]
     findings_cols = ["scope", "summary", "metric", "baseline", "value", "effect", "confidence", "severity", "attribution"]
-    regressions = [{**f, "evidence": orjson.dumps(f["evidence"]).decode()[:300]} for f in data["regressions"]]
+    regressions = [{**f, "evidence": _readable_json(f["evidence"])[:300]} for f in data["regressions"]]
     saturation = []
     for f in data["fp8_saturation_findings"]:
         ev = f["evidence"] if isinstance(f["evidence"], dict) else {}

@@ -133,7 +133,7 @@ def memory_growth_frame(store, start: datetime, end: datetime, **filters: str | 
     df = session_frame(store, start, end, filters_of(**filters) or None)
     if df.height == 0:
         return df
-    shapes = aq.first_forward_tokens(store, start, end)
+    shapes = aq.session_first_forward(store, start, end)
     if shapes.height == 0:
         return shapes
     df = df.select("release", "gpu_kind", "worker_id", "session_id", "first_ts", "mem_reserved_max",

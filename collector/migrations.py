@@ -29,7 +29,8 @@ derives a view's block ids from the view as it is held in memory. A view altered
 process derives other ids than the same view loaded at the next start, so a block stored before a
 kill -9 and replayed after it was counted twice in ``session_stats`` (issue 30; measured on chDB 4.4,
 ClickHouse 26.9: tests/collector/test_view_replay.py). Reloaded at once, the view holds the ids it
-will hold after any restart.
+will hold after any restart. While a view is detached (milliseconds) an insert by another process does not
+reach it: against a server, apply a migration that alters a view with the collectors stopped.
 """
 
 from __future__ import annotations

@@ -31,6 +31,8 @@ shape (bf16 SDPA on the same inputs: 3.6e-3; the old ("fp8", "fp8"): 3.6e-2; bot
 ~2.5% each), measured with ``bench/attention.py`` on the H200 (docs/PERFORMANCE.md, issue 27): 117.5 us
 per call at 128x128 tiles, against 62.8 us for ("fp8", "fp8") and ~90 us for bf16 SDPA -- the precision
 costs speed: no pair inside the quality band ran faster than SDPA (("split", "fp8"): 79.5 us, 2.6e-2).
+``FAST`` = ("fp8", "fp8") is the operator's choice of speed over that band: the worker's
+``attention_fp8_dots`` switch (a numeric switch, off in production, judged by ``livestep evaluate``).
 Not done, on purpose: SageAttention's K smoothing (subtract K's mean over the keys) and FA3's Hadamard
 rotation reduce the error of quantizing K in the kernel; here K was quantized once, at write time (its
 cost, the FP8 cache's, measured at +0.1% model error), and Q's error against K's mean is a constant per
@@ -73,6 +75,7 @@ QK_MODES = ("fp8", "split", "bf16")  # precision of Q @ K^T (module docstring)
 PV_MODES = ("fp8", "split", "bf16")  # precision of P @ V
 GPU_PV_MODES = ("fp8", "bf16")  # "split" P@V: non-finite outputs on the H200 (module docstring)
 DEFAULT = ("split", "bf16")  # (qk, pv) the worker runs (fp8_attention's qk=None / pv=None)
+FAST = ("fp8", "fp8")  # the all-FP8 pair: the worker's attention_fp8_dots switch (off in production)
 LO_SHIFT = (
     16.0  # "split": lo = e4m3((x - hi) * 16): hi's rounding error (<= half an e4m3 step) x 16 stays < 448
 )
@@ -87,6 +90,9 @@ TUNED = {  # H200 sweep 2026-12-02 07:31 UTC (bench/attention.py) for DEFAULT: k
     "keys": {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "TMA": True},
     "dims": {**_TILES, "TMA": False},
 }
+# a pair whose sweep winner has other tiles than DEFAULT's, per V layout (the rest take ``TUNED``): FAST ran
+# fastest at 64x128 w4 s3 TMA (62.8 us, the old default's launch) in the same H200 sweep
+TUNED_PAIRS = {FAST: {"keys": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 3, "TMA": True}}}
 
 # (qk, pv) -> relative-error bound vs the fp64 truth on random data (tests and bench use it): ~1.5x the
 # precision model's own error at the rank shape (tiny shapes sit below it too)
@@ -368,17 +374,18 @@ def precision(qk: str | None = None, pv: str | None = None, model: bool = False)
     return qk, pv
 
 
-def _tuned(v_cache: torch.Tensor) -> dict:
-    return TUNED["keys" if keys_contiguous(v_cache) else "dims"]
+def _tuned(v_cache: torch.Tensor, pair: tuple[str, str] = DEFAULT) -> dict:
+    layout = "keys" if keys_contiguous(v_cache) else "dims"
+    return TUNED_PAIRS.get(pair, {}).get(layout) or TUNED[layout]
 
 
-def _config(Tq: int, D: int, v_cache: torch.Tensor | None = None) -> dict:
-    """Launch tiles (no autotuning): ``TUNED`` for V's layout on the GPU (the sweep's winner); small
-    tiles for tiny problems and the interpreter."""
+def _config(Tq: int, D: int, v_cache: torch.Tensor | None = None, pair: tuple[str, str] = DEFAULT) -> dict:
+    """Launch tiles (no autotuning): ``TUNED`` for V's layout on the GPU (the sweep's winner; a pair's own
+    in ``TUNED_PAIRS``); small tiles for tiny problems and the interpreter."""
     if interpreting() or Tq <= 32:
         bm = 16 if Tq <= 16 else 32
         return {"BLOCK_M": bm, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1, "TMA": False}
-    cfg = dict(TUNED["dims"] if v_cache is None else _tuned(v_cache))
+    cfg = dict(TUNED["dims"] if v_cache is None else _tuned(v_cache, pair))
     if D > 128:
         cfg["BLOCK_N"] = min(cfg["BLOCK_N"], 64)
     return cfg
@@ -409,7 +416,7 @@ def launch(
         out = torch.empty_like(q)
     else:  # token-major FP8 [Tq, H*D], viewed [H, Tq, D] for the kernel's strides
         out = torch.empty(Tq, H * D, dtype=FP8_DTYPE, device=q.device).view(Tq, H, D).transpose(0, 1)
-    cfg = dict(cfg or _config(Tq, D, v_cache))
+    cfg = dict(cfg or _config(Tq, D, v_cache, (qk, pv)))
     tma = cfg.pop("TMA", False)
     if wrap is torch.library.wrap_triton:
         # under torch.compile (the triton_op) loads go through pointers: torch 2.11's wrap_triton does

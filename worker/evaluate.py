@@ -12,7 +12,8 @@ divergence against the rerun band, and -- for the production set, ``--drift-step
 teacher-forced error over session age (its trend). A configuration passes when every judge it ran
 passes; a switch whose latents equal the plain path's on this device is ``no_effect``, never a pass.
 Skipped: ``fused_allreduce`` at world size 1 (it needs a TP group), and on the CPU ``compile`` (inductor
-runs on CUDA only here) and ``triton_kernels`` unless ``TRITON_INTERPRET=1``.
+runs on CUDA only here), ``attention_fp8_dots`` (the worker's FP8 attention kernel: CUDA only) and
+``triton_kernels`` unless ``TRITON_INTERPRET=1``.
 
 Results print as a table; ``--out`` writes them as JSON (the H200 machine has no pydantic: measure
 there, ship here with ``--from``); ``--collector`` ships them as ``evaluation`` records, the evidence
@@ -43,6 +44,8 @@ CONFIGURATIONS: dict[str, dict[str, bool]] = {
     "static_scales": {"static_scales": True},
     "triton_kernels": {"triton_kernels": True, "static_scales": True, "ring_cache": True, "rope_at_write": True,
                        "fp8_cache": True},
+    "attention_fp8_dots": {"attention_fp8_dots": True, "triton_kernels": True, "static_scales": True,
+                           "ring_cache": True, "rope_at_write": True, "fp8_cache": True},
     "compile": {"compile": True},
     "fused_allreduce": {"fused_allreduce": True},
 }
@@ -106,7 +109,8 @@ def evaluate(preset: str = "tiny", device: str = "cpu", switches: list[str] | No
     if dev.type == "cpu":  # what does nothing here would measure its configuration's other switches
         import os
 
-        off_cpu = {"compile": "inductor compiles the model only on CUDA"}
+        off_cpu = {"compile": "inductor compiles the model only on CUDA",
+                   "attention_fp8_dots": "the worker runs the FP8 attention kernel on CUDA only"}
         if os.environ.get("TRITON_INTERPRET") != "1":
             off_cpu["triton_kernels"] = "Triton runs on CUDA, or on the CPU under TRITON_INTERPRET=1"
         skipped.update({n: why for n, why in off_cpu.items() if n in cands})

@@ -24,12 +24,15 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Query
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse
 
 from analytics import queries as aq
+from analytics import regressions
 from api import dashboard as d
 from api import views as qr
 from api.deps import SettingsDep, StoreDep, require_reader
 from api.routes._common import Label, TimeRange, TimeRangeDep
 from api.switchboard import DEFAULTS, get_switchboard
 from collector.records import SWITCH_NAMES
+
+MIN_JUDGED = regressions.MIN_SAMPLES
 
 router = APIRouter(tags=["dashboard pages"], dependencies=[Depends(require_reader)])
 
@@ -121,6 +124,14 @@ def fp8_saturation_section(store, tr: TimeRange, gpu_kind: str | None) -> str:
                           "saturating sessions on several workers) turns static_scales off for its scope")
 
 
+def judged_releases(df) -> list[str]:
+    """Releases with enough sessions in the frame to be judged (``analytics.regressions.MIN_SAMPLES``)."""
+    if not df.height:
+        return []
+    counts = df.group_by("release").len()
+    return sorted(r for r, n in counts.iter_rows() if n >= MIN_JUDGED)
+
+
 @router.get("/dashboard/releases", response_class=HTMLResponse)
 def releases_page(store: StoreDep, tr: TimeRangeDep, gpu_kind: Label = None, baseline: Label = None,
                   candidate: Label = None) -> str:
@@ -128,7 +139,8 @@ def releases_page(store: StoreDep, tr: TimeRangeDep, gpu_kind: Label = None, bas
 
     df = qr.sessions_in(store, tr.start, tr.end, gpu_kind=gpu_kind)
     seen = sorted(set(df["release"].to_list())) if df.height else []
-    by_rollout = default_pair(store, tr.end, seen)  # the newest release and the one rolled out before it
+    judged = judged_releases(df)  # a dev worker's one-session release is no default side of a comparison
+    by_rollout = default_pair(store, tr.end, judged if len(judged) >= 2 else seen)  # newest + the one before it
     cand = candidate or by_rollout[1]
     base = baseline or (by_rollout[0] if cand == by_rollout[1] else None)
     compare_rows = []
@@ -143,7 +155,8 @@ def releases_page(store: StoreDep, tr: TimeRangeDep, gpu_kind: Label = None, bas
                 d.section(f"{cand} against {base}" if base and cand else "Comparison",
                           d.table(compare_rows, empty="needs two releases with sessions in the range"),
                           note="choose with ?baseline=&candidate=; by default the newest release against the "
-                               "one rolled out before it; medians of per-session values"),
+                               f"one rolled out before it, among releases with at least {MIN_JUDGED} sessions in the "
+                               "range (what the regression detector needs); medians of per-session values"),
                 *timeseries_sections(store, tr, gpu_kind, [r for r in (base, cand) if r] or None, "release")]
     for i, m in enumerate(qr.Metric):
         qrows = list(per_metric[m.value].values())

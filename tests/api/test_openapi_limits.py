@@ -42,3 +42,17 @@ def test_with_tokens_set_every_refusal_is_a_documented_status(store, settings):
                     if str(r.status_code) not in op["responses"]:
                         undocumented.append((method, path, r.status_code, r.text[:100]))
         assert undocumented == []
+
+
+def test_serve_help_lists_the_connection_bounds_in_force(monkeypatch, capsys):
+    import pytest
+
+    from api.cli import build_parser
+
+    monkeypatch.setenv("LIVESTEP_BODY_TIMEOUT_S", "42")
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--help"])
+    out = capsys.readouterr().out
+    for var in ("LIVESTEP_IDLE_TIMEOUT_S", "LIVESTEP_HEADER_TIMEOUT_S", "LIVESTEP_MAX_CONNECTIONS"):
+        assert var in out
+    assert "LIVESTEP_BODY_TIMEOUT_S      42.0" in out and str(MAX_HEAD_BYTES) in out

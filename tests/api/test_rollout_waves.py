@@ -4,7 +4,7 @@ every worker after three waves; GET /v1/switches answers it so."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, timedelta
 
 from api.switchboard import get_switchboard, rollout_wave
 

@@ -32,7 +32,7 @@ def test_the_metadata_says_exactly_what_a_stream_decodes_to(compression):
     table = records.to_arrow("step", step_rows(1000))
     body = _stream(table, compression, chunk=300)
     got = pa.ipc.open_stream(body).read_all()
-    assert decoded_size(body) == (got.num_rows, got.get_total_buffer_size()) == (1000, 162684)
+    assert decoded_size(body) == (got.num_rows, got.get_total_buffer_size()) and got.num_rows == 1000
     dict_table = pa.table({"a": pa.array(["x" * 100] * 1000).dictionary_encode()})  # dictionaries count too
     dict_body = _stream(dict_table, compression)
     assert decoded_size(dict_body).bytes >= 1000 * 4 + 100

@@ -91,3 +91,29 @@ def test_a_full_disk_gets_its_space_back_once_the_store_has_the_data(store, tmp_
     used = sum(p.stat().st_size for p in tiny_disk.glob("seg-*.log"))
     assert used < 64 << 10  # the stored batches' space is free again
     assert store.query_rows("SELECT count() FROM steps")[0][0] == 50 * (taken + 1)
+
+
+def test_health_names_the_refusal_for_space_while_ingest_is_refused(collector, tmp_path):
+    """Through the app: 429 while the spool is over its bound and the store is down, ``/v1/health``
+    degraded and saying why; once the store is back and the spool drained, ingest is taken and health is ok."""
+    from tests.collector.helpers import ARROW, arrow_body, drained
+
+    down = tmp_path / "down"
+    down.touch()
+    c = collector(fault_store_down_file=down, spool_max_bytes=1 << 20)
+    i = 0
+    while True:
+        r = c.post("/v1/telemetry", content=arrow_body("step", step_rows(500, session_id=f"h{i}")),
+                   headers={"content-type": ARROW, "idempotency-key": f"h{i}"})
+        if r.status_code != 200:
+            break
+        i += 1
+    assert r.status_code == 429 and "Retry-After" in r.headers
+    h = c.get("/v1/health").json()
+    assert h["status"] == "degraded" and any("refused for space" in x for x in h["reasons"]), h["reasons"]
+    down.unlink()
+    wait_for(lambda: drained(c.app), what="spool drained")
+    r = c.post("/v1/telemetry", content=arrow_body("step", step_rows(500, session_id="after")),
+               headers={"content-type": ARROW, "idempotency-key": "after"})
+    assert r.status_code == 200, r.text
+    assert c.get("/v1/health").json()["status"] == "ok"

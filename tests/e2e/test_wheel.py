@@ -54,9 +54,8 @@ def test_the_wheel_ships_the_schema_and_declares_roles(wheel):
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
         meta = z.read(f"livestep-{__version__}.dist-info/METADATA").decode()
-    for cluster in (False, True):
-        for f in schema_files(cluster):
-            assert f"collector/sql/{'cluster/' if cluster else ''}{f.name}" in names
+    for f in schema_files():  # (the cluster form is generated from the same files: collector/cluster_ddl.py)
+        assert f"collector/sql/{f.name}" in names
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     requires = re.findall(r"^Requires-Dist: (.+)$", meta, re.MULTILINE)
     torch = [r for r in requires if r.startswith("torch")]
@@ -274,3 +273,16 @@ def test_init_and_deploy_md_bring_up_serve_a_worker_prometheus_and_alertmanager(
                     p.terminate()
                     p.wait(30)
     assert "Traceback" not in (worker.stdout.read() if worker else "")
+
+
+def test_change_points_run_on_the_light_otava_install(full_venv, tmp_path):
+    """Apache Otava --no-deps (DEPLOY.md): otava.analysis imports and the change-point job runs, and none of
+    the clients its metadata declares (BigQuery, Slack, PostgreSQL) is installed."""
+    py = str(full_venv / "bin" / "python")
+    code = ("import importlib.util as u, otava.analysis; "
+            "print([m for m in ('google.cloud.bigquery', 'slack_sdk', 'pg8000') if u.find_spec(m.split('.')[0])])")
+    probe = subprocess.run([py, "-c", code],
+                           cwd=tmp_path, env=_clean_env(), capture_output=True, text=True, timeout=120, check=False)
+    assert probe.returncode == 0 and probe.stdout.strip() == "[]", probe.stdout + probe.stderr
+    out = _run(full_venv, "analyze", "changepoints", "--dsn", f"chdb://{tmp_path / 'db'}", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]

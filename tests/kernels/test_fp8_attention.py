@@ -217,3 +217,14 @@ def check_fp8_output(H, Tq, S, D, n_valid, v_keys, rng, device):
 @pytest.mark.parametrize("v_keys", [False, True], ids=["v_dims", "v_keys"])
 def test_fp8_output_is_the_bf16_output_quantized_token_major(v_keys, rng, device):
     check_fp8_output(3, 37, 50, 32, 41, v_keys, rng, device)
+
+
+def test_each_pair_launches_with_its_sweep_tiles():
+    """On the GPU the launch takes a pair's own measured tiles (``TUNED_PAIRS``: the attention_fp8_dots
+    switch's FAST pair ran fastest at 64x128) and ``TUNED`` for the others, per V layout."""
+    import kernels.fp8_attention as fa
+
+    keys, dims = fa.v_layout(2, 64, 128), torch.zeros(2, 64, 128, dtype=torch.float8_e4m3fn)
+    assert fa._tuned(keys, fa.FAST) == fa.TUNED_PAIRS[fa.FAST]["keys"] != fa.TUNED["keys"]
+    assert fa._tuned(keys, DEFAULT) == fa._tuned(keys) == fa.TUNED["keys"]
+    assert fa._tuned(dims, fa.FAST) == fa.TUNED["dims"]  # no measured tiles of its own there

@@ -128,8 +128,9 @@ def test_fp8_attention_variants_prod_shape(cfg, n_valid, v_keys, mode, rng, devi
 class _Chain(torch.nn.Module):
     """write -> attention -> write (wraps) -> attention -> delta rotation -> attention, on cache buffers."""
 
-    def __init__(self, k_cache, v_cache, k_scale, v_scale, n_first: int, delta: int):
+    def __init__(self, k_cache, v_cache, k_scale, v_scale, n_first: int, delta: int, pair=DEFAULT):
         super().__init__()
+        self.qk, self.pv = pair  # the precision pair (the worker's attention_fp8_dots switch: fa.FAST)
         for name, t in (
             ("k_cache", k_cache),
             ("v_cache", v_cache),
@@ -144,11 +145,12 @@ class _Chain(torch.nn.Module):
         kc, vc, ks, vs = self.k_cache, self.v_cache, self.k_scale, self.v_scale
         rope_fp8_write(k1, pos1, slots1, ks, kc)
         rope_fp8_write(v1, pos1, slots1, vs, vc, apply_rope=False)
-        o1 = fp8_attention(q1, kc, vc, ks, vs, self.n_first)
+        qk, pv = self.qk, self.pv
+        o1 = fp8_attention(q1, kc, vc, ks, vs, self.n_first, qk=qk, pv=pv)
         rope_fp8_write_kv(k2, v2, pos2, slots2, ks, vs, kc, vc)  # the one-launch K+V entry point
-        o2 = fp8_attention(q2, kc, vc, ks, vs, kc.shape[1], q_cos=cos2, q_sin=sin2)  # queries rotated on load
+        o2 = fp8_attention(q2, kc, vc, ks, vs, kc.shape[1], qk=qk, pv=pv, q_cos=cos2, q_sin=sin2)  # rotated on load
         delta_rotate(kc, ks, self.delta)
-        o3 = fp8_attention(q3, kc, vc, ks, vs, kc.shape[1], out_scale=out_scale)  # FP8 [T, H*D] out
+        o3 = fp8_attention(q3, kc, vc, ks, vs, kc.shape[1], qk=qk, pv=pv, out_scale=out_scale)  # FP8 [T, H*D]
         return o1, o2, o3
 
 
@@ -179,15 +181,16 @@ def _clone(t: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize(
-    "v_keys,tuned",
+    "v_keys,tuned,pair",
     [
-        (False, {}),
-        (True, {}),  # the default: TMA eagerly, pointer loads under torch.compile (must agree bit for bit)
-        (True, {"TMA": False}),  # pointer loads on both sides
+        (False, {}, DEFAULT),
+        (True, {}, DEFAULT),  # the default: TMA eagerly, pointer loads under torch.compile (must agree bit for bit)
+        (True, {"TMA": False}, DEFAULT),  # pointer loads on both sides
+        (True, {}, fa.FAST),  # the attention_fp8_dots switch's pair, at its own tiles (TUNED_PAIRS)
     ],
-    ids=["v_dims", "v_keys", "v_keys-pointers"],
+    ids=["v_dims", "v_keys", "v_keys-pointers", "v_keys-fast"],
 )
-def test_chain_eager_compiled_and_graphed_agree(v_keys, tuned, rng, device, monkeypatch):
+def test_chain_eager_compiled_and_graphed_agree(v_keys, tuned, pair, rng, device, monkeypatch):
     g, seed = rng
     if tuned:  # a variant as the default launch of the keys layout
         monkeypatch.setitem(fa.TUNED, "keys", {**fa.TUNED["keys"], **tuned})
@@ -202,12 +205,12 @@ def test_chain_eager_compiled_and_graphed_agree(v_keys, tuned, rng, device, monk
     delta = 42 * T
 
     def fresh():
-        return _Chain(k0.clone(), _clone(v0), ks.clone(), vs.clone(), n_first, delta).to(device)
+        return _Chain(k0.clone(), _clone(v0), ks.clone(), vs.clone(), n_first, delta, pair).to(device)
 
     eager = fresh()
     want = [o.clone() for o in eager(*args)]
     want_caches = (eager.k_cache.clone(), eager.v_cache.clone())
-    msg = f"seed={seed} v_keys={v_keys} tuned={tuned}"
+    msg = f"seed={seed} v_keys={v_keys} tuned={tuned} pair={pair}"
     assert eager.v_cache.stride(1) == (1 if v_keys else D), msg
     for o in want:
         assert torch.isfinite(o.float()).all(), msg
