@@ -169,7 +169,7 @@ def main() -> int:
         # capture in any mode); the allocator's counters are host-side
         return s, peak(), reserved()
 
-    rows = []
+    rows, failed = [], []
     gc.collect()
     gc.disable()
     try:
@@ -184,10 +184,18 @@ def main() -> int:
                 continue
             to_off = {k: v for k, v in off.as_dict().items() if sw.as_dict()[k] != v}
             to_on = {k: not v for k, v in to_off.items()}
-            a, pk_a, res_a = session(sw, to_off, f"{name}-off")
-            b, pk_b, res_b = session(off, to_on, f"{name}-on")  # the next session of the off flip
-            c, _, _ = session(sw, None, f"{name}-next")  # the next session of the on flip
-            for direction, s, nxt, pk, res in (("off", a, b, pk_a, res_a), ("on", b, c, pk_b, res_b)):
+            done = []  # (session, peak, reserved) of off, on, next: what ran before a failure is still reported
+            try:
+                done.append(session(sw, to_off, f"{name}-off"))
+                done.append(session(off, to_on, f"{name}-on"))  # the next session of the off flip
+                done.append(session(sw, None, f"{name}-next"))  # the next session of the on flip
+            except Exception as e:  # noqa: BLE001 - a failed session is a row of the table, not a lost run
+                print(f"# {name}: session {len(done) + 1} failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
+                failed.append(f"{name}: {type(e).__name__}")
+            for direction, i in (("off", 0), ("on", 1)):
+                if len(done) < i + 2:
+                    continue
+                (s, pk, res), (nxt, _, _) = done[i], done[i + 1]
                 f = next((f for f in s.flips if f["step"] >= 0), {})  # the control plane's flip
                 row = {"switch": name, "dir": direction, "late": f.get("late_chunks"), "stall": f.get("stall_ms"),
                        "to_new": f.get("to_new_config_ms"), "build": f.get("build_ms"), "apply": f.get("apply_ms"),
@@ -195,13 +203,16 @@ def main() -> int:
                        "oos": s.out_of_service_s * 1e3, "held_peak": (pk - res_steady) / 2**20,
                        "held_after": (res - res_steady) / 2**20, "res": res, "session_late": s.late_chunks,
                        "misses": s.graph_misses, "captures": s.graph_captures,
-                       "next_late": nxt.late_chunks, "next_misses": nxt.graph_misses}
+                       "next_late": nxt.late_chunks, "next_misses": nxt.graph_misses, "error": f.get("error")}
                 rows.append(row)
                 print(_line(row), flush=True)
+    except KeyboardInterrupt:  # timeout -s INT: the table of what ran still prints
+        print("# interrupted: the flips so far", flush=True)
+        failed.append("interrupted")
     finally:
         gc.enable()
         if client is not None:
-            client.close(timeout_s=30.0)
+            client.close(timeout_s=10.0)
 
     print("\n| switch | dir | late chunks | stall ms | poll → new config ms | build ms | swap ms | next TTFF ms | next warm "
           "| next late / eager steps | out of service ms | held peak MiB | held after MiB | captures in session |")
@@ -218,9 +229,11 @@ def main() -> int:
           f"{ttff[min(len(ttff) - 1, int(0.95 * len(ttff)))] if ttff else float('nan'):.1f} ms; out of service "
           f"{sum(r['oos'] for r in rows):.1f} ms; build memory peak {pct:.1f}% of the steady reserved "
           f"{res_steady / 2**30:.3f} GiB; wall {time.perf_counter() - t_start:.0f} s")
+    if failed:
+        print(f"# failed or cut short: {', '.join(failed)}; builds: {w.readiness.builds}")
     if ratios:
         print(f"steady step ratio with / without readiness machinery: {statistics.median(ratios):.4f}")
-    return 0
+    return 1 if failed else 0
 
 
 def _line(r: dict, md: bool = False) -> str:
@@ -231,7 +244,8 @@ def _line(r: dict, md: bool = False) -> str:
              f(r["apply"]), f(r["ttff"]), "yes" if r["next_warm"] else "no", f"{r['next_late']} / {r['next_misses']}",
              f(r["oos"]), f(r["held_peak"], ".0f"),
              f(r["held_after"], ".0f"), f(r["captures"], "d")]
-    return "| " + " | ".join(cells) + " |" if md else "  ".join(str(c) for c in cells) + f"  ({r['mode']})"
+    err = f"  build error: {r['error'][:160]}" if r.get("error") else ""
+    return "| " + " | ".join(cells) + " |" if md else "  ".join(str(c) for c in cells) + f"  ({r['mode']}){err}"
 
 
 if __name__ == "__main__":

@@ -26,10 +26,12 @@ copied out (or, for the first forward's cross K/V, kept alive) before the next r
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch._dynamo.callback
 
 from worker.cache import KVCache
 from worker.fp8 import SaturationProbe
@@ -39,6 +41,42 @@ CAPTURE_MODES = ("full", "any", "never")
 GRAPH_MODES = ("global", "thread_local")
 # tests of the bookkeeping on CPU set this (with torch.cuda's graph API replaced by stand-ins)
 GRAPHS_ON_CPU = False
+
+
+class CompileInCapture(RuntimeError):
+    """torch.compile started compiling inside one of our CUDA-graph captures: its first call of a kernel
+    (inductor's autotune benchmark synchronizes) would invalidate the capture. Every capture runs after an
+    eager warm-up of exactly what it records, so this is a bug: the capture is refused before it starts."""
+
+
+_CAPTURE = threading.local()  # .on: this thread is inside a capture (CPU tests: the stand-ins' too)
+
+
+def capturing() -> bool:
+    """This thread is inside a ChunkRunner capture."""
+    return getattr(_CAPTURE, "on", False)
+
+
+@torch._dynamo.callback.on_compile_start
+def _refuse_compile_in_capture(_args) -> None:
+    # dynamo calls this in the compiling thread before it traces (the outermost compile of the process)
+    if capturing():
+        raise CompileInCapture("torch.compile inside a CUDA-graph capture: its warm-up did not run what it records")
+
+
+class _Flagged:
+    """A capture context, with ``capturing()`` true inside it on this thread."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __enter__(self):
+        self.inner.__enter__()
+        _CAPTURE.on = True
+
+    def __exit__(self, *exc):
+        _CAPTURE.on = False
+        return self.inner.__exit__(*exc)
 
 
 @dataclass
@@ -86,7 +124,7 @@ class ChunkRunner:
     The graphs hold the 4 passes x blocks of a step. A step with a ``SaturationProbe`` replays a graph
     that also counts the saturation of every static-scale GEMM input (eager steps route the inputs to
     the probe directly). With the worker's ``probe`` given and the scales calibrated, the plain and the
-    probed graph are captured at the same step after one warm-up: under tensor parallel every rank then
+    probed graph are captured at the same step after a warm-up of each: under tensor parallel every rank then
     runs the same forwards (ranks > 0 have no probe and capture the plain graph at that step).
     """
 
@@ -105,6 +143,7 @@ class ChunkRunner:
         self.graph_mode = "global"  # GRAPH_MODES: how a capture treats other threads' CUDA calls
         self.captures = 0  # graphs captured (steps and first forwards)
         self.misses = 0  # steps and first forwards run eagerly where a graph was wanted (capture="never")
+        self.warmups = 0  # eager warm-up forwards run before captures (one per captured variant)
 
     @property
     def n_graphs(self) -> int:
@@ -128,8 +167,8 @@ class ChunkRunner:
         "thread_local" (a flip's build on its own thread, worker/readiness.py) captures on this thread's
         stream with no device sync, so the step loop's thread keeps launching and allocating meanwhile."""
         if self.graph_mode == "global":
-            return torch.cuda.graph(graph, pool=pool)
-        return _ThreadLocalCapture(graph, pool)
+            return _Flagged(torch.cuda.graph(graph, pool=pool))
+        return _Flagged(_ThreadLocalCapture(graph, pool))
 
     # -- the first forward ---------------------------------------------------------------------
 
@@ -162,6 +201,7 @@ class ChunkRunner:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # warm-up: compiles, autotunes, allocates
+            self.warmups += 1
             model.prefill(static, cache)
         torch.cuda.current_stream().wait_stream(side)
         model.set_calibration_state(state)  # the capture must record what the warm-up did
@@ -224,12 +264,13 @@ class ChunkRunner:
 
     def _capture(self, noise: torch.Tensor, cache: KVCache, cond_kv, probe: SaturationProbe | None,
                  state: tuple) -> None:
-        """After one warm-up on a side stream (compiles, autotunes, allocates; with a probe installed, so
-        its counting compiles too), every graph this step may need that is missing: this step's, and with
-        a probe known (this step's or the worker's), static scales calibrated and the window full, both
+        """After an eager warm-up on a side stream of each variant it captures, at this step's state and
+        shapes (compiles, autotunes, allocates: nothing compiles inside a capture, ``CompileInCapture``),
+        every graph this step may need that is missing: this step's, and with a probe known (this step's or the worker's), static scales calibrated and the window full, both
         the plain and the probed one (a probe in the window's fill steps, every few steps only, runs them
-        eagerly). One warm-up per capture point keeps the forwards -- and under tensor parallel their
-        all-reduces -- the same on every rank."""
+        eagerly). The same warm-ups at each capture point keep the forwards -- and under tensor parallel
+        their all-reduces -- the same on every rank (ranks > 0 capture the plain graph only and warm it up
+        as often as rank 0 warms up its two)."""
         model = self.model
         n = cache.book.window_after
         known = probe if probe is not None else self.probe
@@ -237,14 +278,20 @@ class ChunkRunner:
         if known is not None and model.probe_ready and n == cache.shape.window:
             want = [None, known]
         want = [p for p in want if (id(cond_kv), n, p is not None, state) not in self._graphs]
+        warm = list(want)
+        if model.probe_ready and n == cache.shape.window:  # as many warm-ups on every rank (their all-reduces
+            warm += warm[-1:] * (2 - len(warm))  # match): a rank with no probe warms the plain variant twice
         static_noise = noise.clone()
         pool = self._pool(cond_kv)
         try:
-            model.set_probe(want[-1])
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                model.denoise_chunk(static_noise, cache, cond_kv)
+            with torch.cuda.stream(side):  # each variant it captures (plain, probed) runs once first, as captured
+                for p in warm:
+                    model.set_calibration_state(state, step_only=True)
+                    model.set_probe(p)
+                    self.warmups += 1
+                    model.denoise_chunk(static_noise, cache, cond_kv)
             torch.cuda.current_stream().wait_stream(side)
             for p in want:
                 model.set_calibration_state(state, step_only=True)  # each capture records the step as now

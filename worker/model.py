@@ -160,6 +160,8 @@ def _chains(act_scales: str) -> tuple[Callable, Callable, Callable]:
 
 
 ACT_QUANT = {"tensor": quantize_act, "row": quantize_act_rows}  # DiT.act_scales -> dynamic quantizer
+# tests of compile-time behaviour on CPU set this (inductor compiles for CPU too): set_compile as on CUDA
+COMPILE_ON_CPU = False
 ACT_SCALES = (*ACT_QUANT, "static")  # "static": one StaticScale per linear's input (DiT.set_compile)
 
 
@@ -419,7 +421,7 @@ class DiT:
         (``reset_act_scales``)."""
         if self.act_scales not in ACT_SCALES:
             raise ValueError(f"act_scales {self.act_scales!r}; valid: {list(ACT_SCALES)}")
-        cuda = self.device.type == "cuda"
+        cuda = self.device.type == "cuda" or COMPILE_ON_CPU
         use = on and cuda
         if self.act_scales == "static" and self.fp8:
             quant = compiled(quantize_act_static) if use else quantize_act_static

@@ -118,14 +118,15 @@ class BuildSuperseded(Exception):
 
 def build_warm(worker, sw: Switches, buckets: tuple[int, ...], *, model: DiT, probe: SaturationProbe | None,
                run=None, reset_run: bool = True, first: int | None = None, graph_mode: str = "global",
-               graphs: bool | None = None, pace=None, superseded=None) -> WarmState:
+               graphs: bool | None = None, pace=None, superseded=None, saturation_every: int | None = None) -> WarmState:
     """Capture every graph sessions with ``sw`` need (``Worker.warm``'s work): one synthetic session per
     conditioning bucket (``first`` first), not real time, no telemetry; with ``reset_run`` the first runs
     through a position reset (its ops compile on first use: 980 ms for the first Triton delta rotation on
     the H200), else a reset at its second step. ``run(**session kwargs)`` runs one (default: a Session on
     the worker as a build sees it); ``graphs`` False: no graphs (neighbour preparation); ``pace(step)`` is
     asked before each synthetic step (it may wait: ``Readiness.pace``); ``superseded()`` true stops the build
-    at the next step (``BuildSuperseded``)."""
+    at the next step (``BuildSuperseded``); ``saturation_every`` (neighbour preparation: 2) probes that often,
+    one step more, so the full window's plain and probed steps both run (and compile) as a build captures them."""
     from worker.session import Session  # session.py imports this module
 
     t0 = time.perf_counter()
@@ -150,9 +151,12 @@ def build_warm(worker, sw: Switches, buckets: tuple[int, ...], *, model: DiT, pr
                 steps = max(steps, shape.reset_every + 1)
             else:
                 reset_every = 2
+        if saturation_every is not None:
+            steps += 1
         run(steps=steps, switches=sw, cond_tokens=b, realtime=False, telemetry=False, seed=b,
             session_id=f"warm-{b}", reset_every=reset_every, **({"switch_source": pace} if pace else {}),
-            **({"stop_when": superseded} if superseded else {}))
+            **({"stop_when": superseded} if superseded else {}),
+            **({"saturation_every": saturation_every} if saturation_every else {}))
         if superseded is not None and superseded():
             raise BuildSuperseded(f"[{sw.encode()}] superseded by a newer flip")
     if run is None:  # a flip's swap loads the live window into this cache: its write path compiled now, here
@@ -214,6 +218,28 @@ def _build_context(device: torch.device):
             yield
     finally:
         sys.setswitchinterval(old)
+
+
+def _compile_beside_the_loop() -> None:
+    """Make a build thread's compiles (its warm-ups', outside any capture) safe beside the step loop's calls.
+
+    - Dynamo's "FX is tracing" flag is process-wide: while the build thread traces, a compiled function the
+      step loop calls would raise ("Detected that you are using FX to symbolically trace a dynamo-optimized
+      function"; the H200 bench of 2 Dec 08:24 lost its live session so). With ``error_on_nested_fx_trace``
+      off that call runs its plain Python body (same result) instead; the worker traces nothing with FX.
+    - Inductor's compile-worker pool is cached once per process (``AsyncCompile.process_pool``): once its
+      sidecar has exited (``SubprocPool.running`` false) every later compile raises "Attempting to use a
+      closed pool". A closed one is dropped (``shutdown_compile_workers`` clears the cache) so the next
+      compile starts a fresh pool."""
+    torch._dynamo.config.error_on_nested_fx_trace = False
+    try:
+        from torch._inductor import async_compile
+    except ImportError:  # a torch without inductor: nothing compiles in a pool
+        return
+    pools = getattr(async_compile, "_pool_set", ())
+    if any(getattr(p, "running", True) is False for p in pools):
+        log.warning("inductor's compile pool was closed: dropped, the next compile starts a new one")
+        async_compile.shutdown_compile_workers()
 
 
 def neighbour(base: Switches, name: str) -> Switches:
@@ -300,7 +326,8 @@ class Readiness:
                 continue
             t0 = time.perf_counter()
             view = model_view(self.w.model)
-            build_warm(self.w, sw, buckets, model=view, probe=None, reset_run=False, graphs=False)
+            build_warm(self.w, sw, buckets, model=view, probe=SaturationProbe(self.w.device), reset_run=False,
+                       graphs=False, saturation_every=2)
             shape = self.w.shape
             self.w.decoder(sw.decoder_own_gpu).submit(
                 torch.zeros(shape.new_tokens, shape.latent_channels, device=self.w.device), 0)
@@ -325,6 +352,7 @@ class Readiness:
             self._start(_Build(sw, first, time.perf_counter()))
 
     def _start(self, b: _Build) -> None:
+        _compile_beside_the_loop()
         self._build, self._wanted = b, None
         b.thread = threading.Thread(target=self._run, args=(b,), name="livestep-flip-build", daemon=True)
         b.thread.start()

@@ -250,3 +250,41 @@ def test_a_flip_while_attached_at_start_is_its_own_flip(cpu_graphs, monkeypatch)
     costs = [c for c in s.flips if c["step"] >= 0]
     assert len(costs) == 1 and costs[0]["step"] == 2 and costs[0]["changed"] == {"fp8_cache": False}
     assert costs[0]["applied_step"] == 3 and s.switches == Switches.from_mapping({**off, "fp8_cache": False}).encode()
+
+
+def test_a_build_compiles_nothing_inside_a_capture(cpu_graphs, monkeypatch):
+    """A flip's build of a configuration whose compiled functions never ran at the shapes and variants it
+    captures (no neighbour preparation) compiles them in its eager warm-ups, never inside a capture (on
+    the H200 inductor's first-call autotune there invalidated the capture): ``CompileInCapture`` would
+    fail the build."""
+    import torch._dynamo
+    import torch._dynamo.callback
+
+    import worker.graphs
+    import worker.model
+    from worker.fp8 import SaturationProbe
+    from worker.readiness import build_quick, build_warm
+
+    compiles: list[bool] = []  # per compile: inside a capture?
+
+    def seen(_args):
+        compiles.append(worker.graphs.capturing())
+
+    monkeypatch.setattr(worker.model, "COMPILE_ON_CPU", True)
+    torch._dynamo.reset()
+    torch._dynamo.callback.callback_handler.register_start_callback(seen)
+    try:
+        w = _worker()
+        base = {**PROD, "compile": True}
+        w.warm(base)
+        target = neighbour(Switches.from_mapping(base), "static_scales")
+        n0 = len(compiles)
+        q = build_quick(w, target, 6, model=model_view(w.model), probe=SaturationProbe(w.device))
+        full = build_warm(w, target, w.cond_buckets, model=model_view(w.model), probe=SaturationProbe(w.device),
+                          first=6, reset_run=False, graph_mode="thread_local")
+    finally:
+        torch._dynamo.callback.callback_handler.start_callbacks.remove(seen)
+    assert len(compiles) > n0  # the build did compile (its target's variants were new) ...
+    assert not any(compiles)  # ... and never inside a capture
+    for state in (q, full):  # every capture had its warm-up first
+        assert state.runner.captures > 0 and state.runner.warmups >= state.runner.captures
