@@ -401,3 +401,16 @@ def iso_week_bounds(iso_week: str) -> tuple[datetime, datetime]:
 def iso_week_of(t: datetime) -> str:
     y, w, _ = t.isocalendar()
     return f"{y}-W{w:02d}"
+
+
+def fleet_shapes(store, gpu_kind: str, release: str | None = None, days: int = 30) -> list[tuple[str, int]]:
+    """The (preset, TP size) pairs a GPU kind's workers ran sessions with over the last ``days`` (of a
+    release when given): the shapes an evaluation must have been measured on to count for that kind
+    (api/evaluation_gate.py)."""
+    w = "gpu_kind = {k:String} AND ts >= now64(3) - toIntervalDay({d:UInt32})"
+    params: dict = {"k": gpu_kind, "d": days}
+    if release:
+        w += " AND release = {r:String}"
+        params["r"] = release
+    rows = store.query_rows(f"SELECT DISTINCT shape, tp_size FROM sessions WHERE {w} ORDER BY shape, tp_size", params)
+    return [(r[0], int(r[1])) for r in rows]

@@ -6,6 +6,17 @@ evaluation (``livestep evaluate``) of that GPU kind and release.
     require_for_scope(store, "fp8_cache", {"release": "v7"})   # a canary or an "on" write: evaluations, else GateError
     defaults_by_kind(store, DEFAULTS)       # GET /v1/switches/rules: each default with its evidence
 
+**Evidence counts only where it was measured** (issue 31). An evaluation row counts only when an
+evaluator posted it (``evaluator`` set by POST /v1/evaluations; the ingest token cannot write one), and
+for a GPU kind only when it ran on that device -- its ``gpu_kind`` read from the device by the evaluator
+(``torch.cuda.get_device_name``, canonical: collector/gpu_kinds.py) and ``device_type`` ``cuda`` -- on
+a shape the kind's fleet runs (the (preset, TP) pairs of its sessions, ``analytics.queries.fleet_shapes``;
+with none yet, ``DEFAULT_PRESET`` at any TP), with at least ``MIN_STEPS`` steps, ``MIN_SEEDS`` weight seeds
+and ``MIN_RERUNS`` band runs. So a CPU or tiny evaluation never unlocks a GPU kind. A release-wide
+numeric write to a release with no sessions yet is refused (422: name the GPU kind): its kinds would come
+from its evaluations alone, and a GPU kind joining later would get the switch without its own evidence. Every accepted write cites the evaluations
+behind it; every refusal is logged and written to the switch audit (``action`` ``gate_refused``).
+
 A configuration's evidence is the ``overall`` evaluation row of the newest evaluation run for that
 switch, GPU kind and release: ``pass`` needs both the teacher-forced and the free-running judge passed
 (worker/evaluate.py); ``fail`` and ``no_effect`` (the switch did nothing on that device) do not count.
@@ -20,17 +31,25 @@ is checked again, against the GPU kinds its sessions ran on meanwhile.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
+from collector.gpu_kinds import canonical_gpu_kind
 from collector.switch_names import NUMERIC_SWITCHES
 from collector.where import Where
 
+log = logging.getLogger("livestep.gate")
+MIN_STEPS = 127  # >= 3 position resets on prod57b (every 42 steps): the reset class is judged
+MIN_SEEDS = 2  # weight seeds, each with its own prompt and noise
+MIN_RERUNS = 2  # correct implementations in the band
+DEFAULT_PRESET = "prod57b"  # the shape a GPU kind with no sessions yet must have been evaluated on
 _LATEST_SQL = """
 SELECT switch, gpu_kind, release, argMax(verdict, ts) AS latest_verdict,
        argMax(session_id, ts) AS evaluation_id, max(ts) AS latest_ts, argMax(preset, ts) AS latest_preset,
-       argMax(configuration, ts) AS latest_configuration
+       argMax(configuration, ts) AS latest_configuration, argMax(evaluator, ts), argMax(device_type, ts),
+       argMax(tp, ts), argMax(steps, ts), argMax(seeds, ts), argMax(reruns, ts)
 FROM evaluations
-WHERE metric = 'overall' AND verdict != 'incomplete' AND {where}
+WHERE metric = 'overall' AND verdict != 'incomplete' AND evaluator IS NOT NULL AND evaluator != '' AND {where}
 GROUP BY switch, gpu_kind, release
 ORDER BY switch, gpu_kind, release"""
 
@@ -46,9 +65,10 @@ class GateError(Exception):
 def evaluations(store, switch: str | None = None, gpu_kind: str | None = None,
                 release: str | None = None) -> list[dict[str, Any]]:
     """The newest overall verdict per (switch, GPU kind, release), filtered by what is given."""
-    w = Where().eq("switch", switch).eq("gpu_kind", gpu_kind).eq("release", release)
+    w = Where().eq("switch", switch).eq("gpu_kind", canonical_gpu_kind(gpu_kind) if gpu_kind else None).eq("release", release)
     rows = store.query_rows(_LATEST_SQL.format(where=w), w.params)
-    keys = ("switch", "gpu_kind", "release", "verdict", "evaluation_id", "ts", "preset", "configuration")
+    keys = ("switch", "gpu_kind", "release", "verdict", "evaluation_id", "ts", "preset", "configuration",
+            "evaluator", "device_type", "tp", "steps", "seeds", "reruns")
     return [{**dict(zip(keys, r, strict=True)), "ts": r[5].isoformat()} for r in rows]
 
 
@@ -58,8 +78,31 @@ def latest(store, switch: str, gpu_kind: str, release: str) -> dict[str, Any] | 
 
 
 def _how(switch: str, gpu_kind: str, release: str) -> str:
-    return (f"run `livestep evaluate --switch {switch} --release {release} --gpu-kind '{gpu_kind}' "
-            "--collector URL` on that GPU kind")
+    return (f"run `livestep evaluate --switch {switch} --release {release} --preset {DEFAULT_PRESET} --device cuda "
+            f"--steps {MIN_STEPS} --seeds {MIN_SEEDS} --collector URL --token <evaluator token>` on a {gpu_kind} GPU")
+
+
+def unmet(store, ev: dict[str, Any], gpu_kind: str, release: str) -> list[str]:
+    """What an evaluation lacks to count for ``gpu_kind`` (empty: it counts)."""
+    why = []
+    if gpu_kind != "cpu" and ev.get("device_type") != "cuda":
+        why.append(f"it ran on {ev.get('device_type') or 'an unrecorded device'}, not a {gpu_kind} GPU")
+    shapes = _shapes(store, gpu_kind, release)
+    if shapes and (ev["preset"], ev.get("tp")) not in shapes:
+        why.append(f"it ran {ev['preset']} at TP {ev.get('tp')}, the fleet runs "
+                   f"{', '.join(f'{p} at TP {t}' for p, t in shapes)}")
+    if not shapes and ev["preset"] != DEFAULT_PRESET:
+        why.append(f"it ran {ev['preset']}; with no {gpu_kind} sessions yet the evidence must be {DEFAULT_PRESET}")
+    for field_, least in (("steps", MIN_STEPS), ("seeds", MIN_SEEDS), ("reruns", MIN_RERUNS)):
+        if (ev.get(field_) or 0) < least:
+            why.append(f"{ev.get(field_) or 0} {field_} (the gate needs >= {least})")
+    return why
+
+
+def _shapes(store, gpu_kind: str, release: str) -> list[tuple[str, int]]:
+    from analytics.queries import fleet_shapes
+
+    return fleet_shapes(store, gpu_kind, release) or fleet_shapes(store, gpu_kind)
 
 
 def require(store, switch: str, gpu_kind: str, release: str) -> dict[str, Any] | None:
@@ -67,6 +110,7 @@ def require(store, switch: str, gpu_kind: str, release: str) -> dict[str, Any] |
     else GateError (409) naming what is missing and how to get it."""
     if switch not in NUMERIC_SWITCHES:
         return None
+    gpu_kind = canonical_gpu_kind(gpu_kind)
     ev = latest(store, switch, gpu_kind, release)
     if ev is None:
         raise GateError(f"{switch} changes the model's numerics and has no evaluation for gpu_kind={gpu_kind}, "
@@ -75,17 +119,21 @@ def require(store, switch: str, gpu_kind: str, release: str) -> dict[str, Any] |
         raise GateError(f"{switch}'s latest evaluation for gpu_kind={gpu_kind}, release={release} (run "
                         f"{ev['evaluation_id']}, {ev['ts']}) is {ev['verdict']!r}, not 'pass': see "
                         f"GET /v1/evaluations?switch={switch}; {_how(switch, gpu_kind, release)}")
+    why = unmet(store, ev, gpu_kind, release)
+    if why:
+        raise GateError(f"{switch}'s passing evaluation {ev['evaluation_id']} is no evidence for gpu_kind={gpu_kind}: "
+                        f"{'; '.join(why)}; {_how(switch, gpu_kind, release)}")
     return ev
 
 
-def kinds_in(store, release: str, days: int = 30) -> list[str]:
+def kinds_in(store, release: str, days: int = 30, sessions_only: bool = False) -> list[str]:
     """The GPU kinds a release runs on, as far as the store knows: those its workers reported sessions
-    from over the last ``days``, and those it has evaluations for."""
-    rows = store.query_rows(
-        "SELECT DISTINCT gpu_kind FROM session_stats WHERE release = {r:String} "
-        "AND first_ts >= now64(3) - toIntervalDay({d:UInt32}) "
-        "UNION DISTINCT SELECT DISTINCT gpu_kind FROM evaluations WHERE release = {r:String} AND metric = 'overall'",
-        {"r": release, "d": days})
+    from over the last ``days``, and (unless ``sessions_only``) those it has evaluations for."""
+    sql = ("SELECT DISTINCT gpu_kind FROM session_stats WHERE release = {r:String} "
+           "AND first_ts >= now64(3) - toIntervalDay({d:UInt32})")
+    if not sessions_only:
+        sql += " UNION DISTINCT SELECT DISTINCT gpu_kind FROM evaluations WHERE release = {r:String} AND metric = 'overall'"
+    rows = store.query_rows(sql, {"r": release, "d": days})
     return sorted(r[0] for r in rows)
 
 
@@ -103,7 +151,11 @@ def require_for_scope(store, switch: str, scope: dict[str, str]) -> list[dict[st
                         "in its scope: "
                         "a numeric switch is a default per GPU kind and release, each with its own evaluation; "
                         "e.g. scope 'release=v7' or 'gpu_kind=NVIDIA H200,release=v7'", 422)
-    kinds = [scope["gpu_kind"]] if scope.get("gpu_kind") else kinds_in(store, release)
+    if not scope.get("gpu_kind") and not kinds_in(store, release, sessions_only=True):
+        raise GateError(f"release {release} has no sessions yet, so a release-wide rule turning {switch} on would "
+                        "reach GPU kinds that join later without their own evaluation: name the GPU kind in the "
+                        f"scope, e.g. 'gpu_kind=h200,release={release}'", 422)
+    kinds = [canonical_gpu_kind(scope["gpu_kind"])] if scope.get("gpu_kind") else kinds_in(store, release)
     if not kinds:
         raise GateError(f"{switch} changes the model's numerics and release {release} has no evaluation on any GPU "
                         f"kind (and no sessions to say which it runs on): {_how(switch, 'KIND', release)}")
@@ -138,3 +190,13 @@ def defaults_by_kind(store, defaults: dict[str, bool]) -> dict[str, Any]:
         out.append({"gpu_kind": kind, "release": release, "switches": switches,
                     "production": got.get("production")})
     return {"numeric": list(NUMERIC_SWITCHES), "by_gpu_kind": out}
+
+
+def refused(board, name: str, scope: str, value: bool, actor: str, reason: str, why: str, source: str = "api") -> None:
+    """A write the gate refused: a log line and a switch-audit row (``action`` ``gate_refused``, unchanged)."""
+    from api.switchboard import Decision
+
+    log.warning("gate refused %s=%s in scope %r by %s: %s", name, value, scope, actor, why)
+    rules, version = board.snapshot()
+    board.record(Decision(name, scope, "", None, value, False, version, "gate_refused", source, actor, reason,
+                          evidence={"gate": why}))

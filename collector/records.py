@@ -124,6 +124,7 @@ class Kind:
     batch_field: str
     doc: str
     columns: tuple[Col, ...]
+    ingested: bool = True  # False: refused by POST /v1/telemetry (evaluations: POST /v1/evaluations, evaluator token)
 
 
 def label(name: str, **kw) -> Col:
@@ -216,7 +217,17 @@ KINDS: tuple[Kind, ...] = (
         Col("verdict", "enum", values=EVALUATION_VERDICTS),
         integer("n", 0, U32, description="runs (free-running), steps (teacher-forced), segments (drift)"),
         integer("step", 0, U32, nullable=True, description="a curve point's last step (null: a summary)"),
-    )),
+        label("evaluator", nullable=True, since="120",
+              description="the evaluator token's name that posted it (POST /v1/evaluations sets it; null: no evidence)"),
+        label("device_type", nullable=True, since="120", description="the device it ran on, read from it: cuda, cpu"),
+        integer("tp", 1, 64, nullable=True, since="120", description="the tensor-parallel size whose rank it ran"),
+        integer("steps", 0, U32, nullable=True, since="120", description="steps of its teacher-forced and free-running runs"),
+        integer("seeds", 0, U32, nullable=True, since="120", description="weight seeds (each its own prompt and noise)"),
+        integer("reruns", 0, U32, nullable=True, since="120",
+                description="the band's runs per seed: correct implementations of the plain path"),
+        integer("nonfinite", 0, U32, nullable=True, since="120",
+                description="non-finite values its judge saw (its value is then the largest Float64)"),
+    ), ingested=False),
     Kind("turn", "turns", "turns", "A conversational turn: new conditioning mid-session (worker/turns.py); ts is its "
          "arrival. latency_ms = wait_ms + recompute_ms + generation_ms + queue_ms.", (
         integer("turn", 0, U32, description="the turn's index in its session"),
@@ -358,6 +369,7 @@ for _c in (c for k in KINDS for c in k.columns):
     assert _c.type in _ARROW, _c
     assert _c.since is None or _c.nullable, f"{_c.name}: a column added later must be nullable"
 RECORD_KINDS: tuple[str, ...] = tuple(_KIND)
+NOT_INGESTED: frozenset[str] = frozenset(k.name for k in KINDS if not k.ingested)  # kinds the ingest refuses
 TABLES: dict[str, str] = {k.name: k.table for k in KINDS}
 MODELS: dict[str, type[_Record]] = {
     k.name: create_model(_model_name(k.name), __base__=_Record, __doc__=k.doc,  # type: ignore[call-overload]

@@ -294,6 +294,13 @@ def _validate_fully(table: pa.Table) -> None:
                                      f"as pyarrow.ipc.new_stream writes it") from e
 
 
+def _ingested(kind: str, rows: int = 1) -> None:
+    """403 for a kind the ingest token may not write (evaluations: the gate's evidence, evaluator role)."""
+    if kind in records.NOT_INGESTED and rows:
+        raise BadBatchError(403, f"{kind} records are not accepted here: post an evaluation to POST /v1/evaluations "
+                                 "with an evaluator token (LIVESTEP_EVALUATOR_TOKENS), never the ingest token")
+
+
 def parse_arrow(body: bytes, limits: Limits = DEFAULT_LIMITS) -> dict[str, pa.Table | IpcStream]:
     if len(body) < 8 or body[-8:] != _EOS:
         raise BadBatchError(400, "truncated Arrow IPC stream: it must end with the end-of-stream marker "
@@ -312,6 +319,7 @@ def parse_arrow(body: bytes, limits: Limits = DEFAULT_LIMITS) -> dict[str, pa.Ta
     if kind not in records.ARROW_SCHEMAS:
         raise BadBatchError(422, f"Arrow schema metadata livestep.kind = {kind!r} is not valid; valid kinds: "
                                  f"{', '.join(records.RECORD_KINDS)} (use collector.records.ARROW_SCHEMAS)")
+    _ingested(kind)
     version = meta.get(b"livestep.schema_version", str(records.SCHEMA_VERSION).encode()).decode(errors="replace")
     if version != str(records.SCHEMA_VERSION):
         raise BadBatchError(422, f"livestep.schema_version {version!r} is not supported; valid: "
@@ -386,6 +394,7 @@ def parse_json(body: bytes, limits: Limits = DEFAULT_LIMITS) -> dict[str, pa.Tab
     for kind, models in batch.by_kind().items():
         if not models:
             continue
+        _ingested(kind)
         schema = records.ARROW_SCHEMAS[kind]
         cols = {name: [getattr(m, name) for m in models] for name in schema.names}
         for c in records.columns(kind):
