@@ -66,10 +66,13 @@ import polars as pl
 from analytics import queries
 from analytics.findings import finding
 from analytics.stats import slope_test
+from collector.gpu_kinds import canonical_gpu_kind
 from collector.records import SHAPE_KEYS, SWITCH_NAMES, decode_switches
 
 GIB = 2**30
-# Per-GPU memory of the kinds we run (bytes); an unknown kind falls back to the OOM events' capacity.
+# A process's GPU memory is what its worker reported (the session record's ``gpu_mem_total_bytes``), for any
+# GPU; for workers before that field: the capacity its kind's OOM events reported, then this table of the
+# kinds we run (bytes; keyed on canonical kinds, collector/gpu_kinds.py).
 GPU_MEMORY_BYTES: dict[str, int] = {"h100": 80 * GIB, "h200": 141 * GIB, "b200": 192 * GIB, "a100": 80 * GIB}
 MIN_SESSIONS = 8
 MIN_SHAPES = 5
@@ -148,15 +151,18 @@ def with_processes(s: pl.DataFrame, ooms: pl.DataFrame) -> pl.DataFrame:
     return s.with_columns(pl.col("new_shape").cum_sum().over("process").alias("shapes_seen"))
 
 
-def _capacity(gpu_kind: str, ooms: pl.DataFrame) -> int | None:
-    """Per-GPU memory of a kind; an unknown kind takes the capacity its OOM events reported."""
-    if gpu_kind in GPU_MEMORY_BYTES:
-        return GPU_MEMORY_BYTES[gpu_kind]
-    if ooms.is_empty():
-        return None
-    caps = [json.loads(d).get("capacity_bytes") for d in ooms.filter(pl.col("gpu_kind") == gpu_kind)["detail"]]
+def _capacity(g: pl.DataFrame, ooms: pl.DataFrame) -> int | None:
+    """Per-GPU memory of a process: what its worker reported; else what its kind's OOM events reported;
+    else the table's entry for its (canonical) kind."""
+    if "gpu_mem_total_bytes" in g.columns and (reported := g["gpu_mem_total_bytes"].max()) is not None:
+        return int(reported)
+    gpu_kind = g["gpu_kind"][0]
+    caps = [] if ooms.is_empty() else \
+        [json.loads(d).get("capacity_bytes") for d in ooms.filter(pl.col("gpu_kind") == gpu_kind)["detail"]]
     caps = [c for c in caps if c]
-    return int(max(caps)) if caps else None
+    if caps:
+        return int(max(caps))
+    return GPU_MEMORY_BYTES.get(canonical_gpu_kind(gpu_kind))
 
 
 def _seen(values: list) -> np.ndarray:
@@ -456,7 +462,7 @@ def analyze_frame(s: pl.DataFrame, oom_events: pl.DataFrame, start: datetime | N
         x = xs[unit]
         j = _judge_process(x, y, b, xs[key_of(unit)])
         gpu_kind = g["gpu_kind"][0]
-        cap = _capacity(gpu_kind, oom_events)
+        cap = _capacity(g, oom_events)
         slope = rel["slope"] if rel["flagged"] else j["fit"].slope  # the release's pooled slope when judged
         growth_per_hour = slope * rates.get(unit, 0.0)
         tto = max(cap - j["fitted_last"], 0.0) / growth_per_hour if cap and growth_per_hour > 0 else None

@@ -1,4 +1,9 @@
-"""SQL -> polars: every query the analytics (and the dashboard's fleet views) run against the store.
+"""The read layer: every SELECT that reads the store, as typed functions (SQL -> polars / rows).
+
+Routes, pages, reports, canaries, incidents, metrics and jobs call a function here and never write a
+query (STYLE.md "Growing by addition"); DDL is sql/ + collector/migrations.py, ingest's writes are
+collector/'s. Per-session figures derive from the metric catalogue (collector/catalog.py): its
+``SESSION_COLUMNS`` and ``METRICS`` are the session view's SELECT.
 
 Fleet-wide figures read the per-session materialized views, never raw steps: ``session_stats``
 (every per-session aggregate; the analytics jobs) and, for the dashboard's fleet queries over long
@@ -13,6 +18,11 @@ for the hours not rolled up yet (sql/012, sql/013):
 Cohort filters (``{"release": "v7"}``, ``{"worker_id": ["w1", "w2"]}``) become parameterized
 ``IN`` clauses; their keys must be in ``FILTER_KEYS``. Label filters select partial rows (a session's
 labels never change); ``switches`` selects sessions by their final switch state (``switch_state``).
+
+Why one module over ~450 lines: it is the one place SQL text that reads the store lives (issue 28),
+so a change of a table or view is one file to read, and the sections below (sessions, fleet roll-up,
+drill-down, findings, switch control plane, incidents and canaries, evaluations, turns, metrics) share
+the session SQL and the ``Where`` builder instead of each repeating them.
 """
 
 from __future__ import annotations
@@ -22,41 +32,24 @@ from typing import Any
 
 import polars as pl
 
-from collector import records
+from collector import catalog, records
 
-FPS_BUDGET = 24.0
-FPS_LOW = 23.5
-FRAMES_PER_STEP = 4
-MIN_STREAMED_S = 1.0
-
-FILTER_KEYS: tuple[str, ...] = ("release", "gpu_kind", "worker_id", "session_id", "switches")
+# The fleet thresholds and cohort filters are the catalogue's (collector/catalog.py), named here too
+# because every detector reads them as ``queries.MIN_STREAMED_S`` etc.
+FPS_BUDGET, FPS_LOW = catalog.FPS_BUDGET, catalog.FPS_LOW
+FRAMES_PER_STEP, MIN_STREAMED_S = catalog.FRAMES_PER_STEP, catalog.MIN_STREAMED_S
+FILTER_KEYS: tuple[str, ...] = catalog.FILTER_KEYS
 
 # One finalized row per session: the aggregate columns every per-session read shares (analytics'
-# frames, the dashboard's fleet views, the API's ``GET /v1/sessions``). A session is spread over
-# several partial rows (one per insert block until merged): its switch state is the stored
-# argMax(switches, ts) state switch_last = max((ts, switches)) (sql/021), which merges in any order, so a
-# block replayed late never rolls it back (rows stored before sql/021 read their (last_ts, switches)).
-_SESSION_COLUMNS = """
-    release, gpu_kind, worker_id, session_id,
-    min(first_ts)                                   AS start_ts,
-    max(last_ts)                                    AS end_ts,
-    max(simulated)                                  AS simulated,
-    countMerge(steps)                               AS steps,
-    countIfMerge(late_chunks)                       AS late_chunks,
-    sumMerge(period_ms_sum)                         AS period_ms_sum,
-    avgMerge(diffusion_ms_avg)                      AS diffusion_ms,
-    avgMerge(upkeep_ms_avg)                         AS upkeep_ms,
-    sumMerge(energy_mj_sum)                         AS energy_mj,
-    max(mem_reserved_max)                           AS mem_reserved_max,
-    max(buffers_max)                                AS buffers_max,
-    tupleElement(max(switch_last), 2)               AS switch_state"""
-
+# frames, the dashboard's fleet views, the API's ``GET /v1/sessions``), from the catalogue's
+# ``SESSION_COLUMNS``. A session is spread over several partial rows (one per insert block until
+# merged); each column merges them in any order, so a block replayed late never rolls it back.
+_LABELS = "release, gpu_kind, worker_id, session_id"
+_SESSION_COLUMNS = "\n    " + _LABELS + "".join(
+    f",\n    {c.sql:<50} AS {c.name}" for c in catalog.SESSION_COLUMNS if not c.detail)
 # The session listing's extra columns (``detail=True``): reset steps and t-digest quantiles
 # [p50, p95, p99] of the step period and the diffusion time.
-_DETAIL_COLUMNS = """,
-    countIfMerge(reset_steps)                       AS reset_steps,
-    quantilesTDigestMerge(0.5, 0.95, 0.99)(period_ms_q)     AS period_ms_q,
-    quantilesTDigestMerge(0.5, 0.95, 0.99)(diffusion_ms_q)  AS diffusion_ms_q"""
+_DETAIL_COLUMNS = "".join(f",\n    {c.sql:<50} AS {c.name}" for c in catalog.SESSION_COLUMNS if c.detail)
 
 _SESSIONS_SQL = """
 SELECT {columns}
@@ -72,14 +65,9 @@ _STARTED_WHERE = ("AND first_ts >= {start:DateTime64(3, 'UTC')} - INTERVAL 1 DAY
                   "AND first_ts < {end:DateTime64(3, 'UTC')}")
 _STARTED_HAVING = "HAVING start_ts >= {start:DateTime64(3, 'UTC')} AND start_ts < {end:DateTime64(3, 'UTC')}"
 
-# Per-session metrics derived from the finalized states (streamed seconds, fps, per-chunk figures).
-_METRICS_SQL = """
-SELECT *,
-    period_ms_sum / 1000                                        AS streamed_s,
-    steps * {frames} / greatest(period_ms_sum / 1000, 1e-9)     AS fps,
-    period_ms_sum / steps                                       AS step_period_ms,
-    late_chunks / steps                                         AS late_rate,
-    energy_mj / steps                                           AS energy_per_chunk_mj
+# Per-session metrics derived from the finalized states (catalog.METRICS: streamed seconds, fps, ...).
+_METRICS_SQL = "SELECT *" + "".join(f",\n    {m.sql:<58} AS {m.name}" for m in catalog.METRICS
+                                if m.sql != m.name) + """
 FROM ({sessions})
 WHERE 1 {state_filters}
 """
@@ -134,8 +122,7 @@ def session_sql(filters: dict[str, Any] | None, params: dict[str, Any], prefix: 
     ("start", "end") apply."""
     labels, states = filter_clause(filters, params, prefix)
     inner = _sessions_sql(labels, window, detail, start="start" in params, end="end" in params)
-    return (_METRICS_SQL.replace("{sessions}", inner).replace("{frames}", str(FRAMES_PER_STEP))
-            .replace("{state_filters}", states))
+    return _METRICS_SQL.replace("{sessions}", inner).replace("{state_filters}", states)
 
 
 def session_frame(store, start: datetime, end: datetime, filters: dict[str, Any] | None = None) -> pl.DataFrame:
@@ -349,16 +336,19 @@ _SHAPE_COLUMNS = tuple(dict.fromkeys(c for cols in records.SHAPE_KEYS.values() f
 
 def memory_sessions(store, start: datetime, end: datetime) -> pl.DataFrame:
     """Per session, for memory analysis: worker, release, start, the shape columns
-    (``records.SHAPE_KEYS``, from the ``sessions`` table: null from older workers), peak reserved
-    memory and buffer count (from ``session_stats``), switches."""
+    (``records.SHAPE_KEYS``, from the ``sessions`` table: null from older workers), the GPU's total
+    memory the worker reported (null from older workers), peak reserved memory and buffer count (from
+    ``session_stats``), switches."""
     params: dict[str, Any] = {"start": start, "end": end}
     sql = f"""
     SELECT s.release AS release, s.gpu_kind AS gpu_kind, s.worker_id AS worker_id, s.session_id AS session_id,
            s.start_ts AS start_ts, s.mem_reserved_max AS mem_reserved_max, s.buffers_max AS buffers_max,
-           s.switch_state AS switch_state, {", ".join(f"t.{c} AS {c}" for c in _SHAPE_COLUMNS)}
+           s.switch_state AS switch_state, {", ".join(f"t.{c} AS {c}" for c in _SHAPE_COLUMNS)},
+           t.gpu_mem_total_bytes AS gpu_mem_total_bytes
     FROM ({_sessions_sql("")}) AS s
     INNER JOIN (
-        SELECT session_id, {", ".join(f"any({c}) AS {c}" for c in _SHAPE_COLUMNS)}
+        SELECT session_id, {", ".join(f"any({c}) AS {c}" for c in _SHAPE_COLUMNS)},
+               max(gpu_mem_total_bytes) AS gpu_mem_total_bytes
         FROM sessions
         WHERE ts >= {{start:DateTime64(3, 'UTC')}} - INTERVAL 1 DAY AND ts < {{end:DateTime64(3, 'UTC')}}
         GROUP BY session_id

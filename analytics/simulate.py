@@ -57,9 +57,9 @@ import numpy as np
 import pyarrow as pa
 
 from analytics.memory import GPU_MEMORY_BYTES
-from collector import records
+from collector import catalog, records
 
-STEP_BUDGET_MS = 1000.0 / 24 * 4  # 166.7 ms per 4-frame chunk
+STEP_BUDGET_MS = catalog.CHUNK_DEADLINE_MS  # 166.7 ms per 4-frame chunk
 RESET_EVERY = 42
 LATE_MS = 200.0  # the playout buffer absorbs jitter up to here (reset steps are absorbed too)
 NEW_TOKENS = 757
@@ -498,6 +498,7 @@ class _BlockWriter:
         # Arrow dictionaries must hold distinct values: per-worker indices into them
         kinds = sorted({w.gpu_kind for w in fleet})
         self.kind_names, self.kind_of = pa.array(kinds), np.array([kinds.index(w.gpu_kind) for w in fleet], np.int32)
+        self.memory_of = np.array([GPU_KINDS[w.gpu_kind].memory_bytes for w in fleet], np.int64)
         states = sorted({records.encode_switches(w.switches) for w in fleet})
         self.switch_strs = pa.array(states)
         self.switch_of = np.array([states.index(records.encode_switches(w.switches)) for w in fleet], np.int32)
@@ -608,6 +609,7 @@ class _BlockWriter:
                 "decoder_height": np.array([RESOLUTIONS[r][0] for r in p.resolution], np.int64)[idx],
                 "decoder_width": np.array([RESOLUTIONS[r][1] for r in p.resolution], np.int64)[idx],
                 "chunk_frames": np.full(len(idx), 4, np.int64),
+                "gpu_mem_total_bytes": self.memory_of[w[idx]],  # what a worker reads from torch / NVML
                 "streamed_s": np.where(is_end, streamed_s[idx], 0.0),
                 "frames": frames,
                 "avg_fps": pa.array(frames / np.maximum(streamed_s[idx], 1e-9), mask=~is_end),

@@ -11,7 +11,7 @@ Effects are signed so that a positive effect is *worse* (``higher_is_worse`` fli
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,15 +19,7 @@ from scipy import stats as sps
 from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.proportion import proportion_confint, proportions_ztest
 
-
-def canonical_scope(labels: Mapping[str, object]) -> str:
-    """{'release': 'v7', 'gpu_kind': 'h100'} -> 'gpu_kind=h100,release=v7' (sorted by key)."""
-    parts = []
-    for k in sorted(labels):
-        v = labels[k]
-        v = "|".join(sorted(str(x) for x in v)) if isinstance(v, (list, tuple, set, frozenset)) else str(v)
-        parts.append(f"{k}={v}")
-    return ",".join(parts)
+from collector.catalog import canonical_scope  # noqa: F401 (the detectors' scope key; declared once there)
 
 
 def wilson(k: int, n: int, alpha: float = 0.05) -> tuple[float, float]:

@@ -33,7 +33,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-CHUNK_MS = 1000.0 * 4 / 24  # one 4-frame chunk every 166.7 ms
+from collector import catalog
+
+CHUNK_MS = catalog.CHUNK_DEADLINE_MS  # one 4-frame chunk every 166.7 ms
 
 
 class DemoError(Exception):

@@ -47,6 +47,7 @@ from typing import Any
 
 import orjson
 
+from collector import catalog
 from collector.records import SWITCH_NAMES
 from collector.switch_names import PRODUCTION_OFF
 from collector.where import Where
@@ -98,8 +99,8 @@ def parse_scope(scope: str | dict[str, str] | None) -> dict[str, str]:
 
 
 def canonical_scope(scope: str | dict[str, str] | None) -> str:
-    d = parse_scope(scope)
-    return ",".join(f"{k}={d[k]}" for k in sorted(d))
+    """A scope, validated (``parse_scope``), in the catalogue's canonical form (findings key on the same)."""
+    return catalog.canonical_scope(parse_scope(scope))
 
 
 def bucket(worker_id: str, salt: str = "") -> int:

@@ -19,9 +19,10 @@ from typing import Any
 
 import polars as pl
 
+from collector import catalog
 from collector.where import Where
 
-DEADLINE_MS = 1000 * 4 / 24  # one 4-frame chunk at 24 fps: 166.7 ms
+DEADLINE_MS = catalog.CHUNK_DEADLINE_MS  # one 4-frame chunk at 24 fps: 166.7 ms
 
 
 @dataclass(frozen=True)

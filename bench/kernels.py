@@ -7,12 +7,8 @@ torch ops), the write-time torch ops (``rope_fp8_write_ref``) eager and under ``
 Triton ``rope_fp8_write``; each per call (do_bench median x calls) and as one CUDA graph of all calls;
 then the write kernel's tiles in both V layouts (the default first: V keys-contiguous is the worker's).
 (b) delta rotation of the K window of every block (60) at a reset: Triton vs eager torch.
-(c) ``fp8_attention`` sweep (``--only attention``, < 3 min): bf16 ``scaled_dot_product_attention`` over
-the same window first, then every variant (V layout: ``dims`` [H,S,D] storage or ``keys`` keys-contiguous
-``v_layout``; precision; tiles; TMA loads), each checked against the fp64 truth
-with the tests' bound (a wrong one is reported, not timed); us/call as GPU time (10 calls in one CUDA
-graph, SDPA too: host launch cost, ~TMA descriptor building, is not the kernel's), TFLOP/s, error; the best per layout
-printed as the ``TUNED`` line to set in kernels/fp8_attention.py.
+(c) ``--only attention`` runs bench/attention.py (every precision pair and the default's tiles against bf16
+SDPA, with errors vs fp64; it prints its own table and ratio).
 Prints a table, then LAST the ratios against the baselines measured in this run.
 """
 
@@ -21,13 +17,10 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import math
 import os
 import sys
-import time
 
 import torch
-import torch.nn.functional as F
 import triton
 from triton.testing import do_bench
 
@@ -37,9 +30,8 @@ from kernels import delta_rotate as delta_rotate_mod
 from kernels import fp8_attention as attn
 from kernels import rope_fp8_write as rfw
 from kernels.delta_rotate import delta_rotate, delta_rotate_ref
-from kernels.rope import dequantize_fp8, quantize_fp8, rope_at
+from kernels.rope import quantize_fp8, rope_at
 from kernels.rope_fp8_write import rope_fp8_write, rope_fp8_write_kv, rope_fp8_write_ref
-from worker.rope import rope_tables
 
 H, D, T, S = 20, 128, 757, 5788
 ROWS: list[tuple[str, str, float | None, str]] = []  # (section, what, value, unit/note)
@@ -230,127 +222,14 @@ def bench_delta(blocks: int, dev) -> dict:
     return out
 
 
-def bench_attention(dev, budget_s: float = 160.0) -> dict:
-    """Sweep: SDPA bf16 first, then every variant (V layout x precision x tiles x TMA), each checked
-    against the fp64 truth with the tests' bound before it is timed; one failure never stops the sweep."""
-    q = torch.randn(H, T, D, device=dev).bfloat16()
-    ks = torch.rand(H, device=dev) * 0.02 + 0.01
-    vs = torch.rand(H, device=dev) * 0.02 + 0.01
-    kc = torch.clamp(torch.randn(H, S, D, device=dev) / ks[:, None, None], -448, 448).to(torch.float8_e4m3fn)
-    vc = torch.clamp(torch.randn(H, S, D, device=dev) / vs[:, None, None], -448, 448).to(torch.float8_e4m3fn)
-    vk = attn.to_keys_contiguous(vc)  # the same V stored keys-contiguous (slot stride 1)
-    assert vk.stride(1) == 1 and torch.equal(vk.view(torch.uint8), vc.view(torch.uint8))
-    kb, vb = dequantize_fp8(kc, ks).bfloat16(), dequantize_fp8(vc, vs).bfloat16()
-    sm = 1.0 / math.sqrt(D)
-    flops = 4.0 * H * T * S * D
-    truth = attn.fp8_attention_ref(q, kc, vc, ks, vs, S, compute_dtype=torch.float64).double()
-    atol = 2.0**-8 * truth.abs().max().item()
-    err_ref = {}
+def bench_attention(dev) -> dict:
+    """The attention sweep is bench/attention.py (every precision pair vs SDPA in one process): run it here
+    so that ``--only attention`` and bench/h200.sh keep printing it."""
+    import subprocess
 
-    def errors(o, qk8, pv8):
-        if (qk8, pv8) not in err_ref:
-            lowp = attn.fp8_attention_lowp_ref(q, kc, vc, ks, vs, S, sm, qk_fp8=qk8, pv_fp8=pv8)
-            err_ref[qk8, pv8] = (lowp.double() - truth).abs().max().item()
-        err = (o.double() - truth).abs().max().item()
-        rel = ((o.double() - truth).norm() / truth.norm()).item()
-        bound = 2 * err_ref[qk8, pv8] + atol
-        ok = err <= bound and rel <= attn.REL_ERR_BOUND[qk8, pv8] and bool(torch.isfinite(o).all())
-        return ok, f"rel.err {rel:.2e}  max.err {err:.2e} (bound {bound:.2e})"
-
-    def fast_ms(fn, n: int = 10) -> float:
-        """GPU ms per call: n calls captured in one CUDA graph (as the worker runs them: no launch cost)."""
-        return graph_ms(lambda i: fn(), n) / n
-
-    out = {}
-    ms = fast_ms(lambda: F.scaled_dot_product_attention(q[None], kb[None], vb[None]))
-    out["sdpa"] = ms
-    o = F.scaled_dot_product_attention(q[None], kb[None], vb[None])[0]
-    err = ((o.double() - truth).norm() / truth.norm()).item()
-    row(
-        "attention",
-        "bf16 F.scaled_dot_product_attention [us/call]",
-        ms * 1e3,
-        f"{flops / ms / 1e9:7.1f} TFLOP/s  rel.err {err:.2e}",
-    )
-
-    # the layout's cost on the write side: K+V of one call (757 tokens, wrapping) into V dims vs V keys
-    kn, vn = torch.randn(H, T, D, device=dev).bfloat16(), torch.randn(H, T, D, device=dev).bfloat16()
-    pos = torch.arange(20_000, 20_000 + T, device=dev)
-    slots = (S - 300 + torch.arange(T, device=dev)) % S
-    kw, vw_dims, vw_keys = torch.zeros_like(kc), torch.zeros_like(vc), attn.v_layout(H, S, D, device=dev)
-    for name, vw in (("dims", vw_dims), ("keys", vw_keys)):
-        try:
-            ms = median_ms(lambda vw=vw: rope_fp8_write_kv(kn, vn, pos, slots, ks, vs, kw, vw))
-            row("attention", f"write K+V of one call, V {name} (rope_fp8_write_kv) [us/call]", ms * 1e3)
-        except Exception as e:  # noqa: BLE001
-            row("attention", f"write K+V, V {name}", None, f"failed: {repr(e)[:200]}")
-    same = torch.equal(vw_keys.view(torch.uint8), vw_dims.view(torch.uint8))
-    row("attention", "check: V bytes written, keys layout == dims layout (1 = yes)", float(same))
-
-    def c(bm, bn, w, st, tma=False):
-        return {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": st, "TMA": tma}
-
-    # (name, V tensor, qk_fp8, pv_fp8, cfg); cfg None = the public fp8_attention (TUNED for V's layout)
-    variants = [  # the defaults first (the sweep stops timing when its budget is spent)
-        ("keys  default: fp8_attention (TUNED['keys'])", vk, True, None, None),
-        ("dims  default: fp8_attention (TUNED['dims'])", vc, True, None, None),
-        ("dims  fp8 QK + bf16 PV 128x128 w8 s3 (old default)", vc, True, False, c(128, 128, 8, 3)),
-        ("dims  fp8 QK + fp8 PV  128x128 w8 s3", vc, True, True, c(128, 128, 8, 3)),
-        ("keys  fp8 QK + bf16 PV 128x128 w8 s3", vk, True, False, c(128, 128, 8, 3)),
-        ("keys  bf16 QK + fp8 PV 128x128 w8 s3", vk, False, True, c(128, 128, 8, 3)),
-    ]
-    for bm, bn, w, st in (
-        (128, 128, 8, 2), (128, 128, 8, 3), (128, 128, 8, 4), (128, 64, 8, 3),
-        (128, 256, 8, 2), (128, 128, 4, 3), (64, 128, 4, 3), (64, 128, 4, 4),
-        (64, 128, 4, 2), (64, 64, 4, 3), (64, 64, 4, 4), (64, 256, 4, 2),
-    ):  # fmt: skip
-        variants.append((f"keys  fp8 QK + fp8 PV  {bm}x{bn} w{w} s{st}", vk, True, True, c(bm, bn, w, st)))
-    for bm, w, st in ((128, 8, 3), (128, 8, 2), (64, 4, 3), (64, 4, 2)):
-        cfg = c(bm, 128, w, st, tma=True)
-        variants.append((f"keys  fp8 QK + fp8 PV  {bm}x128 w{w} s{st} TMA", vk, True, True, cfg))
-
-    best = {}  # layout -> (ms, name, cfg, pv8)
-    t0 = time.monotonic()
-    for name, v, qk8, pv8, cfg in variants:
-        if time.monotonic() - t0 > budget_s:
-            row("attention", name, None, f"skipped: the sweep's {budget_s:.0f} s budget is spent")
-            continue
-        try:
-            if cfg is None:
-                pv8 = attn._tuned(v)["pv_fp8"]
-                fn = lambda v=v: attn.fp8_attention(q, kc, v, ks, vs, S)
-            else:
-                fn = lambda v=v, qk8=qk8, pv8=pv8, cfg=cfg: attn._launch(
-                    q, kc, v, ks, vs, S, sm, qk8, pv8, cfg=cfg
-                )
-            ok, note = errors(fn(), qk8, pv8)
-            if not ok:
-                row("attention", name, None, f"WRONG (not timed): {note}")
-                continue
-            ms = fast_ms(fn)
-            out[name] = ms
-            row("attention", f"{name} [us/call]", ms * 1e3, f"{flops / ms / 1e9:7.1f} TFLOP/s  {note}")
-            layout = "keys" if v is vk else "dims"
-            if cfg is not None and qk8 and (layout not in best or ms < best[layout][0]):
-                best[layout] = (ms, name, cfg, pv8)
-        except Exception as e:  # noqa: BLE001 - report and keep sweeping
-            row("attention", name, None, f"failed: {repr(e)[:200]}")
-    out["best"] = {k: {"ms": b[0], "name": b[1], "tuned": {"pv_fp8": b[3], **b[2]}} for k, b in best.items()}
-    # the worker's call: the queries' RoPE folded into the kernel's Q load (q_cos/q_sin) vs rotated before
-    try:
-        cos, sin = rope_tables(torch.arange(20_000, 20_000 + T, device=dev), D)  # the worker's step tables
-        fold = lambda: attn.fp8_attention(q, kc, vk, ks, vs, S, q_cos=cos, q_sin=sin)
-        rope_then = lambda: attn.fp8_attention(attn.rope_q_ref(q, cos, sin), kc, vk, ks, vs, S)
-        a, b = fold().double(), rope_then().double()
-        rel = ((a - b).norm() / b.norm()).item()
-        for name, fn in (("keys default, queries rotated on load (q_cos/q_sin)", fold),
-                         ("keys default after rope_q_ref (torch ops, eager)", rope_then)):  # fmt: skip
-            ms = fast_ms(fn)
-            out[name] = ms
-            row("attention", f"{name} [us/call]", ms * 1e3, f"rel.diff on-load vs before {rel:.1e}")
-    except Exception as e:  # noqa: BLE001
-        row("attention", "queries rotated on load", None, f"failed: {repr(e)[:200]}")
-    return out
+    here = os.path.dirname(os.path.abspath(__file__))
+    subprocess.run([sys.executable, os.path.join(here, "attention.py")], check=False)
+    return {}
 
 
 def main() -> None:

@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from collector import catalog
 from collector.state import collector_state
 
 log = logging.getLogger("livestep.collector.metrics")
@@ -31,8 +32,8 @@ log = logging.getLogger("livestep.collector.metrics")
 # step period buckets (seconds), dense around the 166.7 ms deadline of one 4-frame chunk at 24 fps
 PERIOD_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.125, 0.15, 0.16, 0.1667, 0.175, 0.2, 0.25, 0.3333, 0.5, 1.0, 2.5)
 BLOCK_ROWS_BUCKETS = (1, 10, 100, 1_000, 10_000, 100_000, 1_000_000)
-FPS_FLOOR = 24.0  # a session at or below it is counted (the fleet figure of analytics/fps.py)
-MIN_STREAMED_S = 1.0  # sessions shorter than this are not judged (as the fleet figures)
+FPS_FLOOR = catalog.FPS_BUDGET  # a session at or below it is counted (the fleet figure of analytics/fps.py)
+MIN_STREAMED_S = catalog.MIN_STREAMED_S  # sessions shorter than this are not judged (as the fleet figures)
 
 # refusals: HTTP status -> the reason label
 REASONS = {400: "unreadable", 401: "unauthenticated", 403: "forbidden", 413: "too_large",

@@ -20,6 +20,15 @@ The server roles (``ensure_current``): without a cluster, pending single-node fi
 start (chDB's default; against a server too unless ``migrate_on_start`` is off), then checked; with a
 cluster nothing is applied (DDL ON CLUSTER is an operator's step, ``livestep migrate --cluster``) and a
 schema that is not current stops the server, naming the files and the command.
+
+A materialized view a file alters (``ALTER TABLE v MODIFY QUERY``) is reloaded right after the file
+(``DETACH``/``ATTACH``, ``reload_views``): the views deduplicate a replayed block by the insert's
+token (``deduplicate_blocks_in_dependent_materialized_views``, collector/store.py), and ClickHouse
+derives a view's block ids from the view as it is held in memory. A view altered in the running
+process derives other ids than the same view loaded at the next start, so a block stored before a
+kill -9 and replayed after it was counted twice in ``session_stats`` (issue 30; measured on chDB 4.4,
+ClickHouse 26.9: tests/collector/test_view_replay.py). Reloaded at once, the view holds the ids it
+will hold after any restart.
 """
 
 from __future__ import annotations
@@ -28,10 +37,23 @@ import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from collector.store import Store
+
+class Store(Protocol):
+    """What migrations need of a store (collector/store.py's ``Store``; declared here so that the
+    schema does not import the connection that applies it: store -> migrations, never back)."""
+
+    database: str
+    dsn: Any
+
+    def command(self, sql: str, parameters: dict | None = None, settings: dict | None = None) -> Any: ...
+
+    def query_rows(self, sql: str, parameters: dict | None = None) -> list[tuple]: ...
+
+    def client(self) -> Any: ...
+
+    def migration_files(self, cluster: bool = False) -> list[Path]: ...
 
 _FILE = re.compile(r"^[0-9]{3}_[A-Za-z0-9_]+\.sql$")
 _CLUSTER_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$")
@@ -143,6 +165,23 @@ def pending(store: Store, cluster: str | None = None) -> list[Step]:
             if f.name not in done]
 
 
+_MODIFY_QUERY = re.compile(r"^\s*ALTER\s+TABLE\s+([A-Za-z0-9_.`]+)(\s+ON\s+CLUSTER\s+'[^']*')?\s+MODIFY\s+QUERY\b",
+                           re.IGNORECASE)
+
+
+def reload_views(statements: list[str]) -> list[str]:
+    """``DETACH``/``ATTACH`` of every view whose query ``statements`` alter (``MODIFY QUERY``), in the
+    same cluster clause: the statements that make the running server hold each view as a restart
+    would load it (see the module docstring)."""
+    out = []
+    for stmt in statements:
+        m = _MODIFY_QUERY.match(stmt)
+        if m is not None:
+            view, on_cluster = m.group(1), m.group(2) or ""
+            out += [f"DETACH TABLE IF EXISTS {view}{on_cluster} SYNC", f"ATTACH TABLE {view}{on_cluster}"]
+    return out
+
+
 def check_parses(store: Store, steps: list[Step]) -> None:
     """Parse every statement with the store's own parser (``formatQuery``; nothing is executed)."""
     for step in steps:
@@ -168,7 +207,7 @@ def migrate(store: Store, cluster: str | None = None, dry_run: bool = False) -> 
     for stmt in _bookkeeping_ddl(cluster):
         store.command(stmt)
     for step in steps:
-        for stmt in step.statements:
+        for stmt in step.statements + reload_views(step.statements):
             store.command(stmt)
         store.client().insert(TABLE, [[step.name, layout]], column_names=["name", "layout"])
     return steps

@@ -40,6 +40,7 @@ from typing import Annotated, Any
 import pyarrow as pa
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model, field_validator
 
+from collector.gpu_kinds import canonical_gpu_kind
 from collector.switch_names import NUMERIC_SWITCHES, SWITCH_NAMES  # re-exported: part of the contract
 
 SCHEMA_VERSION = 1
@@ -144,7 +145,8 @@ COMMON: tuple[Col, ...] = (
     label("worker_id"),
     label("session_id"),
     label("release"),
-    label("gpu_kind"),
+    label("gpu_kind", description="the GPU's device name (torch/NVML, e.g. 'NVIDIA H200') or its kind; stored "
+                                  "as the canonical kind (collector/gpu_kinds.py: 'h200')"),
     Col("ts", "ts", description="UTC; a naive datetime is taken as UTC"),
     Col("simulated", "bool", description="written by the fleet simulator (default false)"),
 )
@@ -199,6 +201,9 @@ KINDS: tuple[Kind, ...] = (
         ms("ttff_ms", nullable=True, since="090",
            description="session start to the player's first frame, ms (end phase; null: playback never began)"),
         integer("preroll", 1, 64, nullable=True, since="090", description="chunks buffered before playback began"),
+        integer("gpu_mem_total_bytes", 1, U63, nullable=True, since="110",
+                description="total memory of one of the session's GPUs (NVML/torch), bytes; null from workers "
+                            "before migration 110"),
     )),
     Kind("event", "events", "events", "Something that happened: a switch applied, a rollback, an OOM, a reset, ...", (
         Col("kind", "enum", values=EVENT_KINDS),
@@ -353,6 +358,25 @@ class _Record(BaseModel):
         if v.year < 2000:
             raise ValueError("timestamp before 2000-01-01 is not valid")
         return v
+
+    @field_validator("gpu_kind", check_fields=False)
+    @classmethod
+    def _gpu_kind_canonical(cls, v: str) -> str:
+        return canonical_gpu_kind(v)
+
+
+def canonical_labels(table: pa.Table) -> pa.Table:
+    """``table`` with its ``gpu_kind`` column canonical (collector/gpu_kinds.py); the same object when it
+    already was (an Arrow body of a current worker is then spooled as sent)."""
+    if "gpu_kind" not in table.schema.names or not table.num_rows:
+        return table
+    col = table.column("gpu_kind")
+    seen = [v for v in col.unique().to_pylist() if v is not None]
+    mapping = {v: canonical_gpu_kind(v) for v in seen}
+    if all(k == v for k, v in mapping.items()):
+        return table
+    fixed = pa.array([None if v is None else mapping[v] for v in col.to_pylist()], type=col.type)
+    return table.set_column(table.schema.get_field_index("gpu_kind"), table.schema.field("gpu_kind"), fixed)
 
 
 def _model_name(kind: str) -> str:

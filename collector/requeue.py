@@ -19,11 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
+from pydantic import ValidationError
 
 from collector.limits import read_limits
 from collector.records import ARROW_SCHEMAS, conform
 from collector.spool import _fsync_dir, quarantine_paths, quarantined, spool_uid
-from collector.store import Store
+from collector.settings import CollectorSettings
+from collector.store import Store, open_store
 from collector.writer import batch_token, insert_parts, not_landed
 
 
@@ -76,10 +78,12 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from api.settings import load_settings
-    from collector.store import open_store
-
-    settings = load_settings(clickhouse_dsn=args.dsn, spool_dir=args.spool_dir)
+    # the collector's own settings (collector -> api would be an edge against the layers)
+    try:
+        settings = CollectorSettings(**{k: v for k, v in {"clickhouse_dsn": args.dsn, "spool_dir": args.spool_dir}.items()
+                                        if v is not None})
+    except ValidationError as e:
+        raise RequeueError("; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())) from e
     spool_dir = Path(settings.spool_dir)
     store = open_store(settings.clickhouse_dsn)
     store.migrate()

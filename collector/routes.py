@@ -343,6 +343,8 @@ def parse_arrow(body: bytes, limits: Limits = DEFAULT_LIMITS) -> dict[str, pa.Ta
         table = table.select(want_names)
         table = pa.Table.from_arrays(table.columns, schema=want)
     _checked(kind, table, limits)
+    if (fixed := records.canonical_labels(table)) is not table:  # a device name: stored as its kind
+        table, canonical = fixed, False
     if not table.num_rows:
         return {}
     # the shipping client's exact schema: spool the validated body as is (no re-encoding)

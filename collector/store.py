@@ -26,6 +26,7 @@ import polars as pl
 import pyarrow as pa
 
 from collector.migrations import SQL_DIR, schema_files, split_statements  # noqa: F401 (re-exported)
+from collector.migrations import migrate as _migrate
 
 _DB_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 
@@ -125,10 +126,8 @@ class Store:
     def migrate(self, cluster: str | None = None, dry_run: bool = False) -> list[str]:
         """Apply the files of ``sql/`` (``sql/cluster/`` for ``cluster``) not yet recorded in
         ``schema_migrations``; return their names (``dry_run``: parse-check and return only)."""
-        from collector.migrations import migrate
-
         with self._migrate_lock:
-            return [s.name for s in migrate(self, cluster=cluster, dry_run=dry_run)]
+            return [s.name for s in _migrate(self, cluster=cluster, dry_run=dry_run)]
 
     # -- reads and writes ------------------------------------------------------------------------
     def command(self, sql: str, parameters: dict[str, Any] | None = None, settings: dict | None = None):

@@ -1,28 +1,47 @@
-"""Flash attention of bf16 queries over the FP8 ring window (contract 6), with per-head K/V descales.
+"""Flash attention of bf16 queries over the FP8 ring window (contract 6), with per-head K/V descales and
+the precision of each of its two dots chosen per launch.
 
 ``fp8_attention(q, k_cache, v_cache, k_scale, v_scale, n_valid)`` -> [H,Tq,D] bf16: every query attends
 to slots [0, n_valid) (no mask inside the window: RoPE carries position, ring order is irrelevant).
-Online softmax in fp32. V may be stored in either of two layouts, same logical shape [H,S,D]:
-``v_layout(H, S, D)`` keys-contiguous (storage [H,D,S_pad], slot stride 1: what an FP8 P@V MMA wants as its
-K-major B operand) or head_dim-contiguous (plain [H,S,D]). Precision model:
-  * Q is quantized per query row inside the kernel (row amax / 448: no extra pass, no host sync), so
-    S = (q8 @ k8^T) * q_row_scale * k_scale is an FP8 x FP8 tensor-core dot (K is consumed as stored,
-    K-major) with fp32 accumulation; the scales and log2(e) fold into one FMA before exp2;
-  * ``pv_fp8=True``: P is cast to FP8 with P = exp2(s - m + 8) in [0, 256] (the 2**8 headroom keeps
-    probabilities down to 2**-17 out of the subnormal range; the row sum uses the same shift) and
-    P @ V8 is an FP8 MMA straight from shared memory when V is keys-contiguous; ``pv_fp8=False``: P and
-    V in bf16 (V converted in registers every tile). ``pv_fp8=None`` takes ``TUNED`` for V's layout;
-  * out = acc * v_scale / l, rounded to bf16.
-Per-row FP8 Q costs accuracy: on random data ~2.6% relative error vs the fp64 truth (bf16 SDPA: 0.4%);
-``qk_fp8=False`` (bf16 operands, dequantized in registers) gives 0.25% and runs ~1.35x slower.
+Online softmax in fp32. V is stored keys-contiguous (``v_layout``: storage [H,D,S_pad], slot stride 1,
+the FP8 P@V MMA's K-major B operand; the worker's layout) or head_dim-contiguous (plain [H,S,D]).
+
+Precision (``QK_MODES`` x ``PV_MODES``; each a constexpr of the one kernel; ``fp8_attention(qk=, pv=)``):
+  QK^T  "fp8"    Q rounded per row to e4m3 (row amax / 448), one FP8 MMA against K as cached. e4m3 keeps 3
+                 mantissa bits: ~2.5% rms error per Q element, so ~2.5% per logit's spread, which moves every
+                 softmax weight by ~2.5% independently: ~2.6% output error on random data (issue 27).
+        "split"  Q = (hi + lo / 16) * row_scale, hi and lo both e4m3 (lo = hi's rounding error x 16): two FP8
+                 MMAs against K as cached (K stays in shared memory as loaded, no conversion); Q's error
+                 ~2**-8 relative, bf16's order (2**-9).
+        "bf16"   Q in bf16, K upconverted to bf16 in registers every tile (exact: e4m3 is a subset of bf16).
+  P@V   "fp8"    P = exp2(s - m + 8) in [0, 256] (the 2**8 headroom keeps weights down to 2**-17 out of the
+                 subnormals) rounded to e4m3, one FP8 MMA accumulating straight into the running output
+                 (on sm_90 Triton's FP8 dot adds with the tensor core's reduced-precision accumulator:
+                 ``max_num_imprecise_acc`` defaults to 2**30 there). ~2.5% rms error per weight; for
+                 zero-mean V the output's relative error is the same ~2.5% (it is itself such a sum).
+        "split"  P = hi + lo / 16 (both e4m3, as for Q): two FP8 MMAs into a fresh tile accumulator, added
+                 to the fp32 output in registers (two-level accumulation, as SageAttention2's FP8 P@V).
+        "bf16"   P and V (upconverted in registers) in bf16.
+  The row sum l is taken in fp32 from the unrounded P; out = acc * v_scale / l, rounded to bf16.
+``DEFAULT`` = ("split", "split"): relative L2 error ~1.9e-3 vs the fp64 truth on random data (the
+precision model ``fp8_attention_lowp_ref``; bf16 operands in both dots: ~2.3e-3; old ("fp8", "fp8"):
+3.6e-2), at twice the FP8 MMA work of ("fp8", "fp8") but no operand conversion. The figures of every
+pair, both errors and times at the rank shape, come from ``bench/attention.py`` (docs/PERFORMANCE.md,
+issue 27). Not done, on purpose: SageAttention's K smoothing (subtract K's mean over the keys) and
+FA3's Hadamard rotation reduce the error of quantizing K in the kernel; here K was quantized once, at
+write time (its cost, the FP8 cache's, measured at +0.1% model error), and Q's error against K's mean is
+a constant per query row, which softmax ignores.
+
 ``TMA``: K/V tiles through host TensorDescriptors over slots [0, n_valid) (zero fill, no load masks).
 Tried and dropped (slower on the H200 sweep, see docs/PERFORMANCE.md): split window (flash-decoding), half
-tiles with a polynomial exp2 on the FMA pipes, warp specialisation.
+tiles with a polynomial exp2 on the FMA pipes, warp specialisation, lazy rescaling.
 ``q_cos``/``q_sin`` (the step's RoPE tables): the queries are rotated as they load (``rope_q_ref``), so
 the worker's separate query-RoPE pass is gone; ``out_scale`` (a static activation scale): the output is
 stored as FP8 [Tq, H*D], the output projection's input, so its quantization pass is gone too.
 head_dim < 32 always takes the bf16 QK path (FP8 MMA needs K >= 32). ``fp8_attention_ref`` is plain
-torch in fp32; ``fp8_attention_lowp_ref`` models the kernel's precision (for the tests' error bound).
+torch in fp32/fp64 (the truth); ``fp8_attention_lowp_ref`` models each precision (the tests' error bound).
+Over 450 lines: the kernel, its launch (TMA descriptors, the compile-safe op) and both references belong
+to one contract and are read together.
 """
 
 from __future__ import annotations
@@ -46,20 +65,30 @@ from kernels.rope import (
 
 LOG2E = 1.4426950408889634
 SLOT_PAD = 16  # keys-contiguous V: slot stride padded to 16 bytes so every head_dim row loads 16 B vectors
+QK_MODES = ("fp8", "split", "bf16")  # precision of Q @ K^T (module docstring)
+PV_MODES = ("fp8", "split", "bf16")  # precision of P @ V
+DEFAULT = ("split", "split")  # (qk, pv) the worker runs (fp8_attention's qk=None / pv=None)
+LO_SHIFT = (
+    16.0  # "split": lo = e4m3((x - hi) * 16): hi's rounding error (<= half an e4m3 step) x 16 stays < 448
+)
 
-# The launch choice on Hopper per V layout: bench/kernels.py --only attention sweeps the variants and
-# prints the winner as one such line; set it here. Keys: pv_fp8, tiles (BLOCK_M x BLOCK_N), num_warps,
-# num_stages, TMA (K/V tiles through host TensorDescriptors).
+# The launch choice on Hopper per V layout: bench/attention.py sweeps the variants and prints the winner as
+# one such line; set it here. Keys: BLOCK_M x BLOCK_N tiles, num_warps, num_stages, TMA (K/V tiles through
+# host TensorDescriptors). The precision is not here: ``DEFAULT``.
 _TILES = {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3}
-_PLAIN = {"TMA": False}
-TUNED = {  # H200 sweep 2026-11-29 12:47 UTC: keys 64x128 w4 s3 with TMA 66.1 us = 0.755x SDPA (pointer
-    # loads 77.8 us); dims: the old default (108.5 us)
-    "keys": {"pv_fp8": True, "BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 3, "TMA": True},
-    "dims": {"pv_fp8": False, **_TILES, **_PLAIN},
+TUNED = {  # H200 sweep 2026-11-29 12:47 UTC for ("fp8", "fp8"): keys 64x128 w4 s3 with TMA 66.1 us = 0.755x
+    # SDPA (pointer loads 77.8 us); dims: the old default (108.5 us)
+    "keys": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 3, "TMA": True},
+    "dims": {**_TILES, "TMA": False},
 }
 
-# (qk_fp8, pv_fp8) -> relative-error bound vs the fp64 truth on random data (tests and bench use it)
-REL_ERR_BOUND = {(True, False): 0.06, (True, True): 0.08, (False, True): 0.04, (False, False): 0.02}
+# (qk, pv) -> relative-error bound vs the fp64 truth on random data (tests and bench use it): ~1.5x the
+# precision model's own error at the rank shape (tiny shapes sit below it too)
+REL_ERR_BOUND = {
+    ("fp8", "fp8"): 0.08, ("fp8", "split"): 0.06, ("fp8", "bf16"): 0.06,
+    ("split", "fp8"): 0.06, ("split", "split"): 0.006, ("split", "bf16"): 0.008,
+    ("bf16", "fp8"): 0.06, ("bf16", "split"): 0.006, ("bf16", "bf16"): 0.008,
+}  # fmt: skip
 
 
 def v_layout(H: int, S: int, D: int, dtype=FP8_DTYPE, device=None) -> torch.Tensor:
@@ -88,11 +117,27 @@ def _bf16_operand(x, INTERPRET: tl.constexpr):
 
 
 @triton.jit
+def _split_e4m3(x, EXACT_ROUND: tl.constexpr):
+    """fp32 x (|x| <= 448) -> (hi, lo) e4m3 with x ~ hi + lo / LO_SHIFT (error ~2**-8 |x|)."""
+    if EXACT_ROUND:
+        hi = to_fp8_saturating(x, EXACT_ROUND)
+    else:
+        hi = x.to(tl.float8e4nv)  # callers keep |x| <= 448 and finite: the hardware cast needs no clamp
+    r = (x - hi.to(tl.float32)) * 16.0  # LO_SHIFT: <= half of 448's e4m3 step (16) x 16 = 256
+    if EXACT_ROUND:
+        lo = to_fp8_saturating(r, EXACT_ROUND)
+    else:
+        lo = r.to(tl.float8e4nv)
+    return hi, lo
+
+
+@triton.jit
 def _attn_block(
     acc,
     l_i,
     m_i,
     q,
+    q_lo,
     row_c,
     k_base,
     v_base,
@@ -105,8 +150,8 @@ def _attn_block(
     offs_n0,
     h32,
     MASKED: tl.constexpr,
-    QK_FP8: tl.constexpr,
-    PV_FP8: tl.constexpr,
+    QK: tl.constexpr,
+    PV: tl.constexpr,
     V_KEYS: tl.constexpr,
     TMA: tl.constexpr,
     EXACT_ROUND: tl.constexpr,
@@ -118,20 +163,24 @@ def _attn_block(
     )
     if MASKED:
         nmask = offs_n < hi
-    if not QK_FP8:
+    if QK == "bf16":
         k = _bf16_operand(k, EXACT_ROUND)
-    qk = tl.dot(q, tl.trans(k))  # [M, N] fp32 raw codes; row_c (> 0) folds all scales and log2(e)
+    kt = tl.trans(k)
+    if QK == "split":  # (hi + lo / 16) @ K^T: lo's product first, hi's accumulated onto it
+        qk = tl.dot(q, kt, tl.dot(q_lo, kt) * (1.0 / 16.0))
+    else:
+        qk = tl.dot(q, kt)  # [M, N] fp32 raw codes; row_c (> 0) folds all scales and log2(e)
     if MASKED:
         qk = tl.where(nmask[None, :], qk, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(qk, 1) * row_c)
-    if PV_FP8:
-        m_sub = m_new - 8.0  # p in [0, 256]: FP8 headroom (see module docstring)
-    else:
+    if PV == "bf16":
         m_sub = m_new
+    else:
+        m_sub = m_new - 8.0  # p in [0, 256]: FP8 headroom (see module docstring)
     p = tl.math.exp2(qk * row_c[:, None] - m_sub[:, None])  # one FMA + exp2 per score
     alpha = tl.math.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, 1)
-    acc = _p_dot_v(acc * alpha[:, None], p, v, PV_FP8, EXACT_ROUND)
+    acc = _p_dot_v(acc * alpha[:, None], p, v, PV, EXACT_ROUND)
     return acc, l_i, m_new
 
 
@@ -171,14 +220,17 @@ def _load_kv(k_base, v_base, h32, start, offs_n0, hi, stride_ks, stride_vs, stri
 
 
 @triton.jit
-def _p_dot_v(acc, p, v, PV_FP8: tl.constexpr, EXACT_ROUND: tl.constexpr):
-    """acc + P @ V: P in FP8 (V as stored) or both in bf16."""
-    if PV_FP8:
+def _p_dot_v(acc, p, v, PV: tl.constexpr, EXACT_ROUND: tl.constexpr):
+    """acc + P @ V (p in [0, 256] unless PV is "bf16"): see the module docstring's P@V modes."""
+    if PV == "fp8":
         if EXACT_ROUND:
             p8 = to_fp8_saturating(p, EXACT_ROUND)
         else:
             p8 = p.to(tl.float8e4nv)  # p in [0, 256], never NaN: the hardware cast needs no clamp
         acc = tl.dot(p8, v, acc)
+    elif PV == "split":  # the tile's two products in a fresh accumulator, then one fp32 add (two-level)
+        p_hi, p_lo = _split_e4m3(p, EXACT_ROUND)
+        acc = acc + tl.dot(p_hi, v, tl.dot(p_lo, v) * (1.0 / 16.0))
     else:
         acc = tl.dot(_bf16_operand(p, EXACT_ROUND), _bf16_operand(v, EXACT_ROUND), acc)
     return acc
@@ -210,8 +262,8 @@ def _fp8_attention_kernel(
     D: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    QK_FP8: tl.constexpr,
-    PV_FP8: tl.constexpr,
+    QK: tl.constexpr,  # "fp8" | "split" | "bf16" (QK_MODES)
+    PV: tl.constexpr,  # "fp8" | "split" | "bf16" (PV_MODES)
     V_KEYS: tl.constexpr,
     TMA: tl.constexpr,  # K, V are TensorDescriptors over slots [0, n_valid) (host-built)
     ROPE_Q: tl.constexpr,  # rotate the queries on load (q*cos + roll(q, D/2)*sin, rounded to bf16)
@@ -234,14 +286,20 @@ def _fp8_attention_kernel(
         sin = tl.load(SIN + t_off, mask=mmask[:, None], other=0.0)
         q = to_bf16(q.to(tl.float32) * cos + q_roll.to(tl.float32) * sin, EXACT_ROUND)
     c = tl.cast(qk_scale, tl.float32) * tl.load(KSCALE + h)  # scalars may arrive as fp64 under inductor
-    if QK_FP8:
-        qf = q.to(tl.float32)
-        q_row_scale = tl.maximum(tl.max(tl.abs(qf), 1), 1e-30) / 448.0  # [M]: per-row Q quantization
-        q = to_fp8_saturating(qf / q_row_scale[:, None], EXACT_ROUND)
-        row_c = q_row_scale * c
-    else:
+    if QK == "bf16":
         q = _bf16_operand(q, EXACT_ROUND)
+        q_lo = q
         row_c = tl.zeros([BLOCK_M], dtype=tl.float32) + c
+    else:  # per-row e4m3: row amax / 448 (no extra pass, no host sync)
+        qf = q.to(tl.float32)
+        q_row_scale = tl.maximum(tl.max(tl.abs(qf), 1), 1e-30) / 448.0  # [M]
+        qs = tl.minimum(tl.maximum(qf / q_row_scale[:, None], -448.0), 448.0)
+        if QK == "split":
+            q, q_lo = _split_e4m3(qs, EXACT_ROUND)
+        else:
+            q = to_fp8_saturating(qs, EXACT_ROUND)
+            q_lo = q
+        row_c = q_row_scale * c
     if TMA:
         k_base = K
         v_base = V
@@ -254,15 +312,15 @@ def _fp8_attention_kernel(
     n_full = (n_valid // BLOCK_N) * BLOCK_N
     for start in range(0, n_full, BLOCK_N):
         acc, l_i, m_i = _attn_block(
-            acc, l_i, m_i, q, row_c, k_base, v_base, tl.multiple_of(start, BLOCK_N), n_valid,
+            acc, l_i, m_i, q, q_lo, row_c, k_base, v_base, tl.multiple_of(start, BLOCK_N), n_valid,
             stride_ks, stride_vs, stride_vd, offs_d, offs_n0,
-            h32, False, QK_FP8, PV_FP8, V_KEYS, TMA, EXACT_ROUND,
+            h32, False, QK, PV, V_KEYS, TMA, EXACT_ROUND,
         )  # fmt: skip
     if n_full < n_valid:
         acc, l_i, m_i = _attn_block(
-            acc, l_i, m_i, q, row_c, k_base, v_base, n_full, n_valid,
+            acc, l_i, m_i, q, q_lo, row_c, k_base, v_base, n_full, n_valid,
             stride_ks, stride_vs, stride_vd, offs_d, offs_n0,
-            h32, True, QK_FP8, PV_FP8, V_KEYS, TMA, EXACT_ROUND,
+            h32, True, QK, PV, V_KEYS, TMA, EXACT_ROUND,
         )  # fmt: skip
     out = acc * (tl.load(VSCALE + h) / l_i)[:, None]
     o_ptr = OUT + h * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :]
@@ -293,6 +351,15 @@ def _check(q, k_cache, v_cache, k_scale, v_scale, n_valid) -> None:
     )
 
 
+def precision(qk: str | None = None, pv: str | None = None) -> tuple[str, str]:
+    """(qk, pv) with None taken from ``DEFAULT``; an unknown name lists the valid ones."""
+    qk = DEFAULT[0] if qk is None else qk
+    pv = DEFAULT[1] if pv is None else pv
+    assert qk in QK_MODES, f"qk {qk!r}; valid: {list(QK_MODES)}"
+    assert pv in PV_MODES, f"pv {pv!r}; valid: {list(PV_MODES)}"
+    return qk, pv
+
+
 def _tuned(v_cache: torch.Tensor) -> dict:
     return TUNED["keys" if keys_contiguous(v_cache) else "dims"]
 
@@ -302,31 +369,34 @@ def _config(Tq: int, D: int, v_cache: torch.Tensor | None = None) -> dict:
     tiles for tiny problems and the interpreter."""
     if interpreting() or Tq <= 32:
         bm = 16 if Tq <= 16 else 32
-        return {"BLOCK_M": bm, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1, **_PLAIN}
-    cfg = {k: v for k, v in (TUNED["dims"] if v_cache is None else _tuned(v_cache)).items() if k != "pv_fp8"}
+        return {"BLOCK_M": bm, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1, "TMA": False}
+    cfg = dict(TUNED["dims"] if v_cache is None else _tuned(v_cache))
     if D > 128:
         cfg["BLOCK_N"] = min(cfg["BLOCK_N"], 64)
     return cfg
 
 
-def _launch(
+def launch(
     q,
     k_cache,
     v_cache,
     k_scale,
     v_scale,
     n_valid,
-    sm_scale,
-    qk_fp8,
-    pv_fp8,
+    sm_scale=None,
+    qk=None,
+    pv=None,
     wrap=lambda k: k,
     cfg=None,
     q_cos=None,
     q_sin=None,
     out_scale=None,
 ):
-    """Launch the kernel; ``cfg`` overrides the tiles (bench/kernels.py sweeps them, tests pin them)."""
+    """The kernel's launch (eager; ``fp8_attention`` is the entry point): ``cfg`` overrides the tiles
+    (bench/attention.py sweeps them, tests pin them), ``qk``/``pv`` the precision (None: ``DEFAULT``)."""
+    qk, pv = precision(qk, pv)
     H, Tq, D = q.shape
+    sm = float(sm_scale) if sm_scale is not None else 1.0 / math.sqrt(D)
     if out_scale is None:
         out = torch.empty_like(q)
     else:  # token-major FP8 [Tq, H*D], viewed [H, Tq, D] for the kernel's strides
@@ -363,7 +433,7 @@ def _launch(
         k_scale if out_scale is None else out_scale,
         Tq,
         n_valid,
-        sm_scale * LOG2E,
+        sm * LOG2E,
         q.stride(0),
         q.stride(1),
         k_cache.stride(0),
@@ -374,8 +444,8 @@ def _launch(
         out.stride(0),
         out.stride(1),
         D=D,
-        QK_FP8=qk_fp8 and D >= 32,
-        PV_FP8=pv_fp8,
+        QK=qk if D >= 32 else "bf16",
+        PV=pv,
         V_KEYS=v_keys,
         TMA=tma,
         ROPE_Q=q_cos is not None,
@@ -395,27 +465,16 @@ def _fp8_attention_op(
     v_scale: torch.Tensor,
     n_valid: int,
     sm_scale: float,
-    qk_fp8: bool,
-    pv_fp8: bool,
+    qk: str,
+    pv: str,
     q_cos: torch.Tensor | None = None,
     q_sin: torch.Tensor | None = None,
     out_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    return _launch(
-        q,
-        k_cache,
-        v_cache,
-        k_scale,
-        v_scale,
-        n_valid,
-        sm_scale,
-        qk_fp8,
-        pv_fp8,
-        wrap=torch.library.wrap_triton,
-        q_cos=q_cos,
-        q_sin=q_sin,
-        out_scale=out_scale,
-    )
+    return launch(
+        q, k_cache, v_cache, k_scale, v_scale, n_valid, sm_scale, qk, pv,
+        wrap=torch.library.wrap_triton, q_cos=q_cos, q_sin=q_sin, out_scale=out_scale,
+    )  # fmt: skip
 
 
 def fp8_attention(
@@ -426,44 +485,33 @@ def fp8_attention(
     v_scale: torch.Tensor,
     n_valid: int,
     sm_scale: float | None = None,
-    qk_fp8: bool = True,
-    pv_fp8: bool | None = None,
+    qk: str | None = None,
+    pv: str | None = None,
     q_cos: torch.Tensor | None = None,
     q_sin: torch.Tensor | None = None,
     out_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of q [H,Tq,D] bf16 over k/v [H,S,D] fp8 slots [0, n_valid) -> [H,Tq,D] bf16.
 
-    v may be head_dim-contiguous or keys-contiguous (``v_layout``); ``pv_fp8=None``: ``TUNED``'s choice.
-    ``q_cos``, ``q_sin`` [Tq, D] fp32 (the tables of ``rope_q_ref``): the queries are rotated in the
-    kernel as they load (same values as attending with ``rope_q_ref(q, q_cos, q_sin)``, one pass less).
-    ``out_scale`` (fp32 [], a static activation scale): the output is instead FP8 [Tq, H*D] token-major,
-    clamp(o / out_scale, +-448) -- the output projection's GEMM input, no quantization pass after."""
+    v may be head_dim-contiguous or keys-contiguous (``v_layout``); ``qk``/``pv``: the precision of each
+    dot (``QK_MODES``, ``PV_MODES``; None: ``DEFAULT``). ``q_cos``, ``q_sin`` [Tq, D] fp32 (the tables of
+    ``rope_q_ref``): the queries are rotated in the kernel as they load (same values as attending with
+    ``rope_q_ref(q, q_cos, q_sin)``, one pass less). ``out_scale`` (fp32 [], a static activation scale):
+    the output is instead FP8 [Tq, H*D] token-major, clamp(o / out_scale, +-448) -- the output
+    projection's GEMM input, no quantization pass after."""
     _check(q, k_cache, v_cache, k_scale, v_scale, n_valid)
     _check_rope_tables(q, q_cos, q_sin)
     assert out_scale is None or (out_scale.shape == () and out_scale.dtype == torch.float32), (
         f"out_scale: {None if out_scale is None else (tuple(out_scale.shape), out_scale.dtype)}; valid: fp32 []"
     )
     sm = float(sm_scale) if sm_scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    pv = bool(_tuned(v_cache)["pv_fp8"]) if pv_fp8 is None else bool(pv_fp8)
+    qk, pv = precision(qk, pv)
     if torch.compiler.is_compiling():
         return torch.ops.livestep.fp8_attention(
-            q, k_cache, v_cache, k_scale, v_scale, n_valid, sm, qk_fp8, pv, q_cos, q_sin, out_scale
+            q, k_cache, v_cache, k_scale, v_scale, n_valid, sm, qk, pv, q_cos, q_sin, out_scale
         )
-    return _launch(
-        q,
-        k_cache,
-        v_cache,
-        k_scale,
-        v_scale,
-        n_valid,
-        sm,
-        qk_fp8,
-        pv,
-        q_cos=q_cos,
-        q_sin=q_sin,
-        out_scale=out_scale,
-    )
+    return launch(q, k_cache, v_cache, k_scale, v_scale, n_valid, sm, qk, pv, q_cos=q_cos, q_sin=q_sin,
+                  out_scale=out_scale)  # fmt: skip
 
 
 def _check_rope_tables(q, q_cos, q_sin) -> None:
@@ -501,6 +549,26 @@ def fp8_attention_ref(
     return (torch.softmax(s, dim=-1) @ v).to(torch.bfloat16)
 
 
+def _e4m3(x: torch.Tensor) -> torch.Tensor:
+    return torch.clamp(x, -FP8_MAX, FP8_MAX).to(FP8_DTYPE).to(x.dtype)
+
+
+def split_e4m3_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel's "split": x (|x| <= 448) -> (hi, lo) on the e4m3 grid, x ~ hi + lo / LO_SHIFT."""
+    hi = _e4m3(x)
+    return hi, _e4m3((x - hi) * LO_SHIFT)
+
+
+def _rounded(x: torch.Tensor, mode: str) -> torch.Tensor:
+    """x (|x| <= 448) as the kernel feeds it to a dot in ``mode``: e4m3, hi + lo / 16, or bf16."""
+    if mode == "fp8":
+        return _e4m3(x)
+    if mode == "split":
+        hi, lo = split_e4m3_ref(x)
+        return hi + lo / LO_SHIFT
+    return x.to(torch.bfloat16).to(x.dtype)
+
+
 def fp8_attention_lowp_ref(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -509,21 +577,25 @@ def fp8_attention_lowp_ref(
     v_scale: torch.Tensor,
     n_valid: int,
     sm_scale: float | None = None,
-    qk_fp8: bool = True,
-    pv_fp8: bool = False,
+    qk: str | None = None,
+    pv: str | None = None,
+    compute_dtype=torch.float32,
 ) -> torch.Tensor:
-    """The kernel's precision model in torch (FA3's ``intermediate_dtype`` reference): Q quantized per row
-    and P cast to FP8 as the kernel does, the rest in fp32. Tests bound the kernel's error against the
-    fp64 truth by this reference's own error (err <= 2 * err_ref + atol)."""
+    """The kernel's precision model in torch (FA3's ``intermediate_dtype`` reference): Q per row and P as
+    the kernel rounds them for ``qk``/``pv`` (None: ``DEFAULT``), products and sums in ``compute_dtype``,
+    the row sum from the unrounded P, bf16 out. Tests bound the kernel's error against the fp64 truth by
+    this reference's own error (err <= 2 * err_ref + atol)."""
+    qk, pv = precision(qk, pv)
     sm = float(sm_scale) if sm_scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    qf = q.float()
-    if qk_fp8 and q.shape[-1] >= 32:
+    qf = q.to(compute_dtype)
+    if qk != "bf16" and q.shape[-1] >= 32:
         row = qf.abs().amax(-1, keepdim=True).clamp_min(1e-30) / FP8_MAX
-        qf = torch.clamp(qf / row, -FP8_MAX, FP8_MAX).to(FP8_DTYPE).float() * row
-    k = dequantize_fp8(k_cache[:, :n_valid], k_scale)
-    v = v_cache[:, :n_valid].float()
+        qf = _rounded(torch.clamp(qf / row, -FP8_MAX, FP8_MAX), qk) * row
+    k = dequantize_fp8(k_cache[:, :n_valid], k_scale, compute_dtype)
+    v = v_cache[:, :n_valid].to(compute_dtype)
     s = (qf @ k.transpose(-1, -2)) * sm
-    p = torch.exp(s - s.amax(-1, keepdim=True)) * 256.0
+    p = torch.exp(s - s.amax(-1, keepdim=True))
+    if pv != "bf16":
+        p = p * 256.0  # the kernel's FP8 headroom (2**8): part of where P rounds
     l = p.sum(-1, keepdim=True)
-    p = p.to(FP8_DTYPE).float() if pv_fp8 else p.to(torch.bfloat16).float()
-    return ((p @ v) * v_scale.reshape(-1, 1, 1) / l).to(torch.bfloat16)
+    return ((_rounded(p, pv) @ v) * v_scale.reshape(-1, 1, 1).to(compute_dtype) / l).to(torch.bfloat16)

@@ -35,7 +35,10 @@ def register(subparsers) -> None:
     run.add_argument("--steps", type=int, default=None, help="steps per session (overrides --seconds)")
     run.add_argument("--sessions", type=int, default=1, help="sessions, one after another, on one worker")
     run.add_argument("--collector", default=None, help="collector URL (http://host:port); none = no shipping")
-    run.add_argument("--token", default=None, help="ingest bearer token")
+    run.add_argument("--token", default=None,
+                     help="ingest bearer token (visible in /proc: prefer --token-file or LIVESTEP_INGEST_TOKEN)")
+    run.add_argument("--token-file", default=None, metavar="PATH",
+                     help="file whose first line is the ingest bearer token (default: LIVESTEP_INGEST_TOKEN)")
     run.add_argument("--telemetry-file", default=None, metavar="PATH",
                      help="Arrow IPC file for the records: alone, every record; with --collector, those it "
                           "cannot take (collector down or out of time at the end). Ship it later with "
@@ -43,7 +46,8 @@ def register(subparsers) -> None:
     run.add_argument("--switch", action="append", default=[], metavar="NAME=on|off",
                      help=f"initial switch values; names: {', '.join(SWITCH_NAMES)}")
     run.add_argument("--switch-source", default=None,
-                     help="control plane URL (GET /v1/switches) or a JSON file, polled between steps")
+                     help="control plane: its base URL http(s)://host:port (or the full .../v1/switches) or a "
+                          "JSON file, polled between steps")
     run.add_argument("--release", default="dev", help="release label of this worker's telemetry (default dev)")
     run.add_argument("--worker-id", default="w0", help="worker id in telemetry and switch polls (default w0)")
     run.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: cuda if present)")
@@ -79,6 +83,7 @@ def register(subparsers) -> None:
 
 
 def cmd_run(args) -> int:
+    from worker import preflight
     from worker.config import ModelShape, Switches, parse_switch_args
     from worker.device import check_device
     from worker.session import Worker
@@ -87,6 +92,11 @@ def cmd_run(args) -> int:
     check_device(args.device)
     from worker import parallel
 
+    args.token = preflight.ingest_token(args.token, args.token_file)
+    if args.collector or args.telemetry_file:
+        preflight.client_dependencies()
+    if args.collector:
+        preflight.collector(args.collector, args.token)
     if parallel.wants_group(args.tp):  # a real TP group: worker/parallel.py runs each rank
         return parallel.run_cli(args)
     switches = parse_switch_args(args.switch)
@@ -96,6 +106,8 @@ def cmd_run(args) -> int:
 
         server = serve(WorkerMetrics(w).registry, args.metrics_host, args.metrics_port, args.metrics_token)
         print(f"metrics: http://{args.metrics_host}:{server.server_port}/metrics", flush=True)
+    if isinstance(args.switch_source, str) and args.switch_source.startswith(("http://", "https://")):
+        preflight.switch_source(args.switch_source, args.token, w.worker_id, w.release, w.gpu_kind)
     warm_up(w, switches, args)
     for _ in range(args.sessions):
         s = w.run_session(seconds=args.seconds, steps=args.steps, collector_url=args.collector, token=args.token,

@@ -36,6 +36,7 @@ from worker.fp8 import SaturationProbe
 from worker.model import DiT
 
 CAPTURE_MODES = ("full", "any", "never")
+GRAPH_MODES = ("global", "thread_local")
 # tests of the bookkeeping on CPU set this (with torch.cuda's graph API replaced by stand-ins)
 GRAPHS_ON_CPU = False
 
@@ -64,6 +65,21 @@ class _FirstForward:
     calibrated_after: list[bool]
 
 
+class _ThreadLocalCapture:
+    """``torch.cuda.graph`` without its device-wide synchronize and ``empty_cache``, capturing on the calling
+    thread's current stream in ``capture_error_mode="thread_local"``."""
+
+    def __init__(self, graph, pool):
+        self.graph, self.pool = graph, pool
+
+    def __enter__(self):
+        self.graph.capture_begin(pool=self.pool, capture_error_mode="thread_local")
+
+    def __exit__(self, *exc):
+        self.graph.capture_end()
+        return False
+
+
 class ChunkRunner:
     """Denoises one chunk (and runs the first forward) eagerly or by replaying a captured CUDA graph.
 
@@ -86,6 +102,7 @@ class ChunkRunner:
         self._graphs: dict[tuple, _Graph] = {}
         self._ff: dict[tuple, _FirstForward] = {}
         self._pools: dict[int, Any] = {}  # id(cond_kv) -> the memory pool of its graphs
+        self.graph_mode = "global"  # GRAPH_MODES: how a capture treats other threads' CUDA calls
         self.captures = 0  # graphs captured (steps and first forwards)
         self.misses = 0  # steps and first forwards run eagerly where a graph was wanted (capture="never")
 
@@ -104,6 +121,15 @@ class ChunkRunner:
         if key not in self._pools:
             self._pools[key] = torch.cuda.graph_pool_handle()
         return self._pools[key]
+
+    def _capturing(self, graph, pool):
+        """The capture context: "global" is ``torch.cuda.graph`` (it synchronizes the device and empties the
+        allocator's cache first, and any other thread's unsafe CUDA call during the capture is an error);
+        "thread_local" (a flip's build on its own thread, worker/readiness.py) captures on this thread's
+        stream with no device sync, so the step loop's thread keeps launching and allocating meanwhile."""
+        if self.graph_mode == "global":
+            return torch.cuda.graph(graph, pool=pool)
+        return _ThreadLocalCapture(graph, pool)
 
     # -- the first forward ---------------------------------------------------------------------
 
@@ -143,7 +169,7 @@ class ChunkRunner:
         graph = torch.cuda.CUDAGraph()
         cond_kv_box: list = []
         pool = self._pool(cond_kv_box)
-        with torch.cuda.graph(graph, pool=pool):
+        with self._capturing(graph, pool):
             cond_kv_box.extend(model.prefill(static, cache))
         g = _FirstForward(graph, static, cond_kv_box, model.calibration_state(), list(cache.calibrated))
         self._ff[key] = g
@@ -224,7 +250,7 @@ class ChunkRunner:
                 model.set_calibration_state(state, step_only=True)  # each capture records the step as now
                 model.set_probe(p)
                 g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g, pool=pool):
+                with self._capturing(g, pool):
                     if p is not None:
                         p.start()  # the count's zeroing is part of the graph
                     out = model.denoise_chunk(static_noise, cache, cond_kv)

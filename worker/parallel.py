@@ -374,9 +374,8 @@ class TPWorker(Worker):
                     kw["realtime"] = False
         if not self.place.decodes:
             kw.update(collector_url=None, client_kwargs=None, switch_source=None, telemetry=False)
-        summary = self.observed(TPSession(self, **kw))
-        self._rewarm(summary)  # every rank ends on the same switches (broadcast): all re-warm alike
-        return summary
+        # every rank ends on the same switches (broadcast): all re-warm alike (Worker.settle, in the session's end)
+        return self.observed(TPSession(self, **kw))
 
 
 # ----------------------------------------------------------------------------------------------------

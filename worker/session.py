@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from collector.gpu_kinds import canonical_gpu_kind
 from collector.switch_names import PLAYOUT_SWITCHES, SWITCH_NAMES
 from worker.buffers import BufferRegistry
 from worker.cache import CACHE_SWITCHES, KVCache, make_cache, rebuild_cache
@@ -53,6 +54,7 @@ from worker.decoder import Decoder
 from worker.fp8 import SaturationProbe
 from worker.graphs import ChunkRunner
 from worker.model import DiT
+from worker.readiness import FlipCost, Flips, Readiness, WarmState, build_warm, carry_cache, carry_scales
 from worker.switches import SwitchSource, make_source
 from worker.telemetry import ListSink, Playout, Telemetry, rss_bytes, weak_method
 from worker.turns import TurnInbox, TurnPlayer, Turns, check_policy
@@ -103,6 +105,8 @@ class SessionSummary:
     warm: bool = False  # ran on the worker's warm cache and graphs (Worker.warm)
     graph_captures: int = 0  # CUDA graphs captured during this session (0 on a warm worker)
     graph_misses: int = 0  # steps a warm worker ran eagerly for want of a graph
+    flips: list[dict[str, Any]] = field(default_factory=list)  # each flip's cost (the flip_cost events)
+    out_of_service_s: float = 0.0  # the worker blocked after the session for its switches (a re-warm)
 
 
 def _as_switches(sw) -> Switches:
@@ -130,17 +134,6 @@ def cond_buckets_of(shape: ModelShape) -> tuple[int, ...]:
     return (*out, hi)
 
 
-@dataclass
-class _Warm:
-    """A warm worker's session state for one set of switches: a cache and graphs every session reuses."""
-
-    switches: Switches
-    cache: KVCache
-    runner: ChunkRunner
-    buckets: tuple[int, ...]
-    seconds: float = 0.0
-
-
 class Worker:
     """A model (this rank's shard) and the process-wide buffer registry; runs sessions one by one.
 
@@ -150,19 +143,25 @@ class Worker:
     and only replays: its first chunk comes after one graphed first forward and one graphed step.
     A warm worker pads a prompt to its bucket (``cond_buckets``), so that few shapes exist: the cost
     is the padding's tokens in the first forward and in the cross-attention (zero rows; a model
-    trained without padding would need a key mask there). A session that ends on other switches (a
-    control-plane change) re-warms the worker for them before the next one. Unwarmed, a session
-    builds its own cache and captures lazily, once the window is full, as before.
+    trained without padding would need a key mask there). A switch flip (the control plane's, in a
+    session, or a session started on other switches) is built in the background and swapped in at a step
+    boundary (``flip="background"``, worker/readiness.py); the worker keeps the target as its warm state
+    and never blocks between sessions. ``flip="inline"`` is the plain path: the flip rebuilds in the loop
+    and the worker re-warms, blocking, after the session. Unwarmed, a session builds its own cache and
+    captures lazily, once the window is full, as before.
     """
 
     def __init__(self, shape: str | ModelShape = "tiny", device=None, tp: int = 1, rank: int = 0,
                  worker_id: str = "w0", release: str = "dev", model: DiT | None = None,
-                 cond_buckets: tuple[int, ...] | None = None):
+                 cond_buckets: tuple[int, ...] | None = None, flip: str = "background"):
         base = ModelShape.from_name(shape) if isinstance(shape, str) else shape
         self.shape = tp_rank_of(base, tp, rank) if tp > 1 else base
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.worker_id, self.release = worker_id, release
-        self.gpu_kind = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
+        cuda = self.device.type == "cuda"
+        # the kind rules and detectors key on (NVIDIA H200 -> h200), and the memory a time to OOM is taken of
+        self.gpu_kind = canonical_gpu_kind(torch.cuda.get_device_name(self.device)) if cuda else "cpu"
+        self.gpu_mem_total_bytes = torch.cuda.get_device_properties(self.device).total_memory if cuda else None
         self.model = model if model is not None else DiT(self.shape, self.device)
         if self.device.type == "cpu" and self.shape.d_model <= 256:
             torch.set_num_threads(1)  # a tiny model is 10x slower when two threads contend per op
@@ -175,7 +174,8 @@ class Worker:
                              f"conditioning, {hi}; valid: 1 <= b <= {hi}, the largest == {hi}")
         # the saturation probe's buffers are what a probed graph counts into: one per worker
         self.probe = SaturationProbe(self.device)
-        self.warmed: _Warm | None = None
+        self.warmed: WarmState | None = None
+        self.readiness = Readiness(self, flip)
         self._decoders: dict[bool, Decoder] = {}
 
     def decoder(self, own_gpu: bool) -> Decoder:
@@ -191,32 +191,49 @@ class Worker:
         bucket, only possible when a caller asks for it: as is, eagerly)."""
         return next((b for b in self.cond_buckets if b >= tokens), tokens)
 
-    def warm(self, switches=None, buckets: tuple[int, ...] | None = None) -> _Warm:
+    def warm(self, switches=None, buckets: tuple[int, ...] | None = None, neighbours=()) -> WarmState:
         """Capture every graph sessions with ``switches`` need, once: one synthetic session per
-        conditioning bucket, not real time, no telemetry. Without CUDA graphs (CPU, or the switch off)
-        the worker still keeps one cache for them and compiles once."""
+        conditioning bucket, not real time, no telemetry (``readiness.build_warm``). Without CUDA graphs
+        (CPU, or the switch off) the worker still keeps one cache for them and compiles once. Each switch
+        in ``neighbours`` (e.g. ``readiness.RUNTIME_SWITCHES``) then has its one-flip neighbour's compiles
+        done (``Readiness.prepare_neighbours``), so that a flip's background build only captures."""
         sw = _as_switches(switches)
         buckets = tuple(buckets or self.cond_buckets)
-        t0 = time.perf_counter()
-        cache = make_cache(self.shape, sw, self.device, self.model.dtype)
-        runner = ChunkRunner(self.model, sw.cuda_graphs, probe=self.probe, capture="any")
-        self.warmed = _Warm(sw, cache, runner, buckets)
-        W, T = self.shape.window, self.shape.new_tokens
-        for i, b in enumerate(buckets):
-            # the fill steps, then the full window once captured and once replayed; the first session
-            # also runs through a position reset, whose ops compile on first use (the Triton delta
-            # rotation made the first reset step of a worker's life take 980 ms on the H200)
-            steps = math.ceil((W - b) / T) + 2
-            if i == 0:
-                steps = max(steps, self.shape.reset_every + 1)
-            self.run_session(steps=steps, switches=sw, cond_tokens=b, realtime=False, telemetry=False,
-                             seed=b, session_id=f"warm-{b}")
-        runner.capture = "never"
-        self.warmed.seconds = time.perf_counter() - t0
-        log.info("warm: %d graphs for %d buckets in %.1f s", runner.n_graphs, len(buckets), self.warmed.seconds)
-        return self.warmed
+        warm = build_warm(self, sw, buckets, model=self.model, probe=self.probe, run=self.run_session)
+        log.info("warm: %d graphs for %d buckets in %.1f s", warm.runner.n_graphs, len(buckets), warm.seconds)
+        if neighbours:
+            self.readiness.prepare_neighbours(sw, neighbours, buckets)
+        return warm
 
-    def warm_for(self, switches: Switches) -> _Warm | None:
+    def adopt(self, warm: WarmState) -> None:
+        """A built warm state (a flip's target) becomes the worker's: its model view and probe too."""
+        self.warmed, self.model, self.probe = warm, warm.model, warm.probe
+
+    def settle(self, s: Session) -> float:
+        """After session ``s``, before its end record: a warm worker whose session ended on other switches
+        takes the target it swapped in, or the finished build, or starts one (the next session attaches
+        to it); on the plain path (``flip="inline"``, tensor parallel) re-warms, blocking. Returns the
+        seconds it blocked."""
+        warm = self.warmed
+        if getattr(self, "building", False) or warm is None or warm.runner.capture != "never":
+            return 0.0  # not warm, or a build's / warm()'s own session
+        final = s.switches.model_switches()
+        if final == warm.switches.model_switches():
+            return 0.0
+        t0 = time.perf_counter()
+        target = s.flips.target
+        if not s.background:
+            log.info("switches changed to [%s]: re-warming", final.encode())
+            self.warm(final, warm.buckets)
+        elif target is not None and target.switches.model_switches() == final:
+            self.adopt(target)
+        elif (ready := self.readiness.take(final)) is not None:
+            self.adopt(ready)
+        else:
+            self.readiness.request(final)
+        return time.perf_counter() - t0
+
+    def warm_for(self, switches: Switches) -> WarmState | None:
         """The warm state when it was made for these switches (the playout policy aside: it changes no
         step's work)."""
         if self.warmed is None or self.warmed.switches.model_switches() != switches.model_switches():
@@ -237,9 +254,7 @@ class Worker:
             self.registry.lookup(tokens, self.shape.d_model, torch.bfloat16, self.device)
 
     def run_session(self, **kw) -> SessionSummary:
-        summary = self.observed(Session(self, **kw))
-        self._rewarm(summary)
-        return summary
+        return self.observed(Session(self, **kw))
 
     def observed(self, s: Session) -> SessionSummary:
         """Run ``s``, telling the observers (worker/metrics.py) of its start and end."""
@@ -253,15 +268,6 @@ class Worker:
                 o.session_ended(s, summary)
         return summary
 
-    def _rewarm(self, summary: SessionSummary) -> None:
-        """A warm worker whose session ended on other switches warms for those before the next one."""
-        if self.warmed is None or self.warmed.runner.capture != "never":
-            return  # not warm, or this was one of warm()'s own sessions
-        final = Switches.decode(summary.switches)
-        if final.model_switches() != self.warmed.switches.model_switches():
-            log.info("switches changed to [%s]: re-warming", summary.switches)
-            self.warm(final, self.warmed.buckets)
-
 
 class Session:
     def __init__(self, worker: Worker, seconds: float | None = None, steps: int | None = None,
@@ -272,8 +278,9 @@ class Session:
                  client_kwargs: dict | None = None, sync_debug: bool | str = False, detail_every: int | None = None,
                  saturation_every: int | None = None, turns: TurnInbox | None = None,
                  playout_policy: str | None = None, preroll: int = PREROLL, power_source=None,
-                 stop_when=None):
+                 stop_when=None, reset_every: int | None = None):
         self.w = worker
+        self.reset_every = reset_every or worker.shape.reset_every  # a position reset every N steps
         # any host sync in the loop raises (True / "error") or warns ("warn": the bench counts them)
         self.sync_mode = "error" if sync_debug is True else (sync_debug or None)
         if self.sync_mode not in (None, "warn", "error"):
@@ -332,6 +339,13 @@ class Session:
         self.decoder: Decoder | None = None
         self.runner: ChunkRunner | None = None
         self._runner_marks: list[tuple[ChunkRunner, int, int]] = []  # (runner, captures, misses) at first use
+        # flips built off the critical path (worker/readiness.py): a warm worker on one rank
+        self.background = (worker.readiness.mode == "background" and worker.warmed is not None
+                           and getattr(worker, "tp", None) is None)
+        self.flips = Flips()
+        self.warm_state: WarmState | None = None  # the warm state whose cache and graphs this session runs
+        self.cond: torch.Tensor | None = None  # the conditioning in force (unpadded): a swap recomputes its cross K/V
+        self.out_of_service_s = 0.0
 
     def _cpu_mem(self) -> tuple[int, int]:
         held = self.w.model.nbytes + (self.cache.nbytes if self.cache else 0) + self.w.registry.nbytes
@@ -340,10 +354,32 @@ class Session:
     # -- switches -------------------------------------------------------------------------------
 
     def _apply(self, new: Switches, step: int) -> None:
+        """A validated change at this step boundary: a playout policy at once; a change of the step's work
+        built in the background on a warm worker (swapped in later, ``Flips.boundary``), else in the loop."""
         old = self.switches
         changed = {k: v for k, v in new.as_dict().items() if old.as_dict()[k] != v}
+        wanted = self.flips.wanted
+        if (wanted is not None and wanted.model_switches() != old.model_switches()
+                and new.model_switches() == old.model_switches()):
+            self.flips.drop()  # flipped back before the target was ready
         if not changed:
             return
+        if self.background and changed.keys() - PLAYOUT_SWITCHES.keys():
+            self.flips.want(self, new, step, changed)
+            return
+        if changed.keys() - PLAYOUT_SWITCHES.keys():
+            pl = self.playout
+            cost = FlipCost(changed, new.encode(), "inline", step, time.perf_counter(), pl.late_chunks, pl.stall_s)
+            self._apply_inline(new, step, cost)
+            self.flips.add_inline(cost)
+        else:
+            self._apply_inline(new, step)
+
+    def _apply_inline(self, new: Switches, step: int, cost: FlipCost | None = None) -> None:
+        """The plain path: the cache rebuilt, the model reconfigured and a new runner, in the loop."""
+        old = self.switches
+        changed = {k: v for k, v in new.as_dict().items() if old.as_dict()[k] != v}
+        t0 = time.perf_counter()
         if any(k in CACHE_SWITCHES for k in changed):
             self.cache = rebuild_cache(self.cache, new)
         if "static_scales" in changed:  # the new quantizers (static: fresh sites, calibrating afresh)
@@ -359,9 +395,53 @@ class Session:
             self.turns.policy = new.playout_policy
         if changed.keys() - PLAYOUT_SWITCHES.keys():  # a policy alone changes no step's work: same runner
             self.runner = self._runner()
+            self.warm_state = None
+        if cost is not None:
+            cost.applied_step, cost.t_applied = step, time.perf_counter()
+            cost.apply_ms = (cost.t_applied - t0) * 1e3
+        self._applied(step, changed, new, cost)
+
+    def _applied(self, step: int, changed: dict, new: Switches, cost: FlipCost | None) -> None:
+        if not changed:
+            return  # a session-start build swapped in: no switch changed
         ev = {"step": step, "changed": changed, "switches": new.encode()}
+        if cost is not None and cost.polled_step != step:
+            ev["polled_step"] = cost.polled_step
         self.switch_events.append(ev)
         self.tel.event("switch_applied", **ev)
+
+    def _swap(self, warm: WarmState, new: Switches, step: int, cost: FlipCost) -> list:
+        """A built target in at this step boundary: the window carried into its cache, the static scales into
+        its model view, the conditioning's cross K/V into the windows its graphs read. Returns that cross K/V."""
+        old_model, view = self.w.model, warm.model
+        changed = {k: v for k, v in new.as_dict().items() if self.switches.as_dict()[k] != v}
+        carry_cache(self.cache, warm.cache)
+        carry_scales(old_model, view, self.w.shape.passes)
+        old_model.set_timer(_null_timer())
+        old_model.set_probe(None)
+        view.set_timer(self.tel.timer)
+        self.w.model, self.cache, self.runner, self.warm_state = view, warm.cache, warm.runner, warm
+        self._runner_marks.append((warm.runner, warm.runner.captures, warm.runner.misses))
+        if self.probe is not None and warm.probe is not None:
+            self.probe = self.w.probe = warm.probe
+            self.probe.compiled = new.compile
+        if "decoder_own_gpu" in changed:
+            self.decoder = self.w.decoder(new.decoder_own_gpu)
+            self.tel.sync_clock(self.decoder.device)
+        self.switches = new
+        self.playout_policy = new.playout_policy
+        if self.turns is not None:
+            self.turns.policy, self.turns.model = new.playout_policy, view
+        cond_kv = self._cross_now(None)
+        self._applied(step, changed, new, cost)
+        return cond_kv
+
+    def _cross_now(self, cond_kv):
+        """The conditioning's cross K/V on the current model and cache (after a swap or an inline rebuild
+        whose cross windows no longer fit); on a warm runner, in the windows of its bucket's graphs."""
+        if self.cond is None:
+            return cond_kv
+        return self._turn_cross(self.cond, self.cache)
 
     def _set_act_scales(self, sw: Switches) -> None:
         self.w.model.act_scales = "static" if sw.static_scales else DYNAMIC_SCALES
@@ -378,7 +458,8 @@ class Session:
         """A turn's cross K/V: on the worker's warm graphs, the conditioning padded to its bucket and the
         windows copied into the ones that bucket's graphs read; else as computed."""
         model = self.w.model
-        if self.runner is None or self.runner is not getattr(self.w.warmed, "runner", None):
+        self.cond = cond
+        if self.warm_state is None or self.runner is not self.warm_state.runner:
             return model.cross_kv(cond, cache)
         pad = self.w.bucket(cond.shape[0]) - cond.shape[0]
         if pad > 0:
@@ -393,8 +474,10 @@ class Session:
         warm = self.w.warm_for(self.switches)
         if warm is not None and self.cache is warm.cache:
             runner = warm.runner
-        else:
-            runner = ChunkRunner(self.w.model, self.switches.cuda_graphs, probe=self.probe)
+            self.warm_state = warm
+        else:  # with a background build coming (a warm worker), eager until it is swapped in: no capture here
+            runner = ChunkRunner(self.w.model, self.switches.cuda_graphs, probe=self.probe,
+                                 capture="never" if self.background else "full")
         self._runner_marks.append((runner, runner.captures, runner.misses))  # its counts before this session
         return runner
 
@@ -433,6 +516,9 @@ class Session:
         w, shape, tel = self.w, self.w.shape, self.tel
         dev = w.device
         self.t_start = t_wall0 = time.perf_counter()
+        if self.background and w.warm_for(self.switches) is None:  # built since the last session ended
+            if (ready := w.readiness.take(self.switches)) is not None:
+                w.adopt(ready)
         warm = w.warm_for(self.switches)
         self.started_warm = warm is not None and warm.runner.capture == "never"
         if warm is not None:  # the worker's cache, restarted in place: its graphs read these tensors
@@ -442,6 +528,8 @@ class Session:
         else:
             self.cache = make_cache(shape, self.switches, dev, w.model.dtype)
             self.ff_tokens = self.cond_tokens
+            if self.background:  # a warm worker on other switches: their warm state, built meanwhile
+                self.flips.want(self, self.switches, -1, {})
         self.decoder = w.decoder(self.switches.decoder_own_gpu)
         self.runner = self._runner()
         tel.sync_clock(dev)
@@ -449,7 +537,8 @@ class Session:
         gen = torch.Generator(device=dev).manual_seed(self.seed)
         common = {"first_forward_tokens": self.ff_tokens, "tp_size": shape.tp_size, "shape": shape.name,
                   "cond_tokens": self.cond_tokens, "decoder_height": shape.frame_h, "decoder_width": shape.frame_w,
-                  "chunk_frames": shape.frames_per_chunk}  # the shape keys of records.SHAPE_KEYS
+                  "chunk_frames": shape.frames_per_chunk,  # the shape keys of records.SHAPE_KEYS
+                  "gpu_mem_total_bytes": w.gpu_mem_total_bytes}
         tel.session(phase="start", streamed_s=0.0, frames=0, avg_fps=None, late_chunks=0, stall_ms=0.0,
                     preroll=self.playout.prebuffer, switches=self.switches.encode(), **common)
         tel.event("session_start", shape=shape.name, first_forward_tokens=self.ff_tokens,
@@ -460,7 +549,7 @@ class Session:
         model.set_compile(self.switches.compile, triton=self.switches.triton_kernels)
         model.reset_act_scales()  # static activation scales: this session calibrates its own
         try:
-            cond = torch.randn(self.cond_tokens, shape.d_model, generator=gen, device=dev)
+            cond = self.cond = torch.randn(self.cond_tokens, shape.d_model, generator=gen, device=dev)
             if self.ff_tokens > self.cond_tokens:  # a warm worker's bucket: zero rows after the prompt
                 cond = torch.cat([cond, cond.new_zeros(self.ff_tokens - self.cond_tokens, shape.d_model)])
             self.w.register_forward(self.ff_tokens, self.switches)
@@ -476,17 +565,18 @@ class Session:
                 if self.stop_when is not None and self.stop_when():
                     break
                 self._poll_switches(i)
+                cond_kv = self.flips.boundary(self, i, cond_kv)
                 held = self._wait_for_room(i, stop=self.turns.due if self.turns else None)
                 if self.turns is not None:
                     req, superseded = self._take_turn()
                     if req is not None:  # a turn, at this step boundary
                         cond_kv = self.turns.apply(i, req, superseded, cond_kv, self.cache, tel.in_flight(),
-                                                   self._chunk_s(), reset=i > 0 and i % shape.reset_every == 0)
+                                                   self._chunk_s(), reset=i > 0 and i % self.reset_every == 0)
                         held = self._wait_for_room(i) or held
                 tel.begin_step(i, held=held)
                 if self.turns is not None:
                     self.turns.step_begun(i)
-                reset = i > 0 and i % shape.reset_every == 0
+                reset = i > 0 and i % self.reset_every == 0
                 with tel.timer.span("upkeep"):
                     did_reset = self.cache.begin_step(T, reset=reset)
                 noise = torch.randn(T, C, generator=gen, device=dev)
@@ -518,8 +608,8 @@ class Session:
         finally:
             if self.sync_debug:
                 torch.cuda.set_sync_debug_mode("default")
-            model.set_timer(_null_timer())
-            model.set_probe(None)
+            self.w.model.set_timer(_null_timer())  # the model now (a flip's swap installs its view)
+            self.w.model.set_probe(None)
             self.source.close()
         self.graph_captures, self.graph_misses = self._graph_counts()
         return self._finish(t_wall0, common)
@@ -568,6 +658,10 @@ class Session:
     def _finish(self, t_wall0: float, common: dict) -> SessionSummary:
         tel, pl = self.tel, self.playout
         tel.close()  # the sampler's last sample is put now, before the end records and the sink's close
+        self.out_of_service_s = self.w.settle(self)  # the worker's switches for the next session
+        self.flip_records = self.flips.records(self, self.out_of_service_s * 1e3)
+        for rec in self.flip_records:
+            tel.event("flip_cost", **rec)
         frames = pl.delivered * self.w.shape.frames_per_chunk
         # streamed seconds and fps as the store computes them (session_stats): from the worker's own
         # chunk periods (telemetry._period_ms), so fps says what the worker can sustain; the player's
@@ -606,6 +700,7 @@ class Session:
             cond_tokens=self.cond_tokens, ttff_ms=self.ttff_ms, preroll=pl.prebuffer,
             warm=self.started_warm,
             graph_captures=self.graph_captures, graph_misses=self.graph_misses,
+            flips=self.flip_records, out_of_service_s=self.out_of_service_s,
         )
 
 

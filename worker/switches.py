@@ -5,7 +5,8 @@
     src = make_source(lambda step: {...} or None)       # a callable (tests, scripted demos)
     new = src.poll(step)   # -> dict of switch values, or None when nothing changed; never blocks
 
-The HTTP source implements contract 3: a background thread GETs ``/v1/switches`` with
+The HTTP source implements contract 3 (its URL is the control plane's base, ``http://host:port``, or
+the full ``.../v1/switches``: both are accepted): a background thread GETs ``/v1/switches`` with
 ``If-None-Match`` (304 = unchanged) every ``interval_s``; ``poll`` only hands over what the thread
 already has, so the step loop never waits on the network. The body's ``switches`` names only what a
 rule in the worker's scope decides; every other switch keeps the worker's current value (the one it
@@ -89,9 +90,7 @@ class HttpSource(SwitchSource):
                  interval_s: float = 1.0):
         import httpx
 
-        if not url.startswith(("http://", "https://")):
-            raise SwitchSourceError(f"switch source URL {url!r} is not valid; valid: http(s)://host:port")
-        self.endpoint = url.rstrip("/") + "/v1/switches"
+        self.endpoint = switches_endpoint(url)
         self.params = {"worker_id": worker_id, "release": release, "gpu_kind": gpu_kind}
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._client = httpx.Client(headers=headers, timeout=5.0)
@@ -101,6 +100,7 @@ class HttpSource(SwitchSource):
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.errors = 0
+        self.failing: str | None = None  # why the latest poll failed; None while polls succeed
         self.version: int | None = None
         self._thread = threading.Thread(target=self._run, name="livestep-switches", daemon=True)
         self._thread.start()
@@ -109,11 +109,13 @@ class HttpSource(SwitchSource):
         headers = {"If-None-Match": self._etag} if self._etag else {}
         r = self._client.get(self.endpoint, params=self.params, headers=headers)
         if r.status_code == 304:
+            self._recovered()
             return
         if r.status_code != 200:
-            self.errors += 1
+            self._failed(f"HTTP {r.status_code} {r.text[:120].strip()}")
             return
         body = r.json()
+        self._recovered()
         self._etag = r.headers.get("ETag")
         with self._lock:
             self._pending = dict(body.get("switches", {}))
@@ -124,9 +126,22 @@ class HttpSource(SwitchSource):
             try:
                 self._fetch()
             except Exception as e:  # noqa: BLE001 - the control plane being down never touches the session
-                self.errors += 1
-                log.debug("switch poll failed: %s", e)
+                self._failed(f"{type(e).__name__}: {e}")
             self._stop.wait(self.interval_s)
+
+    def _failed(self, why: str) -> None:
+        """Count a failed poll; log once when polls start failing (not once per poll)."""
+        self.errors += 1
+        if self.failing is None:
+            log.warning("switch polls failing: GET %s: %s (the session keeps its switches; retrying every %g s)",
+                        self.endpoint, why, self.interval_s)
+        self.failing = why
+
+    def _recovered(self) -> None:
+        if self.failing is not None:
+            log.warning("switch polls recovered: GET %s answers again after %d failed polls", self.endpoint,
+                        self.errors)
+        self.failing = None
 
     def poll(self, step: int) -> dict[str, Any] | None:
         with self._lock:
@@ -137,6 +152,15 @@ class HttpSource(SwitchSource):
         self._stop.set()
         self._thread.join(timeout=2.0)
         self._client.close()
+
+
+def switches_endpoint(url: str) -> str:
+    """The ``/v1/switches`` endpoint of a control plane given by its base URL or by that endpoint."""
+    if not url.startswith(("http://", "https://")):
+        raise SwitchSourceError(f"switch source URL {url!r} is not valid; valid: http(s)://host:port "
+                                "(or http(s)://host:port/v1/switches)")
+    base = url.split("?")[0].rstrip("/")
+    return base if base.endswith("/v1/switches") else base + "/v1/switches"
 
 
 def make_source(spec, worker_id: str = "w0", release: str = "dev", gpu_kind: str = "cpu",

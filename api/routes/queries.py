@@ -26,6 +26,7 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Query
 from analytics.describe import describe
 from api.deps import StoreDep, require_reader
 from api.routes._common import Label, PageDep, TimeRangeDep
+from collector import catalog
 from collector.where import Where
 
 router = APIRouter(prefix="/v1", tags=["dashboards"], dependencies=[Depends(require_reader)])
@@ -49,10 +50,8 @@ class GroupKey(str, Enum):
 
 
 QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95, 0.99)
-FPS_BUDGET = 24.0
-FPS_LOW = 23.5
-MIN_STREAMED_S = 1.0
-FILTER_KEYS = ("release", "gpu_kind", "worker_id")
+FPS_BUDGET, FPS_LOW, MIN_STREAMED_S = catalog.FPS_BUDGET, catalog.FPS_LOW, catalog.MIN_STREAMED_S
+FILTER_KEYS = catalog.FILTER_KEYS
 
 def session_frame(store, start: datetime, end: datetime, filters: dict[str, Any] | None = None) -> pl.DataFrame:
     """One row per session that started in [start, end): labels, counts and per-session metrics (fps,

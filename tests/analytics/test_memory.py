@@ -4,10 +4,13 @@ blamed on the fused all-reduce; a healthy fleet is not flagged."""
 import json
 from datetime import timedelta
 
+import pytest
+
 from analytics import memory
 from analytics.findings import read_findings
 from analytics.jobs import run_job
 from analytics.simulate import LEAK_BYTES_PER_TOKEN, simulate_fleet
+from collector.gpu_kinds import canonical_gpu_kind
 
 
 def test_august_incident_flagged_within_a_day_and_attributed(store, small):
@@ -51,15 +54,16 @@ def test_processes_split_at_deploys_and_ooms(store, small):
 
 
 def _frame(rng, *, workers=4, sessions=72, leak_on=None, per_value=16e6, headroom=1.5e9, noise=50e6,
-           kind="h200", prompt_values=400, gap_min=None):
+           kind="h200", prompt_values=400, gap_min=None, total=None):
     """memory_sessions-shaped rows: one session every 10 minutes per worker (``gap_min``: exponential
     gaps of that mean instead), prompt lengths from ``prompt_values`` values (400: mostly new ones), 14
     decoder resolutions in rotation; reserved grows ``per_value`` per new value of ``leak_on`` (a
-    SHAPE_KEYS name), per session served (``memory.PER_SESSION``), or not at all (None)."""
+    SHAPE_KEYS name), per session served (``memory.PER_SESSION``), or not at all (None); ``total``: the
+    GPU memory the worker reports (the session record's gpu_mem_total_bytes; None: an older worker)."""
     from datetime import UTC, datetime
 
     import polars as pl
-    cap = memory.GPU_MEMORY_BYTES[kind]
+    cap = total or memory.GPU_MEMORY_BYTES[canonical_gpu_kind(kind)]
     t0 = datetime(2026, 11, 2, tzinfo=UTC)
     rows = []
     for w in range(workers):
@@ -76,7 +80,7 @@ def _frame(rng, *, workers=4, sessions=72, leak_on=None, per_value=16e6, headroo
                          "start_ts": t, "buffers_max": 1, "switch_state": "ring_cache",
                          "mem_reserved_max": int(cap - headroom - sessions * per_value + grown + rng.normal(0, noise)),
                          "first_forward_tokens": tokens, "cond_tokens": tokens - 757, "decoder_height": res[0],
-                         "decoder_width": res[1], "tp_size": 1, "chunk_frames": 4})
+                         "decoder_width": res[1], "tp_size": 1, "chunk_frames": 4, "gpu_mem_total_bytes": total})
             t += timedelta(minutes=10 if gap_min is None else float(rng.exponential(gap_min)))
     return pl.DataFrame(rows), pl.DataFrame()
 
@@ -94,6 +98,22 @@ def test_a_small_leak_with_a_day_to_oom_is_critical_and_names_its_key():
     assert ev["explained_by"] == "first_forward_tokens" and "cond_tokens" in ev["aliases"]
     assert ev["min_hours_to_oom"] < memory.CRITICAL_HOURS_TO_OOM
     assert 8e6 < ev["release_bytes_per_unit"] < 32e6
+
+
+@pytest.mark.parametrize("kind,total", [("NVIDIA H200", 150_000_000_000), ("acme-x1", 48_000_000_000),
+                                        ("NVIDIA H200", None)])
+def test_a_real_worker_leak_under_a_day_to_oom_is_critical_whatever_its_gpu_is_called(kind, total):
+    """The real worker labels its GPU 'NVIDIA H200' (stored before ingest made it 'h200') or a GPU no table
+    knows: the time to OOM comes from the GPU memory the worker reported, and a leak that fills it within a
+    day is critical; a row of an older worker (no total) takes its canonical kind's memory."""
+    import numpy as np
+
+    s, ooms = _frame(np.random.default_rng(1), leak_on="first_forward_tokens", kind=kind, total=total)
+    _procs, rows = memory.analyze_frame(s, ooms)
+    release = [r for r in rows if r["scope"] == "release=v2"]
+    assert len(release) == 1 and release[0]["severity"] == "critical"
+    ev = json.loads(release[0]["evidence"])
+    assert ev["min_hours_to_oom"] < memory.CRITICAL_HOURS_TO_OOM
 
 
 def test_a_leak_keyed_on_decoder_resolution_is_named_for_it_and_bounded():

@@ -22,7 +22,14 @@ from tests.kernels.helpers import poisoned_cache, random_fp8_window, random_scal
 from tests.kernels.test_chains_fp8 import test_gelu_fp8_matches_the_torch_chain as _gelu_case
 from tests.kernels.test_chains_fp8 import test_res_ln_fp8_matches_the_torch_chain as _res_ln_case
 from tests.kernels.test_delta_rotate import test_matches_reference as _delta_case
-from tests.kernels.test_fp8_attention import MODES, _inputs, _rope_tables, check_attention, check_fp8_output
+from tests.kernels.test_fp8_attention import (
+    DEFAULT,
+    MODES,
+    _inputs,
+    _rope_tables,
+    check_attention,
+    check_fp8_output,
+)
 from tests.kernels.test_rope_fp8_write import _run_case as _rope_case
 from tests.kernels.test_rope_fp8_write import poisoned_keys_cache
 
@@ -59,6 +66,13 @@ def test_fp8_attention_prod_shape(n_valid, mode, v_keys, rng, device):
     check_attention(H, T, S, D, n_valid, *mode, rng, device, MODES[mode], v_keys=v_keys)
 
 
+@pytest.mark.parametrize("Hh,Tq,Sw,n_valid", [(7, 301, 2049, 2001), (3, 1000, 6000, 5999), (20, 33, 700, 129)])
+@pytest.mark.parametrize("mode", [DEFAULT, ("fp8", "fp8"), ("bf16", "bf16")], ids=["default", "fp8-fp8", "bf16"])
+def test_fp8_attention_odd_sizes_gpu(Hh, Tq, Sw, n_valid, mode, rng, device):
+    """Odd heads / queries / windows with the launch tiles of the GPU (TUNED, TMA): vs the fp64 truth."""
+    check_attention(Hh, Tq, Sw, D, n_valid, *mode, rng, device, MODES[mode], v_keys=True)
+
+
 @pytest.mark.parametrize("v_keys", [False, True], ids=["v_dims", "v_keys"])
 def test_fp8_attention_rotating_queries_prod_shape(v_keys, rng, device):
     """q_cos/q_sin at the prod shape: the output of attending with queries rotated beforehand, up to
@@ -90,8 +104,9 @@ def _cfg(bm, bn, w, st, tma=False):
 )  # fmt: skip
 @pytest.mark.parametrize("n_valid", [S, 3001])
 @pytest.mark.parametrize("v_keys", [False, True], ids=["v_dims", "v_keys"])
-def test_fp8_attention_variants_prod_shape(cfg, n_valid, v_keys, rng, device):
-    check_attention(H, T, S, D, n_valid, True, True, rng, device, MODES[True, True], v_keys=v_keys, cfg=cfg)
+@pytest.mark.parametrize("mode", [DEFAULT, ("fp8", "fp8")], ids=["default", "fp8-fp8"])
+def test_fp8_attention_variants_prod_shape(cfg, n_valid, v_keys, mode, rng, device):
+    check_attention(H, T, S, D, n_valid, *mode, rng, device, MODES[mode], v_keys=v_keys, cfg=cfg)
 
 
 class _Chain(torch.nn.Module):

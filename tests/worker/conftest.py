@@ -24,6 +24,12 @@ class _RecordingGraph:
     def replay(self):
         type(self).replays += 1
 
+    def capture_begin(self, pool=None, capture_error_mode="global"):  # worker/graphs.py _ThreadLocalCapture
+        pass
+
+    def capture_end(self):
+        pass
+
 
 @pytest.fixture
 def cpu_graphs(monkeypatch):
@@ -42,7 +48,7 @@ def cpu_graphs(monkeypatch):
     _RecordingGraph.warmups = Stream
     monkeypatch.setattr(worker.graphs, "GRAPHS_ON_CPU", True)
     monkeypatch.setattr(torch.cuda, "CUDAGraph", _RecordingGraph)
-    monkeypatch.setattr(torch.cuda, "graph", lambda g, pool=None: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "graph", lambda g, pool=None, **kw: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: object())
     monkeypatch.setattr(torch.cuda, "Stream", Stream)
     monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())

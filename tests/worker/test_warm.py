@@ -84,22 +84,37 @@ def test_a_session_starts_from_an_empty_window_and_fresh_calibration(cpu_graphs)
     assert set(left) == {1 + w.shape.passes} and set(scales) == {0.0}
 
 
-def test_other_switches_run_unwarmed_and_the_worker_rewarms_for_them(cpu_graphs):
-    """A session on switches the worker is not warm for (a control-plane change at its start or in its
-    course) runs on its own cache, exact prompt length; the worker then warms for the switches the
-    session ended on, which the next session starts with."""
+def test_other_switches_are_built_in_the_background_and_the_next_session_starts_warm(cpu_graphs):
+    """A session on switches the worker is not warm for (a control-plane change at its start) runs eagerly on
+    its own cache, exact prompt length, while their warm state is built on a thread; the worker never
+    re-warms in between (no blocking warm()), and the next session starts on the built state."""
     w = _worker()
+    w.warm(PROD)
+    w.readiness.delay_s = 0.3  # the build still runs when the session ends
+    other = {**PROD, "delta_rotation": False}
+    s = w.run_session(steps=8, realtime=False, switches=other, cond_tokens=6)
+    assert not s.warm and s.first_forward_tokens == 6 and s.graph_captures == 0  # eager: no capture in the loop
+    assert w.warmed.switches == Switches.from_mapping(PROD)  # nothing re-warmed after the session
+    assert w.readiness.wait()
+    s = w.run_session(steps=8, realtime=False, switches=other, cond_tokens=6)
+    assert s.warm and s.graph_captures == 0 and s.graph_misses == 0
+    assert w.warmed.switches == Switches.from_mapping(other) and w.warmed.runner.capture == "never"
+
+
+def test_the_inline_path_rebuilds_in_the_loop_and_rewarms_after_the_session(cpu_graphs):
+    """``flip="inline"``, the plain path kept: the session runs unwarmed and the worker re-warms for the
+    switches it ended on before the next one."""
+    w = _worker(flip="inline")
     w.warm(PROD)
     other = {**PROD, "delta_rotation": False}
     s = w.run_session(steps=8, realtime=False, switches=other, cond_tokens=6)
-    assert not s.warm and s.first_forward_tokens == 6  # no padding off the warm graphs
+    assert not s.warm and s.first_forward_tokens == 6
     assert w.warmed.switches == Switches.from_mapping(other) and w.warmed.runner.capture == "never"
-    s = w.run_session(steps=8, realtime=False, switches=other, cond_tokens=6)
-    assert s.warm and s.graph_captures == 0
     made = cpu_graphs.made
     s = w.run_session(steps=8, realtime=False, switches=other, cond_tokens=6,
                       switch_source={3: {"delta_rotation": True}}.get)
-    assert s.warm and len(s.switch_events) == 1  # started warm; the flip rebuilt its own cache
+    assert s.warm and len(s.switch_events) == 1 and s.switch_events[0]["step"] == 3  # rebuilt in the loop
+    assert [f["mode"] for f in s.flips] == ["inline"]
     assert w.warmed.switches == Switches.from_mapping(PROD) and cpu_graphs.made > made
     s = w.run_session(steps=8, realtime=False, switches=PROD, cond_tokens=6)
     assert s.warm and s.graph_captures == 0
@@ -189,7 +204,7 @@ def test_a_sessions_graph_counts_are_its_own(cpu_graphs):
     runner's lifetime totals, and not only the runner it ended with."""
     from worker.turns import TurnInbox
 
-    w = _worker()
+    w = _worker(flip="inline")  # the flip below rebuilds in the loop (background builds: tests/worker/test_flip.py)
     w.warm(PROD)
     inbox = TurnInbox()
     inbox.submit(tokens=11)  # during the fill: that bucket's graphs lack these window sizes -> misses

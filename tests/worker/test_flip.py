@@ -1,0 +1,145 @@
+"""A flip built off the critical path (worker/readiness.py): the session keeps playing its configuration while
+the target is built on a thread, swaps at a step boundary, and the worker never re-warms between sessions.
+
+The graph API is replaced by stand-ins (``cpu_graphs``, conftest.py): the build's captures run eagerly on
+its thread, replays do nothing; the builder is held back by ``readiness.delay_s`` (a deliberately slow build).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from worker.config import ModelShape, Switches
+from worker.model import DiT
+from worker.readiness import FLIP_COST_STEPS, RUNTIME_SWITCHES, carry_cache, model_view
+from worker.session import Worker
+from worker.telemetry import ListSink
+
+PROD = {"ring_cache": True, "rope_at_write": True, "fp8_cache": True, "delta_rotation": True,
+        "static_scales": True, "cuda_graphs": True}
+
+
+def _worker(**kw) -> Worker:
+    shape = ModelShape.from_name("tiny")
+    return Worker(shape, device="cpu", model=DiT(shape, dtype=torch.bfloat16, fp8=True), **kw)
+
+
+class _Flip:
+    """A control plane that flips ``change`` at ``at``; the session stops ``after`` steps past the swap
+    (seen as the worker's model becoming the target's view)."""
+
+    def __init__(self, w: Worker, change: dict, at: int = 3, after: int = 4):
+        self.w, self.change, self.at, self.after = w, change, at, after
+        self.model0, self.step, self.swapped = w.model, -1, None
+
+    def poll(self, step: int):
+        self.step = step
+        return self.change if step == self.at else None
+
+    def stop(self) -> bool:
+        if self.swapped is None and self.w.model is not self.model0:
+            self.swapped = self.step
+        return self.swapped is not None and self.step >= self.swapped + self.after
+
+
+def test_a_slow_build_keeps_the_session_playing_and_swaps_at_a_step_boundary(cpu_graphs):
+    w = _worker()
+    w.warm(PROD)
+    w.readiness.delay_s = 0.8  # about 5 chunks of 166.7 ms: the session plays on meanwhile
+    flip = _Flip(w, {"delta_rotation": False})
+    sink = ListSink()
+    s = w.run_session(steps=400, switches=PROD, cond_tokens=6, sink=sink, switch_source=flip.poll,
+                      stop_when=flip.stop)
+    assert s.late_chunks == 0 and s.stall_ms == 0  # real time throughout: nothing waited on the build
+    (ev,) = s.switch_events
+    assert ev["polled_step"] == 3 and ev["step"] > 3 and ev["changed"] == {"delta_rotation": False}
+    by_step = {r["step"]: r["switches"] for r in sink.rows["step"]}
+    old, new = Switches.from_mapping(PROD).encode(), Switches.from_mapping({**PROD, "delta_rotation": False}).encode()
+    assert all(by_step[i] == old for i in range(ev["step"])) and all(
+        by_step[i] == new for i in range(ev["step"], s.steps))  # one boundary, no step in between
+    assert s.graph_captures == 0  # the build captured on its thread, not the session
+    (cost,) = [e["detail"] for e in sink.rows["event"] if e["kind"] == "flip_cost"]
+    assert cost["mode"] == "background" and cost["late_chunks"] == 0 and cost["stall_ms"] == 0
+    assert cost["step"] == 3 and cost["applied_step"] == ev["step"] and cost["to_new_config_ms"] >= 800
+    assert cost["out_of_service_ms"] is not None and cost["error"] is None
+    assert s.flips == [cost]
+    # the worker kept the target: the next session starts warm on it, nothing captured or re-warmed
+    assert w.warmed.switches == Switches.from_mapping({**PROD, "delta_rotation": False})
+    made = cpu_graphs.made
+    nxt = w.run_session(steps=8, realtime=False, switches={**PROD, "delta_rotation": False}, cond_tokens=11)
+    assert nxt.warm and nxt.graph_captures == 0 and nxt.graph_misses == 0 and cpu_graphs.made == made
+
+
+def test_a_flip_back_before_the_target_is_ready_applies_nothing(cpu_graphs):
+    w = _worker()
+    w.warm(PROD)
+    w.readiness.delay_s = 0.5
+    flips = {2: {"delta_rotation": False}, 3: {"delta_rotation": True}}
+    s = w.run_session(steps=6, realtime=False, switches=PROD, cond_tokens=6, switch_source=flips.get)
+    assert s.switch_events == [] and s.flips == [] and s.switches == Switches.from_mapping(PROD).encode()
+
+
+def test_a_failed_build_falls_back_to_the_plain_path(cpu_graphs, monkeypatch):
+    import worker.readiness
+
+    def broken(*a, **k):
+        raise RuntimeError("capture failed")
+
+    w = _worker()
+    w.warm(PROD)
+    monkeypatch.setattr(worker.readiness, "build_warm", broken)
+
+    def source(step):  # the flip at step 2; at step 3 the (failed) build has ended
+        if step == 3:
+            w.readiness.wait()
+        return {"delta_rotation": False} if step == 2 else None
+
+    s = w.run_session(steps=6, realtime=False, switches=PROD, cond_tokens=6, switch_source=source)
+    (cost,) = s.flips
+    assert cost["mode"] == "inline" and "capture failed" in cost["error"] and cost["applied_step"] == 3
+    assert s.switches == Switches.from_mapping({**PROD, "delta_rotation": False}).encode()
+
+
+def test_carry_cache_moves_the_window_in_place():
+    shape = ModelShape.from_name("tiny")
+    sw = Switches.from_mapping(PROD)
+    from worker.cache import make_cache, rebuild_cache
+
+    src = make_cache(shape, sw, "cpu", torch.float32)
+    model = DiT(shape, dtype=torch.float32)
+    model.first_forward(torch.randn(6, shape.d_model), src)
+    for _ in range(3):
+        src.begin_step(shape.new_tokens)
+        model.denoise_chunk(torch.randn(shape.new_tokens, shape.latent_channels), src, model.cross_kv(
+            torch.randn(6, shape.d_model), src))
+        src.end_step()
+    other = sw.with_(delta_rotation=False)
+    dst = make_cache(shape, other, "cpu", torch.float32)
+    k0 = dst.k[0]
+    carry_cache(src, dst)
+    ref = rebuild_cache(src, other)
+    assert dst.k[0] is k0  # the tensors its graphs read
+    assert dst.book.n_valid == ref.book.n_valid and dst.book.next_pos == ref.book.next_pos
+    assert torch.equal(dst.k[0], ref.k[0]) and torch.equal(dst.v[0], ref.v[0])
+
+
+def test_a_model_view_shares_weights_and_owns_its_switch_state():
+    shape = ModelShape.from_name("tiny")
+    model = DiT(shape, dtype=torch.bfloat16, fp8=True)
+    model.reset_act_scales()
+    view = model_view(model)
+    view.act_scales = "row"
+    view.set_compile(False)
+    assert view.blocks[0].qkv.w is model.blocks[0].qkv.w
+    assert model.blocks[0].qkv.site is not None and view.blocks[0].qkv.site is None  # the live one untouched
+    assert model.act_scales == "static"
+
+
+def test_neighbours_are_prepared_at_warm_time_and_hold_no_cache(cpu_graphs):
+    w = _worker()
+    w.warm(PROD, neighbours=RUNTIME_SWITCHES)
+    # ring_cache off under delta_rotation is not a valid configuration (Switches' validation): skipped, saying why
+    assert "delta_rotation needs ring_cache" in w.readiness.skipped["ring_cache"]
+    assert len(w.readiness.prepared) == len(RUNTIME_SWITCHES) - len(w.readiness.skipped) > 0
+    assert w.warmed.switches == Switches.from_mapping(PROD)
+    assert FLIP_COST_STEPS > 0

@@ -1,0 +1,425 @@
+"""Flip targets made ready off the critical path: a switch flip never compiles or captures in the step loop.
+
+    w = Worker("prod57b"); w.warm(sw, neighbours=RUNTIME_SWITCHES)   # + each one-switch neighbour's compiles
+    # mid-session, a flip polled at step i: Readiness builds the target on a thread (a model view, its own
+    # cache, runner and graphs, on a side stream) while the session steps its current configuration;
+    # the session swaps at the first step boundary after it is ready (``carry``); after the session the
+    # worker keeps the target as its warm state: nothing blocks between sessions.
+
+What is held for readiness: at warm time every runtime switch's one-flip neighbour of the warm set runs
+one short synthetic session (no graphs) on a model view, so inductor's and Triton's caches hold every
+kernel a neighbour needs; its cache and activations are then freed (the GPU memory held afterwards is
+the compile caches' code only). A flip builds the complete warm state of its target (every bucket's first
+forward and step graphs, ``build_warm``): during the build the worker holds a second cache and its graph
+pools, freed when the old state is dropped (the session's end). The graph pools are not shared across
+configurations: the old one replays while the new one captures, and a pool's blocks may be reused only by
+graphs that replay in capture order.
+
+``flip="inline"`` (and tensor parallel, whose ranks must swap at one step: rank 0's builder would need a
+broadcast of readiness) keeps the plain path: the flip rebuilds in the loop and the worker re-warms,
+blocking, after the session. Each flip's cost is a ``flip_cost`` event (``FlipCost``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import math
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from collector.switch_names import PLAYOUT_SWITCHES, SWITCH_NAMES
+from worker.cache import KVCache, make_cache
+from worker.config import SwitchError, Switches
+from worker.decoder import DecodeJob
+from worker.fp8 import SaturationProbe
+from worker.graphs import ChunkRunner
+from worker.model import DiT, NullTimer
+
+log = logging.getLogger("livestep.worker.readiness")
+
+FLIP_MODES = ("background", "inline")
+# the switches the control plane flips at runtime (the fault switch and the playout policies change no step's
+# kernels: a policy applies at once, see Session._apply)
+RUNTIME_SWITCHES: tuple[str, ...] = tuple(n for n in SWITCH_NAMES
+                                          if n not in PLAYOUT_SWITCHES and n != "buffer_per_shape")
+FLIP_COST_STEPS = 24  # the chunks after a flip's swap (4 s) over which its stall and late chunks count
+BUILD_SWITCH_INTERVAL_S = 0.0005  # the GIL hand-over while a build runs (Python's default 5 ms would
+# let a compiling thread hold the step loop off for that long at each hand-over)
+
+
+@dataclass
+class WarmState:
+    """A warm worker's session state for one set of switches: a cache and graphs every session reuses,
+    on the model (or model view) and saturation probe they were captured with."""
+
+    switches: Switches
+    cache: KVCache
+    runner: ChunkRunner
+    buckets: tuple[int, ...]
+    model: DiT
+    probe: SaturationProbe | None
+    seconds: float = 0.0
+
+
+def model_view(model: DiT) -> DiT:
+    """A DiT sharing ``model``'s weights with switch state of its own (activation quantizers, static scale
+    sites, fused chains, probe, timer): a build configures and runs it while the session runs ``model``.
+    Static scales start uncalibrated (fresh sites on the view's ``set_compile``)."""
+    v = copy.copy(model)
+    v.blocks = []
+    for b in model.blocks:
+        nb = copy.copy(b)
+        for name in ("qkv", "cq", "ckv", "up", "o", "co", "down"):
+            lin = copy.copy(getattr(b, name))
+            lin.site, lin.probe = None, None
+            setattr(nb, name, lin)
+        nb.timer, nb.fusion = NullTimer(), None
+        v.blocks.append(nb)
+    v.timer = NullTimer()
+    return v
+
+
+class _NoDecoder:
+    """A build's synthetic sessions decode nothing: the worker's decoders are warm and serve the live one."""
+
+    placement = "none"
+
+    def __init__(self, device):
+        self.device = device
+
+    def submit(self, latents: torch.Tensor, step: int, after=None) -> DecodeJob:
+        return DecodeJob(step)
+
+
+def _as_build_worker(worker, model: DiT, probe: SaturationProbe | None, warm: WarmState):
+    """The worker as a build's synthetic sessions see it: the view, the target's warm state, no decoder."""
+    bw = copy.copy(worker)
+    bw.model, bw.probe, bw.warmed, bw.observers = model, probe, warm, []
+    nodec = _NoDecoder(worker.device)
+    bw.decoder = lambda own_gpu: nodec
+    bw.building = True  # Session._settle: a build's own sessions settle nothing
+    return bw
+
+
+def build_warm(worker, sw: Switches, buckets: tuple[int, ...], *, model: DiT, probe: SaturationProbe | None,
+               run=None, reset_run: bool = True, first: int | None = None, graph_mode: str = "global",
+               graphs: bool | None = None) -> WarmState:
+    """Capture every graph sessions with ``sw`` need (``Worker.warm``'s work): one synthetic session per
+    conditioning bucket (``first`` first), not real time, no telemetry; with ``reset_run`` the first runs
+    through a position reset (its ops compile on first use: 980 ms for the first Triton delta rotation on
+    the H200), else a reset at its second step. ``run(**session kwargs)`` runs one (default: a Session on
+    the worker as a build sees it); ``graphs`` False: no graphs (neighbour preparation)."""
+    from worker.session import Session  # session.py imports this module
+
+    t0 = time.perf_counter()
+    cache = make_cache(worker.shape, sw, worker.device, model.dtype)
+    runner = ChunkRunner(model, sw.cuda_graphs if graphs is None else graphs, probe=probe, capture="any")
+    runner.graph_mode = graph_mode
+    warm = WarmState(sw, cache, runner, buckets, model, probe)
+    if run is not None:  # the worker's own sessions: they find its warm state
+        worker.warmed = warm
+    else:
+        bw = _as_build_worker(worker, model, probe, warm)
+
+        def run(**kw):
+            return Session(bw, **kw).run()
+    order = sorted(buckets, key=lambda b: b != first)  # stable: the session's bucket first
+    W, T, shape = worker.shape.window, worker.shape.new_tokens, worker.shape
+    for i, b in enumerate(order):
+        steps = math.ceil((W - b) / T) + 2  # the fill steps, then the full window once captured, once replayed
+        reset_every = None
+        if i == 0:
+            if reset_run:
+                steps = max(steps, shape.reset_every + 1)
+            else:
+                reset_every = 2
+        run(steps=steps, switches=sw, cond_tokens=b, realtime=False, telemetry=False, seed=b,
+            session_id=f"warm-{b}", reset_every=reset_every)
+    runner.capture = "never"
+    warm.seconds = time.perf_counter() - t0
+    return warm
+
+
+@contextlib.contextmanager
+def _build_context(device: torch.device):
+    """A build's thread: its own CUDA stream (the step loop's stream never waits on it) and a short GIL
+    switch interval while it runs."""
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(min(old, BUILD_SWITCH_INTERVAL_S))
+    try:
+        if device.type == "cuda":
+            with torch.cuda.device(device), torch.cuda.stream(torch.cuda.Stream(device)):
+                yield
+        else:
+            yield
+    finally:
+        sys.setswitchinterval(old)
+
+
+def _key(sw: Switches) -> str:
+    return sw.model_switches().encode()
+
+
+@dataclass
+class _Build:
+    switches: Switches
+    first: int | None
+    t_request: float
+    thread: threading.Thread | None = None
+    warm: WarmState | None = None
+    error: str | None = None
+    t_ready: float | None = None
+
+
+class Readiness:
+    """A worker's flip targets: neighbours prepared at warm time, one background build at a time.
+
+    ``request(sw)`` starts building ``sw``'s warm state (nothing when it is being built or ready); a newer
+    request for other switches replaces the wanted one and starts once the running build ends (a thread
+    cannot be stopped mid-capture). ``ready(sw)`` is the finished warm state or None. ``delay_s`` holds each
+    build back that long first (tests: a deliberately slow build)."""
+
+    def __init__(self, worker, mode: str = "background", delay_s: float = 0.0):
+        if mode not in FLIP_MODES:
+            raise ValueError(f"flip mode {mode!r}; valid: {', '.join(FLIP_MODES)}")
+        self.w, self.mode, self.delay_s = worker, mode, delay_s
+        self.prepared: dict[str, float] = {}  # neighbour switches (encoded) -> seconds its preparation took
+        self.skipped: dict[str, str] = {}  # neighbour -> why it was not prepared (an invalid combination)
+        self._lock = threading.Lock()
+        self._build: _Build | None = None  # running or finished
+        self._wanted: _Build | None = None  # waiting for the running build to end
+        self.builds: list[dict[str, Any]] = []  # per finished build: switches, seconds, error
+
+    # -- at warm time ----------------------------------------------------------------------------
+
+    def prepare_neighbours(self, base: Switches, names=RUNTIME_SWITCHES, buckets: tuple[int, ...] | None = None) -> None:
+        """Each one-switch neighbour of ``base`` runs once on a model view (no graphs): its compiles and
+        autotuning are done before any flip needs them; nothing of it stays on the GPU."""
+        buckets = tuple(buckets or self.w.cond_buckets)
+        for name in names:
+            try:
+                sw = base.with_(**{name: not getattr(base, name)})
+            except SwitchError as e:  # e.g. rope_at_write off under ring_cache
+                self.skipped[name] = str(e).split(";")[0]
+                continue
+            t0 = time.perf_counter()
+            view = model_view(self.w.model)
+            build_warm(self.w, sw, buckets, model=view, probe=None, reset_run=False, graphs=False)
+            self.prepared[_key(sw)] = time.perf_counter() - t0
+            log.info("neighbour %s=%s prepared in %.1f s", name, getattr(sw, name), self.prepared[_key(sw)])
+        if self.w.device.type == "cuda":
+            torch.cuda.empty_cache()  # the neighbours' caches and activations: not held
+
+    # -- a build -----------------------------------------------------------------------------------
+
+    def request(self, sw: Switches, first: int | None = None) -> None:
+        key = _key(sw)
+        with self._lock:
+            b = self._build
+            if b is not None and _key(b.switches) == key:
+                return  # building it, or built
+            if b is not None and b.warm is None and b.error is None:  # another one is running
+                self._wanted = _Build(sw, first, time.perf_counter())
+                return
+            self._start(_Build(sw, first, time.perf_counter()))
+
+    def _start(self, b: _Build) -> None:
+        self._build, self._wanted = b, None
+        b.thread = threading.Thread(target=self._run, args=(b,), name="livestep-flip-build", daemon=True)
+        b.thread.start()
+
+    def _run(self, b: _Build) -> None:
+        w = self.w
+        try:
+            with _build_context(w.device):
+                if self.delay_s:
+                    time.sleep(self.delay_s)
+                view = model_view(w.model)
+                probe = SaturationProbe(w.device)
+                warm = build_warm(w, b.switches, w.cond_buckets, model=view, probe=probe, first=b.first,
+                                  reset_run=_key(b.switches) not in self.prepared, graph_mode="thread_local")
+                if w.device.type == "cuda":
+                    torch.cuda.current_stream().synchronize()  # this thread's stream only: ready to replay
+            b.warm = warm
+        except Exception as e:  # noqa: BLE001 - a failed build leaves the session on what it runs
+            log.exception("flip build for [%s] failed", b.switches.encode())
+            b.error = f"{type(e).__name__}: {e}"[:300]
+        b.t_ready = time.perf_counter()
+        self.builds.append({"switches": b.switches.encode(), "seconds": b.t_ready - b.t_request, "error": b.error})
+        with self._lock:
+            if self._wanted is not None:
+                self._start(self._wanted)
+
+    def ready(self, sw: Switches) -> WarmState | None:
+        with self._lock:
+            b = self._build
+            return b.warm if b is not None and b.warm is not None and _key(b.switches) == _key(sw) else None
+
+    def failed(self, sw: Switches) -> str | None:
+        with self._lock:
+            b = self._build
+            return b.error if b is not None and _key(b.switches) == _key(sw) else None
+
+    def building(self) -> bool:
+        with self._lock:
+            return self._wanted is not None or (self._build is not None and self._build.t_ready is None)
+
+    def take(self, sw: Switches) -> WarmState | None:
+        """The ready warm state for ``sw``, handed over (the worker now owns it)."""
+        with self._lock:
+            b = self._build
+            if b is None or b.warm is None or _key(b.switches) != _key(sw):
+                return None
+            self._build = None
+            return b.warm
+
+    def wait(self, timeout_s: float = 600.0) -> bool:
+        """Until no build runs (benches and tests between phases); False on timeout."""
+        t_end = time.perf_counter() + timeout_s
+        while self.building():
+            if time.perf_counter() > t_end:
+                return False
+            time.sleep(0.01)
+        return True
+
+
+# -- the swap at a step boundary ----------------------------------------------------------------------
+
+def carry_cache(old: KVCache, new: KVCache) -> None:
+    """``new`` (a target's warm cache, whose tensors its graphs read) takes ``old``'s window in place:
+    ``rebuild_cache``'s carry-over without allocating a cache."""
+    k, v, next_pos = old.export_tokens()
+    new.restart()
+    new.load_tokens(k, v, next_pos)
+    new.book.wraps, new.book.resets = old.book.wraps, old.book.resets
+
+
+def carry_scales(old: DiT, new: DiT, passes: int) -> None:
+    """Static activation scales at a swap: calibrated ones carry over (the session's own, in the view's
+    scale tensors its graphs read); with static scales newly on, the view's sites calibrate over the next
+    chunk (the cross K/V site over the swap's cross recompute)."""
+    pairs = [(a.site, b.site) for ba, bb in zip(old.blocks, new.blocks, strict=True)
+             for a, b in zip(ba.linears, bb.linears, strict=True) if b.site is not None]
+    if not pairs:
+        return
+    if all(a is not None for a, _ in pairs):
+        torch._foreach_copy_([b.scale for _, b in pairs], [a.scale for a, _ in pairs])
+        for a, b in pairs:
+            b.left = a.left
+        return
+    for blk in new.blocks:
+        for lin in blk.linears:
+            if lin.site is not None:
+                lin.site.restart(1 if lin is blk.ckv else passes)
+
+
+@dataclass
+class FlipCost:
+    """One applied flip and what it cost the live session: from the poll that brought it to
+    ``FLIP_COST_STEPS`` chunks after the first step on the new configuration."""
+
+    changed: dict[str, bool]
+    switches: str
+    mode: str
+    polled_step: int
+    t_poll: float
+    late0: int
+    stall0_s: float
+    applied_step: int | None = None
+    t_applied: float | None = None
+    apply_ms: float | None = None  # the swap's own time at the boundary (inline: the whole rebuild)
+    build_s: float | None = None
+    error: str | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    def record(self, late: int, stall_s: float, steps_observed: int, out_of_service_ms: float | None) -> dict[str, Any]:
+        """The ``flip_cost`` event's detail (collector/records.py FLIP_COST_FIELDS)."""
+        to_new = None if self.t_applied is None else (self.t_applied - self.t_poll) * 1e3
+        return {"step": self.polled_step, "applied_step": self.applied_step, "changed": self.changed,
+                "switches": self.switches, "mode": self.mode, "late_chunks": late - self.late0,
+                "stall_ms": (stall_s - self.stall0_s) * 1e3, "steps_observed": steps_observed,
+                "to_new_config_ms": to_new, "apply_ms": self.apply_ms, "build_ms":
+                None if self.build_s is None else self.build_s * 1e3, "out_of_service_ms": out_of_service_ms,
+                "error": self.error}
+
+
+class Flips:
+    """A session's flips under ``flip="background"``: the wanted target, the swap at the first step boundary
+    after it is ready, and each flip's cost. Methods take the session (no reference cycle: a session's
+    memory is freed by reference counting, tests/worker/test_lifetime.py)."""
+
+    def __init__(self):
+        self.pending: FlipCost | None = None
+        self.wanted: Switches | None = None
+        self.target: WarmState | None = None  # the last warm state swapped in (the worker adopts it after)
+        self.costs: list[FlipCost] = []
+        self._closed: dict[int, tuple[int, float, int]] = {}  # id(cost) -> (late, stall_s, steps) at its window end
+
+    def want(self, s, new: Switches, step: int, changed: dict[str, bool]) -> None:
+        """A flip polled at ``step`` (-1: the session started on switches the worker is not warm for): the
+        build starts (or the wanted target changes); the session steps on."""
+        if self.pending is None:
+            pl = s.playout
+            self.pending = FlipCost(changed, new.encode(), "background" if step >= 0 else "session_start", step,
+                                    time.perf_counter(), pl.late_chunks, pl.stall_s)
+        else:  # a newer poll before the last target was ready: one flip, to the newest target
+            self.pending.changed = {k: v for k, v in new.as_dict().items() if s.switches.as_dict()[k] != v}
+            self.pending.switches = new.encode()
+        self.wanted = new
+        s.w.readiness.request(new, first=s.w.bucket(s.cond_tokens))
+
+    def drop(self) -> None:
+        """The wanted target is the configuration running (flipped back before it was ready)."""
+        self.pending = self.wanted = None
+
+    def boundary(self, s, step: int, cond_kv):
+        """At a step boundary: swap in the wanted target if ready (-> the cross K/V its graphs read), and close
+        the cost windows that have run ``FLIP_COST_STEPS`` chunks; ``cond_kv`` as is otherwise."""
+        pl = s.playout
+        for c in self.costs:
+            if id(c) not in self._closed and pl.delivered >= c.applied_step + FLIP_COST_STEPS:
+                self._closed[id(c)] = (pl.late_chunks, pl.stall_s, FLIP_COST_STEPS)
+        if self.pending is None:
+            return cond_kv
+        rd = s.w.readiness
+        warm = rd.take(self.wanted)
+        if warm is None:
+            err = rd.failed(self.wanted)
+            if err is None:
+                return cond_kv
+            c, new = self.pending, self.wanted  # the build failed: the plain path, in the loop
+            self.drop()
+            c.error, c.mode = err, "inline"
+            s._apply_inline(new, step, c)
+            self.costs.append(c)
+            return cond_kv
+        c, new = self.pending, self.wanted
+        self.drop()
+        t0 = time.perf_counter()
+        cond_kv = s._swap(warm, new, step, c)
+        c.applied_step, c.t_applied, c.apply_ms, c.build_s = step, time.perf_counter(), \
+            (time.perf_counter() - t0) * 1e3, warm.seconds
+        self.target = warm
+        self.costs.append(c)
+        return cond_kv
+
+    def add_inline(self, c: FlipCost) -> None:
+        self.costs.append(c)
+
+    def records(self, s, out_of_service_ms: float | None) -> list[dict[str, Any]]:
+        """Every flip of the session (applied or still building at its end), as ``flip_cost`` details."""
+        pl = s.playout
+        out = []
+        for c in [*self.costs, *([self.pending] if self.pending is not None else [])]:
+            late, stall, steps = self._closed.get(id(c), (pl.late_chunks, pl.stall_s, None))
+            if steps is None:
+                steps = 0 if c.applied_step is None else max(0, pl.delivered - c.applied_step)
+            out.append(c.record(late, stall, steps, out_of_service_ms))
+        return out
