@@ -12,10 +12,16 @@ for a GPU kind only when it ran on that device -- its ``gpu_kind`` read from the
 (``torch.cuda.get_device_name``, canonical: collector/gpu_kinds.py) and ``device_type`` ``cuda`` -- on
 a shape the kind's fleet runs (the (preset, TP) pairs of its sessions, ``analytics.queries.fleet_shapes``;
 with none yet, ``DEFAULT_PRESET`` at any TP), with at least ``MIN_STEPS`` steps, ``MIN_SEEDS`` weight seeds
-and ``MIN_RERUNS`` band runs. So a CPU or tiny evaluation never unlocks a GPU kind. A release-wide
-numeric write to a release with no sessions yet is refused (422: name the GPU kind): its kinds would come
-from its evaluations alone, and a GPU kind joining later would get the switch without its own evidence. Every accepted write cites the evaluations
-behind it; every refusal is logged and written to the switch audit (``action`` ``gate_refused``).
+and ``MIN_RERUNS`` band runs. So a CPU or tiny evaluation never unlocks a GPU kind. Every accepted write
+cites the evaluations behind it; every refusal (PUT /v1/switches, POST /v1/canaries) is logged and written
+to the switch audit (``action`` ``gate_refused``).
+
+**Checked again at every poll.** A write is checked against the GPU kinds its scope has *now*; a kind
+that joins the release later (a new pool, a release-wide rule written before any session) was never
+checked. So GET /v1/switches hands a worker a numeric switch that a rule turns *on* only when
+``evidenced(store, its gpu_kind, its release)`` holds it (api/switchboard.py ``resolve``); else that rule
+does not reach the worker: the next most recent covering rule decides, or none and the worker keeps its
+own value. Posting the kind's evidence lets the rule reach it from the next poll.
 
 A configuration's evidence is the ``overall`` evaluation row of the newest evaluation run for that
 switch, GPU kind and release: ``pass`` needs both the teacher-forced and the free-running judge passed
@@ -82,12 +88,14 @@ def _how(switch: str, gpu_kind: str, release: str) -> str:
             f"--steps {MIN_STEPS} --seeds {MIN_SEEDS} --collector URL --token <evaluator token>` on a {gpu_kind} GPU")
 
 
-def unmet(store, ev: dict[str, Any], gpu_kind: str, release: str) -> list[str]:
-    """What an evaluation lacks to count for ``gpu_kind`` (empty: it counts)."""
+def unmet(store, ev: dict[str, Any], gpu_kind: str, release: str,
+          shapes: list[tuple[str, int]] | None = None) -> list[str]:
+    """What an evaluation lacks to count for ``gpu_kind`` (empty: it counts); ``shapes``: the kind's
+    fleet shapes when already read."""
     why = []
     if gpu_kind != "cpu" and ev.get("device_type") != "cuda":
         why.append(f"it ran on {ev.get('device_type') or 'an unrecorded device'}, not a {gpu_kind} GPU")
-    shapes = _shapes(store, gpu_kind, release)
+    shapes = _shapes(store, gpu_kind, release) if shapes is None else shapes
     if shapes and (ev["preset"], ev.get("tp")) not in shapes:
         why.append(f"it ran {ev['preset']} at TP {ev.get('tp')}, the fleet runs "
                    f"{', '.join(f'{p} at TP {t}' for p, t in shapes)}")
@@ -126,14 +134,25 @@ def require(store, switch: str, gpu_kind: str, release: str) -> dict[str, Any] |
     return ev
 
 
-def kinds_in(store, release: str, days: int = 30, sessions_only: bool = False) -> list[str]:
+def evidenced(store, gpu_kind: str, release: str) -> dict[str, dict[str, Any]]:
+    """The numeric switches ``require`` would let on for this GPU kind and release -- the newest evaluation
+    passes and counts there -- each with that evaluation (two queries: the evaluations, the fleet's shapes).
+    What GET /v1/switches hands a worker is checked against this (api/switchboard.py ``resolve``)."""
+    kind = canonical_gpu_kind(gpu_kind)
+    evs = [e for e in evaluations(store, gpu_kind=kind, release=release)
+           if e["switch"] in NUMERIC_SWITCHES and e["verdict"] == "pass"]
+    shapes = _shapes(store, kind, release) if evs else []
+    return {e["switch"]: e for e in evs if not unmet(store, e, kind, release, shapes)}
+
+
+def kinds_in(store, release: str, days: int = 30) -> list[str]:
     """The GPU kinds a release runs on, as far as the store knows: those its workers reported sessions
-    from over the last ``days``, and (unless ``sessions_only``) those it has evaluations for."""
-    sql = ("SELECT DISTINCT gpu_kind FROM session_stats WHERE release = {r:String} "
-           "AND first_ts >= now64(3) - toIntervalDay({d:UInt32})")
-    if not sessions_only:
-        sql += " UNION DISTINCT SELECT DISTINCT gpu_kind FROM evaluations WHERE release = {r:String} AND metric = 'overall'"
-    rows = store.query_rows(sql, {"r": release, "d": days})
+    from over the last ``days``, and those it has evaluations for."""
+    rows = store.query_rows(
+        "SELECT DISTINCT gpu_kind FROM session_stats WHERE release = {r:String} "
+        "AND first_ts >= now64(3) - toIntervalDay({d:UInt32}) "
+        "UNION DISTINCT SELECT DISTINCT gpu_kind FROM evaluations WHERE release = {r:String} AND metric = 'overall'",
+        {"r": release, "d": days})
     return sorted(r[0] for r in rows)
 
 
@@ -151,10 +170,6 @@ def require_for_scope(store, switch: str, scope: dict[str, str]) -> list[dict[st
                         "in its scope: "
                         "a numeric switch is a default per GPU kind and release, each with its own evaluation; "
                         "e.g. scope 'release=v7' or 'gpu_kind=NVIDIA H200,release=v7'", 422)
-    if not scope.get("gpu_kind") and not kinds_in(store, release, sessions_only=True):
-        raise GateError(f"release {release} has no sessions yet, so a release-wide rule turning {switch} on would "
-                        "reach GPU kinds that join later without their own evaluation: name the GPU kind in the "
-                        f"scope, e.g. 'gpu_kind=h200,release={release}'", 422)
     kinds = [canonical_gpu_kind(scope["gpu_kind"])] if scope.get("gpu_kind") else kinds_in(store, release)
     if not kinds:
         raise GateError(f"{switch} changes the model's numerics and release {release} has no evaluation on any GPU "
@@ -197,6 +212,6 @@ def refused(board, name: str, scope: str, value: bool, actor: str, reason: str, 
     from api.switchboard import Decision
 
     log.warning("gate refused %s=%s in scope %r by %s: %s", name, value, scope, actor, why)
-    rules, version = board.snapshot()
+    _, version = board.snapshot()
     board.record(Decision(name, scope, "", None, value, False, version, "gate_refused", source, actor, reason,
                           evidence={"gate": why}))

@@ -16,16 +16,16 @@ An unknown switch, metric or verdict is a 422 naming the valid ones.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
-
 import hmac
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, HTTPException, Query
 
 from api import evaluation_gate
 from api.deps import Authorization, ReaderDep, SettingsDep, StoreDep
-from collector.auth import bearer_token
 from api.routes._common import Label, OptionalRangeDep, PageDep
+from api.switchboard import get_switchboard
+from collector.auth import bearer_token
 from collector.records import EVALUATED, EVALUATION_METRICS, EVALUATION_VERDICTS
 from collector.where import Where
 
@@ -129,5 +129,6 @@ def post_evaluation(store: StoreDep, evaluator: Annotated[str, Depends(require_e
     except (KeyError, TypeError, ValueError, IndexError) as e:
         raise HTTPException(422, detail=f"the evaluation's series cannot be judged: {type(e).__name__}: {e}") from e
     store.insert_arrow("evaluations", to_arrow("evaluation", rows), dedup_token=f"evaluation-{result['evaluation_id']}")
+    get_switchboard(store).invalidate()  # the gate's evidence changed: polls see it now (api/switchboard.py)
     return {"evaluation_id": result["evaluation_id"], "rows": len(rows), "overall": judged["overall"],
             "evaluator": evaluator, "gpu_kind": result["gpu_kind"]}
