@@ -41,7 +41,7 @@ import pyarrow as pa
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model, field_validator
 
 from collector.gpu_kinds import canonical_gpu_kind
-from collector.switch_names import NUMERIC_SWITCHES, SWITCH_NAMES  # re-exported: part of the contract
+from collector.switch_names import FRAME_METRICS, NUMERIC_SWITCHES, SWITCH_NAMES  # re-exported: the contract
 
 SCHEMA_VERSION = 1
 
@@ -63,9 +63,10 @@ EVENT_KINDS: tuple[str, ...] = (
 # ``livestep evaluate``'s judges (worker/evaluate.py): summaries, curve points, and each configuration's
 # overall verdict (the one the control plane's gate on numeric switch defaults reads)
 EVALUATION_METRICS: tuple[str, ...] = (
-    "teacher_forced_ratio",  # mean error / the plain path's own error, same state and inputs
-    "divergence_ratio",  # largest ratio of the free-running distance to the rerun band's
-    "divergence",  # a curve point: mean distance over a bin of steps (band: the reruns' interval)
+    "teacher_forced_ratio",  # mean error against the truth / the plain path's own, same state and inputs
+    "divergence_ratio",  # free-running: the largest bin's distance to the truth / the plain path's
+    "divergence",  # a curve point of it: one bin of steps (band: the correct implementations' ratios)
+    *FRAME_METRICS,  # the decoded frames against the truth's: shown beside the verdict, never part of it
     "drift_tau",  # Kendall's tau of the error ratio vs session age
     "drift_error_tau",  # the same for the error itself
     "drift_ratio",  # a curve point: mean error ratio over one position-reset interval
@@ -217,8 +218,10 @@ KINDS: tuple[Kind, ...] = (
         label("preset", description="the model preset's name"),
         Col("metric", "enum", values=EVALUATION_METRICS),
         Col("value", "float", description="the judge's statistic (see metric)"),
-        Col("band_lo", "float", nullable=True, description="the rerun band's lower end (divergence)"),
-        Col("band_hi", "float", nullable=True, description="the rerun band's upper end, or the judge's k"),
+        Col("band_lo", "float", nullable=True,
+            description="the band's lower end: the lowest ratio of a correct implementation (1: the plain path)"),
+        Col("band_hi", "float", nullable=True,
+            description="the band's top (the judge's bound): the highest ratio of a correct implementation"),
         Col("verdict", "enum", values=EVALUATION_VERDICTS),
         integer("n", 0, U32, description="runs (free-running), steps (teacher-forced), segments (drift)"),
         integer("step", 0, U32, nullable=True, description="a curve point's last step (null: a summary)"),

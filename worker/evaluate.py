@@ -22,6 +22,7 @@ the control plane's gate on numeric switch defaults reads (api/evaluation_gate.p
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import time
@@ -31,7 +32,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from collector.switch_names import NUMERIC_SWITCHES
+from collector.switch_names import FRAME_METRICS, NUMERIC_SWITCHES
 
 PRODUCTION = "production"
 # The smallest valid configuration that turns each numeric switch on (worker/config.py's combinations).
@@ -201,6 +202,7 @@ def evaluate(preset: str = "tiny", device: str = "cpu", switches: list[str] | No
 VIEW = {"frame_ssim": lambda f: [1 - x for x in f["ssim"]],  # the frames' distances to the truth's: bigger = worse
         "frame_psnr": lambda f: [10 ** (-x / 10) for x in f["psnr"]],  # PSNR as the MSE it stands for
         "flicker": lambda f: f["flicker"]}
+assert set(VIEW) == set(FRAME_METRICS)
 
 
 def judge(out: dict[str, Any]) -> dict[str, Any]:
@@ -250,7 +252,7 @@ def judge(out: dict[str, Any]) -> dict[str, Any]:
                 "why": f"{ses['step']} of {ses['steps']} steps run: continue with --resume"})
             verdicts[name] += [v.as_dict()]
         else:
-            ratio = [c / max(p, 1e-30) if p == p and c == c else float("nan")
+            ratio = [c / max(p, 1e-30) if not (math.isnan(p) or math.isnan(c)) else float("nan")
                      for c, p in zip(ses["candidate"], ses["plain"], strict=True)]
             verdicts[name].append(J.drift_verdict(ratio, segment=seg, metric="drift_tau").as_dict())
             verdicts[name].append(J.drift_verdict(ses["candidate"], segment=seg, metric="drift_error_tau").as_dict())
@@ -278,7 +280,7 @@ FLOAT_MAX = 1.7976931348623157e308  # a non-finite statistic is stored as this (
 
 
 def _finite(x: float) -> float:
-    return x if x == x and abs(x) != float("inf") else FLOAT_MAX
+    return x if math.isfinite(x) else FLOAT_MAX
 
 
 def records(result: dict[str, Any], worker_id: str = "evaluate", evaluator: str | None = None) -> list[dict[str, Any]]:

@@ -25,7 +25,6 @@ import torch
 from worker.config import ModelShape
 from worker.decoder import Decoder
 
-VIEW_METRICS = ("frame_psnr", "frame_ssim", "flicker")  # the evaluation records' names for the three
 PSNR_CAP = 99.0  # dB: identical frames (PSNR infinite) are recorded as this
 
 

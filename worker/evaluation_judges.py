@@ -194,7 +194,7 @@ def trajectory_verdict(cand_runs, plain_runs, impl_runs: dict[str, list[list[flo
     impls = {k: _runs(v) for k, v in impl_runs.items()}
     curve, worst, failed = [], 0.0, 0
     for lo_, hi_ in _bins(c[0].size, bins):
-        def ratio(runs):
+        def ratio(runs, lo_=lo_, hi_=hi_):
             return np.array([r[lo_:hi_].mean() / max(q[lo_:hi_].mean(), 1e-30) for r, q in zip(runs, p, strict=True)])
 
         cr = ratio(c)

@@ -1,7 +1,9 @@
-"""Evaluations as telemetry and as the gate on numeric switch defaults: a real (tiny) evaluation's records
-go through the shipping client, a real uvicorn collector, the spool and the writer into chDB and come back
-from ``GET /v1/evaluations``; a canary of a numeric switch without a passing evaluation is refused with a
-4xx naming what is missing; ``GET /v1/switches/rules`` shows the evaluation behind each default."""
+"""Evaluations as evidence and as the gate on numeric switch defaults: a real (tiny) evaluation posted by an
+evaluator to a real uvicorn and judged by the server (never by the ingest token, never on its own word);
+evidence counts only where it was measured; a canary or an "on" write without a passing evaluation is
+refused with a 4xx naming what is missing, logged and audited; a numeric switch turned on reaches a
+worker only for a GPU kind with evidence; ``GET /v1/switches/rules`` shows the evaluation behind each
+default."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from api import canary
 from api.switchboard import get_switchboard
 from tests.api.evaluations import put_evaluation
 from tests.api.live import serve
-from tests.collector.helpers import chdb_dsn, drained, make_settings, wait_for
+from tests.collector.helpers import chdb_dsn, make_settings
 
 TOKEN = "test-ingest-token"
 
@@ -84,12 +86,40 @@ def test_a_cpu_or_tiny_evaluation_never_unlocks_a_gpu_kind(client, admin, store)
     assert r.json()["evidence"]["evaluations"][0]["evaluation_id"] == eid
 
 
-def test_a_release_without_sessions_takes_no_release_wide_numeric_rule(client, admin, store):
-    """A release-wide rule on evidence from one kind would reach an H200 that joins later without its own."""
+def test_a_release_wide_rule_reaches_a_gpu_kind_only_once_the_gate_holds_its_evidence(client, admin, store):
+    """A release-wide "on" is checked at the write against the kinds known then (here: h100's evaluation);
+    an H200 that joins the release later is handed the switch only once an H200 evaluation is posted, and
+    meanwhile the older fleet "off" still decides for it (GET /v1/switches and its explanation)."""
+    def poll(kind):
+        return client.get("/v1/switches", params={"worker_id": "w1", "release": "v8", "gpu_kind": kind}).json()
+
+    client.put("/v1/switches/fp8_cache", headers=admin, json={"value": False, "who": "op", "why": "fleet off"})
+    put_evaluation(store, "fp8_cache", "h100", "v8")
+    r = client.put("/v1/switches/fp8_cache", headers=admin, json={"value": True, "scope": "release=v8", "who": "op",
+                                                                  "why": "h100 evidence"})
+    assert r.status_code == 200, r.text
+    assert [e["gpu_kind"] for e in r.json()["evidence"]["evaluations"]] == ["h100"]
+    assert poll("h100")["switches"]["fp8_cache"] is True
+    assert poll("h200")["switches"]["fp8_cache"] is False  # the fleet's "off", not the unevidenced "on"
+    why = client.get("/v1/switches/explain", params={"worker_id": "w1", "release": "v8", "gpu_kind": "h200"}
+                     ).json()["switches"]["fp8_cache"]
+    assert why["decided_by"]["scope"] == "" and "gpu_kind=h200" in why["not_deciding"][0]["why_not"]
+    put_evaluation(store, "fp8_cache", "h200", "v8", preset="tiny")  # no evidence for an H200: still withheld
+    assert poll("h200")["switches"]["fp8_cache"] is False
+    put_evaluation(store, "fp8_cache", "h200", "v8")
+    assert poll("h200")["switches"]["fp8_cache"] is True
+    put_evaluation(store, "fp8_cache", "h200", "v8", verdict="fail")  # a newer failing evaluation withdraws it
+    assert poll("h200")["switches"]["fp8_cache"] is False
+
+
+def test_a_release_wide_rule_without_a_fleet_rule_leaves_a_new_kind_its_own_value(client, admin, store):
     put_evaluation(store, "fp8_cache", "h100", "v8")
     r = client.put("/v1/switches/fp8_cache", headers=admin, json={"value": True, "scope": "release=v8", "who": "op",
                                                                   "why": "t"})
-    assert r.status_code == 422 and "name the GPU kind" in r.json()["detail"]
+    assert r.status_code == 200, r.text
+    got = client.get("/v1/switches", params={"worker_id": "w2", "release": "v8", "gpu_kind": "h200"}).json()
+    assert "fp8_cache" not in got["switches"]
+    assert "fp8_cache" not in client.get("/v1/switches", params={"release": "v8"}).json()["switches"]  # no kind named
 
 
 def _canary(client, admin, switch="fused_allreduce", scope="release=v7"):
@@ -103,23 +133,33 @@ def _off(client, admin, switch, scope):
     assert r.status_code == 200
 
 
-def test_a_canary_of_a_numeric_switch_without_a_passing_evaluation_is_refused(client, admin, store):
+def test_a_canary_of_a_numeric_switch_without_a_passing_evaluation_is_refused(client, admin, store, caplog):
     _off(client, admin, "fused_allreduce", "release=v7")
-    r = _canary(client, admin)  # release-wide, and the release has no sessions: which kinds would it reach?
-    assert r.status_code == 422 and "no sessions yet" in r.json()["detail"]
-    h200 = "gpu_kind=h200,release=v7"
-    r = _canary(client, admin, scope=h200)
-    assert r.status_code == 409 and "livestep evaluate --switch fused_allreduce" in r.json()["detail"]
+    with caplog.at_level("WARNING", logger="livestep.gate"):
+        r = _canary(client, admin)
+    assert r.status_code == 409 and "no evaluation on any GPU kind" in r.json()["detail"]
+    assert "livestep evaluate --switch fused_allreduce" in r.json()["detail"]
+    # refused through POST /v1/canaries as through PUT: a log line and an audit row
+    assert any("gate refused fused_allreduce" in m and "by op" in m for m in caplog.messages)
+    audit = client.get("/v1/switches/history", params={"name": "fused_allreduce", "source": "canary"}).json()
+    [refusal] = audit["decisions"]
+    assert (refusal["action"], refusal["changed"], refusal["scope"], refusal["actor"]) == (
+        "gate_refused", False, "release=v7", "op") and "no evaluation" in refusal["evidence"]["gate"]
     eid = put_evaluation(store, "fused_allreduce", "h200", "v7", verdict="fail")
-    r = _canary(client, admin, scope=h200)
+    r = _canary(client, admin)
     assert r.status_code == 409 and f"run {eid}" in r.json()["detail"] and "'fail'" in r.json()["detail"]
     r = _canary(client, admin, scope="")  # no release named: which evaluation would count?
     assert r.status_code == 422 and "must name a release" in r.json()["detail"]
     put_evaluation(store, "fused_allreduce", "h200", "v7", verdict="pass")  # newer: this one counts
+    put_evaluation(store, "fused_allreduce", "b200", "v7", verdict="no_effect")  # another kind of the release
+    r = _canary(client, admin)
+    assert r.status_code == 409 and "gpu_kind=b200" in r.json()["detail"] and "'no_effect'" in r.json()["detail"]
     put_evaluation(store, "fused_allreduce", "h200", "v7", verdict="incomplete")  # drift alone: no evidence
-    r = _canary(client, admin, scope=h200)
+    r = _canary(client, admin, scope="gpu_kind=h200,release=v7")  # the kind with the passing evaluation
     assert r.status_code == 201, r.text
     assert r.json()["evidence"]["evaluations"][0]["verdict"] == "pass"
+    refusals = client.get("/v1/switches/history", params={"name": "fused_allreduce", "source": "canary"}).json()
+    assert sum(d["action"] == "gate_refused" for d in refusals["decisions"]) == 4  # every refusal, 422 and 409
 
 
 def test_turning_a_numeric_switch_on_needs_what_a_canary_needs_and_off_needs_nothing(client, admin, store):
@@ -129,11 +169,11 @@ def test_turning_a_numeric_switch_on_needs_what_a_canary_needs_and_off_needs_not
                           json={"value": True, "scope": scope, "who": "op", "why": "re-enable"})
 
     _off(client, admin, "fp8_cache", "release=v7")  # off: always allowed, evaluated or not
-    r = on("gpu_kind=h200,release=v7")
+    r = on("release=v7")
     assert r.status_code == 409 and "no evaluation" in r.json()["detail"]
     assert on("").status_code == 422 and "must name a release" in on("").json()["detail"]
     put_evaluation(store, "fp8_cache", "h200", "v7", verdict="fail")
-    assert on("gpu_kind=h200,release=v7").status_code == 409
+    assert on("release=v7").status_code == 409
     assert client.get("/v1/switches", params={"release": "v7"}).json()["switches"]["fp8_cache"] is False
     put_evaluation(store, "fp8_cache", "h200", "v7", verdict="pass")
     r = on("gpu_kind=h200,release=v7")
@@ -163,17 +203,19 @@ def test_rules_show_the_evaluation_behind_each_default(client, store):
     assert sw["buffer_per_shape"]["default"] is False  # the fault switch is never a default
 
 
-@pytest.mark.xfail(reason="issue 31: a release-wide canary of a release with no sessions yet is now refused (422); "
-                          "this test starts one before its sessions stream: to be rewritten with a GPU kind", strict=True)
 def test_a_canary_whose_evaluation_fails_meanwhile_is_not_promoted(store):
+    """A canary of the H200s of v7, started on a passing H200 evaluation; a failing one posted meanwhile
+    rolls it back at its decision, though its cohort is no worse than the rest."""
     from tests.api.test_canary import T0, stream
 
+    scope = "gpu_kind=h200,release=v7"
     put_evaluation(store, "fused_allreduce", "h200", "v7", ts=T0 - timedelta(hours=1))
-    get_switchboard(store, cache_s=0).set("fused_allreduce", False, "release=v7", actor="a", reason="b")
-    c = canary.start_canary(store, "fused_allreduce", "release=v7", fraction=0.3, actor="a", reason="b",
-                            min_sessions=30, now=T0)
+    get_switchboard(store, cache_s=0).set("fused_allreduce", False, scope, actor="a", reason="b")
+    c = canary.start_canary(store, "fused_allreduce", scope, fraction=0.3, actor="a", reason="b", min_sessions=30,
+                            now=T0)
+    assert [e["gpu_kind"] for e in c["evidence"]["evaluations"]] == ["h200"]
     stream(store, c["bucket_hi"])  # a cohort no worse than the rest: it would be promoted
     put_evaluation(store, "fused_allreduce", "h200", "v7", verdict="fail", ts=T0 + timedelta(minutes=30))
     r = canary.evaluate(store, c["id"], now=T0 + timedelta(hours=1))
     assert r["status"] == "rolled_back" and r["evidence"]["regressed"] == ["evaluation"]
-    assert "'fail'" in r["evidence"]["gate"]
+    assert "'fail'" in r["evidence"]["gate"] and "gpu_kind=h200" in r["evidence"]["gate"]
