@@ -7,8 +7,9 @@
 
 Three numerics take part. The *truth*: the plain path in fp64 with no FP8 anywhere (``--truth fp64``,
 small presets) or in bf16 without FP8 (``--truth bf16``, prod: a rank's fp64 weights do not fit one
-GPU). The *plain* path: all switches off at the production numerics (FP8 weights where the shape or
-``fp8`` says so, per-row dynamic activation scales, the launch cache). An *implementation*: the plain
+GPU). The *plain* path: all switches off, attention reading as the preset runs it (FP8 re-quantized per
+read on small/prod57b, bf16 on tiny), FP8 weights (production's regime, on every preset), per-row dynamic
+activation scales, the launch cache; ``Models.numerics()`` states it in the result. An *implementation*: the plain
 path computed another correct way (worker/evaluation_implementations.py: SDPA backend, GEMM reduction
 order); their spread is the acceptance band. A *candidate*: a configuration of switches at the same
 numerics. Twins share the FP8 weights; each keeps its own calibration (static activation scales,
@@ -138,9 +139,10 @@ class Models:
 
     def __post_init__(self) -> None:
         self.device = torch.device(self.device)
-        # the production numerics on every preset: FP8 weights (``fp8``) and FP8 attention reads, so a
-        # candidate is compared with the plain path prod57b runs (tiny's preset reads bf16 otherwise)
-        self.shape = replace(self.shape, fp8_attention=self.fp8 or self.shape.fp8_attention)
+        # The plain arm is the switches-off path of the preset as the fleet runs it: its attention reads
+        # (``shape.fp8_attention``: FP8 on small/prod57b, bf16 on tiny) are never changed here. Its weights
+        # are production's regime (``fp8``: FP8 GEMMs, as prod57b, on every preset and device) so that the
+        # switches that act on FP8 GEMMs (static_scales, triton_kernels) act on tiny too.
         self.truth_shape = replace(self.shape, fp8_attention=False, fp8_weights=False)
         # the same weights as the plain path's before FP8 (drawn in its dtype, then widened)
         self.truth = _widen(DiT(self.truth_shape, self.device, dtype=self.dtype, fp8=False), self.truth_dtype)
@@ -150,13 +152,23 @@ class Models:
         m = configure(twin(self.base), sw)
         return apply(m, impl) if impl is not None else m
 
+    def numerics(self) -> dict[str, str]:
+        """What the plain arm computes in, for the result's JSON (``numerics``)."""
+        return {"weights": "fp8" if self.fp8 else str(self.dtype).removeprefix("torch."),
+                "attention_reads": "fp8" if self.shape.fp8_attention else "bf16",
+                "truth": str(self.truth_dtype).removeprefix("torch.") + ", no FP8",
+                "note": "plain arm: every switch off, attention reads as the preset runs them; weights in "
+                        "production's regime (FP8 GEMMs, as prod57b) on every preset"}
+
     def run(self, name: str, sw: Switches, impl: Implementation | None = None) -> Run:
         """An arm: the truth (``name == "truth"``), or a twin with ``sw`` (and ``impl``) and its own cache."""
         m = self.truth if name == "truth" else self.arm(sw, impl)
-        return Run(name, sw, m, self.cache(m, sw), impl=impl)
+        return Run(name, sw, m, self.cache(m, sw, impl), impl=impl)
 
-    def cache(self, model: DiT, sw: Switches) -> KVCache:
+    def cache(self, model: DiT, sw: Switches, impl: Implementation | None = None) -> KVCache:
         shape = self.truth_shape if model is self.truth else self.shape
+        if impl is not None and impl.fp8_reads:
+            shape = replace(shape, fp8_attention=True)
         return make_cache(shape, sw, self.device, model.dtype)
 
 
