@@ -1,22 +1,33 @@
-"""``livestep evaluate``: every numeric switch, and the production set, against the plain path.
+"""``livestep evaluate``: every numeric switch, and the production set, against the truth and the band.
 
     livestep evaluate --preset tiny --device cpu                    # each numeric switch + production
-    livestep evaluate --preset small --switch fp8_cache --steps 200 --reruns 6 --out eval.json
+    livestep evaluate --preset small --switch fp8_cache --steps 200 --seeds 3 --out eval.json
     livestep evaluate --preset tiny --only drift --drift-steps 14400          # a 10-minute session
-    livestep evaluate --from eval.json --collector http://127.0.0.1:8000 --token T   # ship a saved run
+    livestep evaluate --from eval.json --collector http://127.0.0.1:8000 --token EVALUATOR_TOKEN  # post it
 
 Per configuration (a switch with the switches it needs, ``CONFIGURATIONS``; ``production`` = every
-optimization on) three judges (worker/evaluation_judges.py) on the measurements of
-worker/evaluation_runs.py: the teacher-forced error against the plain path's own, the free-running
-divergence against the rerun band, and -- for the production set, ``--drift-steps`` -- the
-teacher-forced error over session age (its trend). A configuration passes when every judge it ran
-passes; a switch whose latents equal the plain path's on this device is ``no_effect``, never a pass.
-Skipped: ``fused_allreduce`` at world size 1 (it needs a TP group), and on the CPU ``compile`` (inductor
-runs on CUDA only here) and ``triton_kernels`` unless ``TRITON_INTERPRET=1``.
+optimization on), over ``--seeds`` weight seeds (each with its own prompt and noise), the judges of
+worker/evaluation_judges.py on the measurements of worker/evaluation_runs.py: the teacher-forced error
+and the free-running distance, each *against the truth* (fp64, or bf16 without FP8 on prod) and over the
+plain path's, judged against the band the correct implementations of the plain path span
+(worker/evaluation_implementations.py); the decoded frames' PSNR, SSIM and flicker beside them (a view,
+not a verdict); and -- ``--drift-steps`` -- a long free-running session of the production set, resumable
+across calls (``--drift-piece``, ``--drift-state``, ``--resume``; worker/evaluation_session.py). A
+configuration passes when the teacher-forced and the free-running judge ran and passed; a switch whose
+latents equal the plain path's on this device is ``no_effect``, never a pass. The result states the
+plain arm's numerics (``numerics``) and what its series hold (``measured``: the records' steps, seeds and
+band runs, never the header's). Skipped: ``fused_allreduce`` at world size 1 (it needs a TP group), and
+on the CPU ``compile`` (inductor runs on CUDA only here) and ``triton_kernels`` unless ``TRITON_INTERPRET=1``.
 
-Results print as a table; ``--out`` writes them as JSON (the H200 machine has no pydantic: measure
-there, ship here with ``--from``); ``--collector`` ships them as ``evaluation`` records, the evidence
-the control plane's gate on numeric switch defaults reads (api/evaluation_gate.py).
+Results print as a table; ``--out`` writes them as JSON, after every finished judge of every seed too
+(a run cut short by a timeout keeps what it finished: judge it with ``--from``). The GPU machine has no
+pydantic: measure there, post from here with ``--from FILE --collector URL --token T``, where ``T`` is an
+*evaluator* token (LIVESTEP_EVALUATOR_TOKENS; the ingest token is refused): POST /v1/evaluations judges
+the series itself and stores the records, the evidence the control plane's gate reads
+(api/evaluation_gate.py).
+
+One module over 450 lines: the result's JSON is one format, measured, judged, tabled and turned into
+records here (``judge`` and ``records`` also run on the server), so its field names live in one file.
 """
 
 from __future__ import annotations
@@ -94,11 +105,14 @@ def evaluate(preset: str = "tiny", device: str = "cpu", switches: list[str] | No
              resume: bool = False, judges: tuple[str, ...] = ("teacher_forced", "free_running"),
              metric: str = "rel_l2", truth: str | None = None, seed: int = 0, tp: int = 1,
              implementations: list[str] | None = None, frames: bool = True, probe_stride: int | None = None,
-             release: str = "dev", tamper: dict[str, Callable] | None = None,
+             free_running_of: list[str] | None = None, release: str = "dev",
+             tamper: dict[str, Callable] | None = None, save: Callable[[dict], None] | None = None,
              log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
     """Measure (over ``seeds`` weight seeds, each with its own prompt and noise) and judge; the result is
-    plain JSON data (``records`` turns it into evaluation records). ``tamper`` (tests only): configuration
-    name -> ``fn(model, cache)`` that breaks that candidate."""
+    plain JSON data (``records`` turns it into evaluation records). ``free_running_of``: the configurations
+    the free-running judge runs (default: all; the others' overall is then ``incomplete``). ``save``: called
+    with the (unjudged) result after every finished judge of every seed, so a run cut short keeps what it
+    finished. ``tamper`` (tests only): configuration name -> ``fn(model, cache)`` that breaks that candidate."""
     from dataclasses import replace
 
     import torch
@@ -122,7 +136,7 @@ def evaluate(preset: str = "tiny", device: str = "cpu", switches: list[str] | No
     if truth_dtype is None:
         raise EvaluateError(f"truth {truth!r}; valid: fp64, fp32, bf16")
     try:
-        impls = available(dev, names=implementations)
+        impls = available(dev, names=implementations, fp8_attention=full.fp8_attention)
     except ValueError as e:
         raise EvaluateError(str(e)) from e
     metric_name, metric_fn = load_metric(metric)
@@ -136,6 +150,10 @@ def evaluate(preset: str = "tiny", device: str = "cpu", switches: list[str] | No
             off_cpu["triton_kernels"] = "Triton runs on CUDA, or on the CPU under TRITON_INTERPRET=1"
         skipped.update({n: why for n, why in off_cpu.items() if n in cands})
     cands = {n: sw for n, sw in cands.items() if n not in skipped}
+    bad = sorted(set(free_running_of or ()) - set(cands))
+    if bad:
+        raise EvaluateError(f"free-running of {bad}: not among the configurations evaluated ({', '.join(cands)})")
+    fr_cands = {n: sw for n, sw in cands.items() if free_running_of is None or n in free_running_of}
     if "drift" in judges or drift_steps:
         judges = tuple(dict.fromkeys([*judges, "drift"]))
         drift_steps = drift_steps or 14_400
@@ -157,6 +175,7 @@ def evaluate(preset: str = "tiny", device: str = "cpu", switches: list[str] | No
         shape = tp_rank_of(replace(full, seed=s), tp) if tp > 1 else replace(full, seed=s)
         t0 = time.perf_counter()
         models = Models(shape, dev, dtype=torch.bfloat16, fp8=True, truth_dtype=truth_dtype)
+        out["numerics"] = models.numerics()
         log(f"seed {s}: models built ({preset}, truth {truth}) in {time.perf_counter() - t0:.1f} s; "
             f"configurations: {', '.join(cands)}; implementations: {', '.join(out['implementations'])}")
         if "teacher_forced" in judges:
@@ -167,14 +186,18 @@ def evaluate(preset: str = "tiny", device: str = "cpu", switches: list[str] | No
             series["teacher_forced"]["seeds"].append(s)
             series["teacher_forced"]["runs"].append(tf.as_dict())
             out["timings_s"]["teacher_forced"] = out["timings_s"].get("teacher_forced", 0) + round(time.perf_counter() - t0, 2)
+            if save is not None:
+                save(out)
         if "free_running" in judges:
             t0 = time.perf_counter()
-            fr = free_running(models, cands, steps, metric=metric_fn, seed=s, implementations=impls, frames=frames,
+            fr = free_running(models, fr_cands, steps, metric=metric_fn, seed=s, implementations=impls, frames=frames,
                               tamper=tamper, log=log)
             series.setdefault("free_running", {"seeds": [], "runs": []})
             series["free_running"]["seeds"].append(s)
             series["free_running"]["runs"].append(fr.as_dict())
             out["timings_s"]["free_running"] = out["timings_s"].get("free_running", 0) + round(time.perf_counter() - t0, 2)
+            if save is not None:
+                save(out)
         del models
     if "drift" in judges:
         from worker.evaluation_session import long_session
@@ -182,6 +205,7 @@ def evaluate(preset: str = "tiny", device: str = "cpu", switches: list[str] | No
         name = PRODUCTION if PRODUCTION in cands else next(iter(cands))
         shape = tp_rank_of(replace(full, seed=seed), tp) if tp > 1 else replace(full, seed=seed)
         models = Models(shape, dev, dtype=torch.bfloat16, fp8=True, truth_dtype=truth_dtype)
+        out["numerics"] = models.numerics()
         t0 = time.perf_counter()
         try:
             ls = long_session(models, name, cands[name], drift_steps, piece=drift_piece, state=drift_state,
@@ -191,6 +215,8 @@ def evaluate(preset: str = "tiny", device: str = "cpu", switches: list[str] | No
         out["timings_s"]["drift"] = round(time.perf_counter() - t0, 2)
         series["drift"] = {"configuration": name, "segment": shape.reset_every, "session": ls.as_dict()}
         log(f"drift: {ls.step} of {drift_steps} steps ({ls.pieces} pieces), {out['timings_s']['drift']} s")
+        if save is not None:
+            save(out)
     try:
         return judge(out)
     except ImportError as e:  # no scipy on this machine: the series are kept, judge them where it is
@@ -234,6 +260,8 @@ def judge(out: dict[str, Any]) -> dict[str, Any]:
         impl_names = list(runs[0]["implementations"])
         impl = {i: [r["implementations"][i] for r in runs] for i in impl_names}
         for n, got in verdicts.items():
+            if n not in runs[0]["candidates"]:  # not run free (--free-running-of): its overall stays incomplete
+                continue
             v = J.trajectory_verdict([r["candidates"][n] for r in runs], [r["plain"] for r in runs], impl)
             if not impl_names and v.verdict == "pass":
                 v.verdict, v.detail["why"] = "incomplete", "no correct implementation ran: no band"
@@ -259,8 +287,22 @@ def judge(out: dict[str, Any]) -> dict[str, Any]:
         out["drift"] = {"configuration": name, "steps": ses["steps"], "done": ses["step"], "pieces": ses["pieces"]}
     out["verdicts"] = verdicts
     out["overall"] = {n: _overall(v) for n, v in verdicts.items()}
+    out["measured"] = measured(series)
     out.pop("judge_error", None)
     return out
+
+
+def measured(series: dict[str, Any]) -> dict[str, int]:
+    """What the series hold -- the fewest steps, seeds and band members of the teacher-forced and
+    free-running judges that ran -- never what the result's header claims: the records' ``steps``,
+    ``seeds`` and ``reruns`` (what the gate checks) come from here, so a run cut short by a timeout, or
+    a header edited by hand, counts for what was measured."""
+    runs = [r for k in ("teacher_forced", "free_running") if "runs" in series.get(k, {}) for r in series[k]["runs"]]
+    kinds = [series[k] for k in ("teacher_forced", "free_running") if "runs" in series.get(k, {})]
+    if not runs:
+        return {"steps": 0, "seeds": 0, "reruns": 0}
+    return {"steps": min(r["steps"] for r in runs), "seeds": min(len(k["runs"]) for k in kinds),
+            "reruns": min(len(r["implementations"]) for r in runs)}
 
 
 def _overall(verdicts: list[dict]) -> str:
@@ -287,13 +329,13 @@ def records(result: dict[str, Any], worker_id: str = "evaluate", evaluator: str 
     """The result as ``evaluation`` records: per configuration one row per judge (summary), one per point of
     its curve (``divergence`` per bin, ``drift_ratio`` per reset interval), and ``overall``; a millisecond
     apart, so each row has its own (worker, run, ts) key in the store. Every row carries what the gate
-    checks: the device type and GPU kind it ran on, the preset, TP, steps, seeds, band runs (``reruns``),
-    and ``evaluator``: the name of the evaluator token that posted it (set by the server)."""
+    checks: the device type and GPU kind it ran on, the preset, TP, the steps, seeds and band runs
+    (``reruns``) its series hold (``measured``), and ``evaluator``: the name of the evaluator token that posted it (set by the server)."""
     ts = datetime.fromisoformat(result["date"])
     base = {"worker_id": worker_id, "session_id": result["evaluation_id"], "release": result["release"],
             "gpu_kind": result["gpu_kind"], "ts": ts, "simulated": False, "preset": result["preset"],
             "evaluator": evaluator, "device_type": result.get("device_type"), "tp": result.get("tp"),
-            "steps": result.get("steps"), "seeds": result.get("seeds"), "reruns": result.get("reruns")}
+            **measured(result["series"])}
     rows = []
     for name, verdicts in result["verdicts"].items():
         conf = {**base, "configuration": result["configurations"][name], "switch": name}
@@ -372,6 +414,9 @@ def register(subparsers) -> None:
     p.add_argument("--seeds", type=int, default=3, help="weight seeds (each with its own prompt and noise; default 3)")
     p.add_argument("--implementations", default=None, help="the band's members, comma-separated (default: every "
                    "one that runs here: sdpa_math,sdpa_efficient,sdpa_flash,gemm_ksplit,gemm_bf16_accumulate,fp8_tensorwise)")
+    p.add_argument("--free-running-of", action="append", default=None, metavar="NAME",
+                   help="run the free-running judge of these configurations only (default: all; the others are "
+                        "judged teacher-forced only, so their overall verdict is incomplete: no evidence)")
     p.add_argument("--no-frames", action="store_true", help="skip the decoded frames' view (PSNR, SSIM, flicker)")
     p.add_argument("--probe-stride", type=int, default=None, help="teacher-forced: probe every Nth step besides "
                    "each reset and the steps after it (default: steps // 64; 1 = every step)")
@@ -402,6 +447,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 
+def _write(path: str, result: dict[str, Any]) -> None:
+    """The result as JSON at ``path``, replaced whole (a kill mid-write leaves the previous one)."""
+    tmp = Path(f"{path}.tmp")
+    tmp.write_text(json.dumps(result, indent=1))
+    tmp.replace(path)
+
+
 def cmd(args) -> int:
     if args.from_:
         try:
@@ -420,9 +472,10 @@ def cmd(args) -> int:
                           resume=args.resume, judges=judges, metric=args.metric, truth=args.truth, seed=args.seed,
                           tp=args.tp, release=args.release, frames=not args.no_frames, probe_stride=args.probe_stride,
                           implementations=args.implementations.split(",") if args.implementations else None,
+                          free_running_of=args.free_running_of, save=(lambda o: _write(args.out, o)) if args.out else None,
                           log=lambda s: print(s, file=sys.stderr, flush=True))
     if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=1))
+        _write(args.out, result)
     if "verdicts" not in result:
         print(f"measured ({result['timings_s']}), not judged: {result['judge_error']}")
         return 0

@@ -206,9 +206,10 @@ def trajectory_verdict(cand_runs, plain_runs, impl_runs: dict[str, list[list[flo
         worst = max(worst, float(cr.mean()))
         curve.append({"step": int(hi_), "value": float(cr.mean()), "band_lo": 1.0, "band_hi": band_hi,
                       "verdict": "pass" if ok else "fail"})
+    why = f"{failed} of {len(curve)} bins of steps above the band's top (or a step above {CAP}x it)" if failed else ""
     return Verdict(metric, worst, "fail" if failed else "pass", len(c), curve[-1]["band_lo"], curve[-1]["band_hi"],
                    detail={"bins": len(curve), "bins_outside": failed, "steps": int(c[0].size), "nonfinite": 0,
-                           "seeds": len(c)}, curve=curve)
+                           "seeds": len(c), "why": why}, curve=curve)
 
 
 def b_step(impls: dict[str, list[np.ndarray]], plain: list[np.ndarray], lo: int, hi: int) -> float:
