@@ -1,6 +1,7 @@
-"""``livestep evaluate`` on the tiny model: the real numeric switches pass, deliberately broken ones fail
-(a static scale off by 2x, a rotation applied twice -- test-only tampering, never a shipped switch), and
-the judges give known answers on literal series."""
+"""``livestep evaluate`` on the tiny model: the real numeric switches pass, with the same verdict over 5
+weight seeds; deliberately broken ones fail (a static scale off by 2x, a rotation applied twice --
+test-only tampering, never a shipped switch); the judges give known answers on literal series (one test
+per failure mode of issue 31); the records count what the series hold."""
 
 from __future__ import annotations
 
@@ -59,11 +60,25 @@ def cache_scale_rots(model, cache) -> None:
 pytestmark = pytest.mark.usefixtures("torch_chains_only")  # tests/conftest.py
 
 
+SEEDS = 5  # the stability goal (issue 31): every real switch's verdict the same over 5 weight seeds
+
+
 @pytest.fixture(scope="module")
 def real():
-    """Every numeric switch and the production set, tiny, CPU, 3 weight seeds, 22 steps (3 position
-    resets), frames decoded (world size 1: fused_allreduce skipped)."""
-    return evaluate("tiny", "cpu", None, steps=22, seeds=3, release="t1")
+    """Every numeric switch and the production set, tiny, CPU, 5 weight seeds, 22 steps each (3 position
+    resets), no frames (their view: its own test; world size 1: fused_allreduce skipped)."""
+    return evaluate("tiny", "cpu", None, steps=22, seeds=SEEDS, frames=False, release="t1")
+
+
+def _seeds(result, idx):
+    """The result judged on the seeds at positions ``idx`` of its series alone."""
+    import copy
+
+    r = copy.deepcopy({k: v for k, v in result.items() if k not in ("verdicts", "overall", "band", "measured")})
+    for k in ("teacher_forced", "free_running"):
+        r["series"][k]["runs"] = [r["series"][k]["runs"][i] for i in idx]
+        r["series"][k]["seeds"] = [r["series"][k]["seeds"][i] for i in idx]
+    return judge(r)
 
 
 def test_the_real_switches_pass_on_tiny(real):
@@ -72,12 +87,39 @@ def test_the_real_switches_pass_on_tiny(real):
     assert real["overall"] == {n: "pass" for n in real["overall"]}, {
         n: [(v["metric"], v["verdict"], v["detail"].get("why")) for v in vs] for n, vs in real["verdicts"].items()}
     assert {"fp8_cache", "static_scales", "delta_rotation", "production"} <= set(real["overall"])
-    assert {"sdpa_math", "gemm_ksplit", "gemm_bf16_accumulate"} <= set(real["band"]["members"])
+    assert {"sdpa_math", "gemm_ksplit", "gemm_bf16_accumulate", "fp8_tensorwise", "fp8_reads"} <= set(
+        real["band"]["members"])
     for verdicts in real["verdicts"].values():
         tf = next(v for v in verdicts if v["metric"] == "teacher_forced_ratio")
-        assert 0.5 < tf["value"] < 2 and tf["detail"]["mean_plain_error"] > 0 and tf["detail"]["resets"] == 9
-        views = {v["metric"] for v in verdicts if v["detail"].get("view")}
-        assert views == {"frame_ssim", "frame_psnr", "flicker"}  # the decoded frames beside the latents
+        assert 0.5 < tf["value"] < 2 and tf["detail"]["mean_plain_error"] > 0 and tf["detail"]["resets"] == 3 * SEEDS
+
+
+def test_each_real_switchs_verdict_is_the_same_over_five_seeds(real):
+    """Judged at the gate's minimum of 2 seeds, on each of the 5 windows of consecutive seeds (0-1, 1-2, ...,
+    4-0), every real switch passes every time. The production set (every switch at once) is borderline
+    on tiny: it passes on all 5 seeds together, not on every 2-seed window (docs/PERFORMANCE.md "Issue 31")."""
+    switches = [n for n in real["overall"] if n != "production"]
+    got = [_seeds(real, [i, (i + 1) % SEEDS])["overall"] for i in range(SEEDS)]
+    assert [{n: o[n] for n in switches} for o in got] == [dict.fromkeys(switches, "pass")] * SEEDS, got
+
+
+def test_the_plain_arm_is_the_presets_switches_off_path_and_the_result_says_so(real):
+    """tiny's plain path reads attention in bf16 (its preset), weights in production's FP8 regime; the FP8
+    per-read attention of the production presets is a named band member, not the plain arm's."""
+    assert real["numerics"]["attention_reads"] == "bf16" and real["numerics"]["weights"] == "fp8"
+    from worker.evaluation_implementations import available
+
+    assert "fp8_reads" in [i.name for i in available("cpu")]
+    assert "fp8_reads" not in [i.name for i in available("cpu", fp8_attention=True)]  # prod: it *is* the plain path
+
+
+def test_the_decoded_frames_are_scored_beside_the_latents():
+    r = evaluate("tiny", "cpu", ["fp8_cache"], steps=4, seeds=1, judges=("free_running",), release="t1")
+    views = {v["metric"]: v for v in r["verdicts"]["fp8_cache"] if v["detail"].get("view")}
+    assert set(views) == {"frame_ssim", "frame_psnr", "flicker"}
+    frames = r["series"]["free_running"]["runs"][0]["frames"]
+    assert all(0 < x <= 99 for x in frames["fp8_cache"]["psnr"]) and all(x <= 1 for x in frames["plain"]["ssim"])
+    assert {x["metric"] for x in records(r)} >= {"frame_ssim", "frame_psnr", "flicker"}  # the contract takes them
 
 
 def test_a_cpu_evaluation_is_the_cpu_kind_read_from_the_device(real):
@@ -85,7 +127,7 @@ def test_a_cpu_evaluation_is_the_cpu_kind_read_from_the_device(real):
     assert (real["device_type"], real["gpu_kind"]) == ("cpu", "cpu")
     rows = records(real, evaluator="ci")
     assert {(r["gpu_kind"], r["device_type"], r["preset"], r["seeds"], r["steps"]) for r in rows} == {
-        ("cpu", "cpu", "tiny", 3, 22)}
+        ("cpu", "cpu", "tiny", SEEDS, 22)}
     from worker.evaluate import main
     with pytest.raises(SystemExit):
         main(["--gpu-kind", "NVIDIA H200", "--steps", "4"])
@@ -100,7 +142,6 @@ def test_a_switch_that_changes_nothing_is_no_effect_never_a_pass(real):
         run["identical"]["same"] = True
     for run in r["series"]["free_running"]["runs"]:
         run["candidates"]["same"] = run["plain"]
-        run["frames"]["same"] = run["frames"]["plain"]
     assert judge(r)["overall"]["same"] == "no_effect"
 
 
@@ -110,6 +151,32 @@ def test_a_switch_that_changes_nothing_is_no_effect_never_a_pass(real):
 def test_a_broken_optimization_fails(switch, tamper):
     r = evaluate("tiny", "cpu", [switch], steps=22, seeds=2, frames=False, tamper={switch: tamper})
     assert r["overall"] == {switch: "fail"}, r["verdicts"]
+
+
+def test_the_records_count_what_the_series_hold_not_what_the_header_claims(real, tmp_path):
+    """A run cut short (here: one seed of five kept) or a header edited by hand counts for what was measured;
+    ``save`` leaves a judgeable file after every finished judge of every seed."""
+    cut = _seeds(real, [0])
+    cut["seeds"], cut["steps"], cut["reruns"] = 99, 9999, 99
+    assert {(r["seeds"], r["steps"], r["reruns"]) for r in records(cut)} == {(1, 22, len(real["implementations"]))}
+    saved = []
+    evaluate("tiny", "cpu", ["fp8_cache"], steps=3, seeds=2, frames=False, implementations=["gemm_ksplit"],
+             save=lambda o: saved.append(__import__("json").dumps(o)))
+    assert len(saved) == 4  # 2 seeds x (teacher-forced, free-running)
+    first = __import__("json").loads(saved[0])
+    assert len(first["series"]["teacher_forced"]["runs"]) == 1 and "free_running" not in first["series"]
+
+
+def test_free_running_of_a_subset_leaves_the_others_without_that_judge():
+    r = evaluate("tiny", "cpu", ["fp8_cache", "static_scales"], steps=3, seeds=1, frames=False,
+                 implementations=["gemm_ksplit"], free_running_of=["fp8_cache"])
+    judged = {n: {v["metric"] for v in vs} for n, vs in r["verdicts"].items()}
+    assert "divergence_ratio" in judged["fp8_cache"] and "divergence_ratio" not in judged["static_scales"]
+    assert r["overall"]["static_scales"] != "pass"
+    from worker.evaluate import _overall  # a teacher-forced pass alone is no evidence
+    assert _overall([{"metric": "teacher_forced_ratio", "verdict": "pass", "detail": {}}]) == "incomplete"
+    with pytest.raises(EvaluateError, match="not among the configurations"):
+        evaluate("tiny", "cpu", ["fp8_cache"], steps=3, seeds=1, free_running_of=["production"])
 
 
 def test_records_carry_the_contract_fields(real):
@@ -129,9 +196,9 @@ def test_a_non_finite_statistic_is_stored_as_such_never_as_zero(real):
         run["candidates"]["fp8_cache"][5] = float("nan")
     got = judge(r)
     fr = next(v for v in got["verdicts"]["fp8_cache"] if v["metric"] == "divergence_ratio")
-    assert fr["verdict"] == "fail" and fr["detail"]["nonfinite"] == 3 and got["overall"]["fp8_cache"] == "fail"
+    assert fr["verdict"] == "fail" and fr["detail"]["nonfinite"] == SEEDS and got["overall"]["fp8_cache"] == "fail"
     row = next(x for x in records(got) if x["switch"] == "fp8_cache" and x["metric"] == "divergence_ratio")
-    assert row["value"] > 1e300 and row["nonfinite"] == 3
+    assert row["value"] > 1e300 and row["nonfinite"] == SEEDS
 
 
 def test_unknown_names_are_refused_with_the_valid_ones():
@@ -159,6 +226,29 @@ def test_a_metric_is_a_callable():
     sys.modules["my_metric_mod"] = mod
     r = evaluate("tiny", "cpu", ["fp8_cache"], steps=4, seeds=1, judges=("teacher_forced",), metric="my_metric_mod:score")
     assert calls and r["metric"] == "my_metric_mod:score"
+
+
+def test_the_readme_lip_sync_metric_runs_as_written(tmp_path, monkeypatch):
+    """README "Your own metric": its module, with a stand-in scorer (the lower half's mean level, where a
+    mouth would be), plugs in by module path and receives latents it decodes to frames."""
+    import re
+    import sys
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    [code] = re.findall(r"```python\n(# mylab/lipsync_metric\.py.*?)```", readme, flags=re.DOTALL)
+    (tmp_path / "mylab").mkdir()
+    (tmp_path / "mylab" / "__init__.py").write_text("")
+    (tmp_path / "mylab" / "lipsync_metric.py").write_text(
+        "def my_lipsync_score(frames):\n    return float(frames[..., frames.shape[-2] // 2:, :].mean())\n\n" + code)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    r = evaluate("tiny", "cpu", ["fp8_cache"], steps=4, seeds=1, judges=("teacher_forced",), frames=False,
+                 metric="mylab.lipsync_metric:distance")
+    assert r["metric"] == "mylab.lipsync_metric:distance"
+    tf = r["series"]["teacher_forced"]["runs"][0]
+    assert all(np.isfinite(tf["plain"])) and any(x > 0 for x in tf["plain"])
+    sys.modules.pop("mylab.lipsync_metric", None)
+    sys.modules.pop("mylab", None)
 
 
 # -- the long free-running session: drift, in pieces --------------------------------------------
