@@ -171,6 +171,8 @@ def evaluate(preset: str = "tiny", device: str = "cpu", switches: list[str] | No
     }
     series: dict[str, Any] = {}
     out["series"] = series
+    dropped: dict[str, str] = {}  # band members that could not run on this device, with why
+    out["dropped_implementations"] = dropped
     for s in range(seed, seed + seeds if {"teacher_forced", "free_running"} & set(judges) else seed):
         shape = tp_rank_of(replace(full, seed=s), tp) if tp > 1 else replace(full, seed=s)
         t0 = time.perf_counter()
@@ -181,7 +183,7 @@ def evaluate(preset: str = "tiny", device: str = "cpu", switches: list[str] | No
         if "teacher_forced" in judges:
             t0 = time.perf_counter()
             tf = teacher_forced(models, cands, steps, metric=metric_fn, seed=s, tamper=tamper, implementations=impls,
-                                probes=probes, log=log)
+                                probes=probes, log=log, dropped=dropped)
             series.setdefault("teacher_forced", {"seeds": [], "runs": []})
             series["teacher_forced"]["seeds"].append(s)
             series["teacher_forced"]["runs"].append(tf.as_dict())
@@ -191,7 +193,7 @@ def evaluate(preset: str = "tiny", device: str = "cpu", switches: list[str] | No
         if "free_running" in judges:
             t0 = time.perf_counter()
             fr = free_running(models, fr_cands, steps, metric=metric_fn, seed=s, implementations=impls, frames=frames,
-                              tamper=tamper, log=log)
+                              tamper=tamper, log=log, dropped=dropped)
             series.setdefault("free_running", {"seeds": [], "runs": []})
             series["free_running"]["seeds"].append(s)
             series["free_running"]["runs"].append(fr.as_dict())
@@ -199,6 +201,8 @@ def evaluate(preset: str = "tiny", device: str = "cpu", switches: list[str] | No
             if save is not None:
                 save(out)
         del models
+        out["implementations"] = [i.name for i in impls if i.name not in dropped]
+        out["reruns"] = len(out["implementations"])
     if "drift" in judges:
         from worker.evaluation_session import long_session
 
@@ -245,7 +249,7 @@ def judge(out: dict[str, Any]) -> dict[str, Any]:
                 "why": "measured before issue 31: no correct implementations, no band"}).as_dict())
     if "teacher_forced" in series and not legacy:
         runs = series["teacher_forced"]["runs"]
-        impl_names = list(runs[0]["implementations"])
+        impl_names = [i for i in runs[0]["implementations"] if all(i in r["implementations"] for r in runs)]
         b = J.band({i: [r["implementations"][i] for r in runs] for i in impl_names}, [r["plain"] for r in runs])
         out["band"] = b.as_dict()
         for n, got in verdicts.items():
@@ -257,7 +261,7 @@ def judge(out: dict[str, Any]) -> dict[str, Any]:
             got.append(v.as_dict())
     if "free_running" in series and not legacy:
         runs = series["free_running"]["runs"]
-        impl_names = list(runs[0]["implementations"])
+        impl_names = [i for i in runs[0]["implementations"] if all(i in r["implementations"] for r in runs)]
         impl = {i: [r["implementations"][i] for r in runs] for i in impl_names}
         for n, got in verdicts.items():
             if n not in runs[0]["candidates"]:  # not run free (--free-running-of): its overall stays incomplete
@@ -302,7 +306,7 @@ def measured(series: dict[str, Any]) -> dict[str, int]:
     if not runs:
         return {"steps": 0, "seeds": 0, "reruns": 0}
     return {"steps": min(r["steps"] for r in runs), "seeds": min(len(k["runs"]) for k in kinds),
-            "reruns": min(len(r["implementations"]) for r in runs)}
+            "reruns": len(set.intersection(*(set(r["implementations"]) for r in runs)))}
 
 
 def _overall(verdicts: list[dict]) -> str:
@@ -378,6 +382,8 @@ def table(result: dict[str, Any]) -> str:
                 lines.append(f"{'':<16}  {v['metric']}: {v['detail']['why']}")
     for name, why in result["skipped"].items():
         lines.append(f"{name:<16}skipped: {why}")
+    for name, why in result.get("dropped_implementations", {}).items():
+        lines.append(f"{name:<16}dropped from the band (could not run here): {why[:160]}")
     if "drift" in result:
         d = result["drift"]
         lines.append(f"drift ({d['configuration']}): {d['done']} of {d['steps']} steps in {d['pieces']} piece(s)")

@@ -242,6 +242,15 @@ class _Progress:
             self.say(f"step {n}/{self.steps}")
 
 
+def _drop(name: str, e: Exception, arms: dict, series: dict, dropped: dict[str, str], clock: _Progress) -> None:
+    """A band member that cannot run here (an op its implementation needs refused on this device) leaves the
+    band with its reason (``dropped``), instead of ending a run that may be a device call's only one."""
+    dropped[name] = f"{type(e).__name__}: {e}"[:500]
+    arms.pop(name, None)
+    series.pop(name, None)
+    clock.say(f"{name} dropped from the band: {dropped[name][:200]}")
+
+
 def resets_at(steps: int, reset_every: int) -> list[bool]:
     """Whether step i is a position reset (the session's every ``reset_every``-th step, never the first)."""
     return [i > 0 and i % reset_every == 0 for i in range(steps)]
@@ -275,7 +284,8 @@ class TeacherForced:
 
 def teacher_forced(models: Models, candidates: dict[str, Switches], steps: int, *, metric: Metric = rel_l2,
                    seed: int = 0, tamper: dict[str, Callable] | None = None, implementations=(),
-                   probes: list[int] | None = None, log: Callable[[str], None] | None = None) -> TeacherForced:
+                   probes: list[int] | None = None, log: Callable[[str], None] | None = None,
+                   dropped: dict[str, str] | None = None) -> TeacherForced:
     """The truth for ``steps`` steps; at each of ``probes`` (default every step) the plain path, each
     implementation and each candidate stepped from the truth's window and inputs. ``log``: a line per arm
     started and at a ladder of steps (a prod-sized run takes minutes before its first: compiles)."""
@@ -285,13 +295,20 @@ def teacher_forced(models: Models, candidates: dict[str, Switches], steps: int, 
     plain_sw = Switches()
     truth = models.run("truth", plain_sw)
     plain = models.run("plain", plain_sw)
-    impls = {i.name: models.run(i.name, plain_sw, i) for i in implementations}
+    dropped = {} if dropped is None else dropped
+    impls = {i.name: models.run(i.name, plain_sw, i) for i in implementations if i.name not in dropped}
     cands = {name: models.run(name, sw) for name, sw in candidates.items()}
+    out = TeacherForced(steps, [], [], [], {n: [] for n in cands}, {n: True for n in cands}, {n: [] for n in impls})
     for r in (truth, plain, *impls.values(), *cands.values()):
-        r.start(cond, (tamper or {}).get(r.name) if r.name in cands else None)
+        try:
+            r.start(cond, (tamper or {}).get(r.name) if r.name in cands else None)
+        except RuntimeError as e:
+            if r.name not in impls:
+                raise
+            _drop(r.name, e, impls, out.implementations, dropped, clock)
+            continue
         clock.say(f"{r.name} started (first forward)")
     want = set(range(steps) if probes is None else probes)
-    out = TeacherForced(steps, [], [], [], {n: [] for n in cands}, {n: True for n in cands}, {n: [] for n in impls})
     resets = resets_at(steps, shape.reset_every)
     for i in range(steps):
         noise = _noise(shape, g, dev)
@@ -304,8 +321,11 @@ def teacher_forced(models: Models, candidates: dict[str, Switches], steps: int, 
             out.step.append(i)
             out.reset.append(resets[i])
             out.plain.append(metric(low.float(), ref))
-            for name, r in impls.items():
-                out.implementations[name].append(metric(r.step(noise, resets[i]).float(), ref))
+            for name, r in list(impls.items()):
+                try:
+                    out.implementations[name].append(metric(r.step(noise, resets[i]).float(), ref))
+                except RuntimeError as e:
+                    _drop(name, e, impls, out.implementations, dropped, clock)
             for name, r in cands.items():
                 y = r.step(noise, resets[i])
                 out.candidates[name].append(metric(y.float(), ref))
@@ -332,7 +352,7 @@ class FreeRunning:
 
 def free_running(models: Models, candidates: dict[str, Switches], steps: int, *, metric: Metric = rel_l2,
                  seed: int = 0, implementations=(), frames: bool = False, tamper: dict[str, Callable] | None = None,
-                 log: Callable[[str], None] | None = None) -> FreeRunning:
+                 log: Callable[[str], None] | None = None, dropped: dict[str, str] | None = None) -> FreeRunning:
     """The truth, the plain path, each implementation and each candidate, each on its own trajectory for
     ``steps`` steps from the same conditioning and noise; every arm steps in lockstep (nothing is kept but
     the truth's current latents). ``frames``: decode every arm's chunk and score it against the truth's."""
@@ -342,12 +362,21 @@ def free_running(models: Models, candidates: dict[str, Switches], steps: int, *,
     plain_sw = Switches()
     truth = models.run("truth", plain_sw)
     arms = {"plain": models.run("plain", plain_sw)}
+    dropped = {} if dropped is None else dropped
+    implementations = [i for i in implementations if i.name not in dropped]
     arms |= {i.name: models.run(i.name, plain_sw, i) for i in implementations}
     arms |= {name: models.run(name, sw) for name, sw in candidates.items()}
-    for r in (truth, *arms.values()):
-        r.start(cond, (tamper or {}).get(r.name) if r.name in candidates else None)
-        clock.say(f"{r.name} started (first forward)")
+    members = {i.name for i in implementations}
     dist: dict[str, list[float]] = {n: [] for n in arms}
+    for r in (truth, *arms.values()):
+        try:
+            r.start(cond, (tamper or {}).get(r.name) if r.name in candidates else None)
+        except RuntimeError as e:
+            if r.name not in members:
+                raise
+            _drop(r.name, e, arms, dist, dropped, clock)
+            continue
+        clock.say(f"{r.name} started (first forward)")
     view = None
     if frames:
         from worker.evaluation_frames import FrameView
@@ -359,14 +388,21 @@ def free_running(models: Models, candidates: dict[str, Switches], steps: int, *,
     for i in range(steps):
         noise = _noise(shape, g, dev)
         ref = truth.step(noise, resets[i]).float()
-        for name, r in arms.items():
-            y = r.step(noise, resets[i]).float()
+        for name, r in list(arms.items()):
+            try:
+                y = r.step(noise, resets[i]).float()
+            except RuntimeError as e:
+                if name not in members:
+                    raise
+                _drop(name, e, arms, dist, dropped, clock)
+                scores.pop(name, None)
+                continue
             dist[name].append(metric(y, ref))
             if view is not None:
                 got, prev[name] = view.compare(y, ref, prev[name])
                 for k, v in got.items():
                     scores[name][k].append(v)
         clock.step(i)
-    impl_names = [i.name for i in implementations]
+    impl_names = [i.name for i in implementations if i.name not in dropped]
     return FreeRunning(steps, dist.pop("plain"), {n: dist[n] for n in candidates},
                        {n: dist[n] for n in impl_names}, scores)

@@ -167,6 +167,23 @@ def test_the_records_count_what_the_series_hold_not_what_the_header_claims(real,
     assert len(first["series"]["teacher_forced"]["runs"]) == 1 and "free_running" not in first["series"]
 
 
+def test_a_band_member_that_cannot_run_here_is_dropped_with_its_reason_and_the_run_goes_on(monkeypatch):
+    """A one-shot device call must not end on a member an op refuses: it leaves the band, said why, and the
+    records count the members that ran."""
+    from worker import evaluation_implementations as I
+
+    def refuse(self, x):
+        raise RuntimeError("scaled_mm: not on this device")
+
+    monkeypatch.setattr(I.SplitKLinear, "__call__", refuse)
+    r = evaluate("tiny", "cpu", ["fp8_cache"], steps=3, seeds=2, frames=False,
+                 implementations=["sdpa_math", "gemm_ksplit"])
+    assert set(r["dropped_implementations"]) == {"gemm_ksplit"} and "not on this device" in r[
+        "dropped_implementations"]["gemm_ksplit"]
+    assert r["implementations"] == ["sdpa_math"] and set(r["band"]["members"]) == {"sdpa_math"}
+    assert {x["reruns"] for x in records(r)} == {1}
+
+
 def test_free_running_of_a_subset_leaves_the_others_without_that_judge():
     r = evaluate("tiny", "cpu", ["fp8_cache", "static_scales"], steps=3, seeds=1, frames=False,
                  implementations=["gemm_ksplit"], free_running_of=["fp8_cache"])
