@@ -20,6 +20,11 @@ neither a second noise test:
 (livestep once also required 3 x the spread of individual points: with daily medians of ~56
 sessions that is ~7 x the noise of a segment mean, and it dropped real 2-4% steps that Otava finds
 at p < 0.001.) With ``min_segment=1`` and ``min_effect=0`` the answers are Otava's own.
+
+Otava is installed without its declared dependencies (``pip install --no-deps -r
+requirements-nodeps.txt``, ``OTAVA``): ``otava.analysis`` needs numpy and scipy only, while the package
+declares BigQuery, gRPC, Slack and PostgreSQL clients and pins numpy. It is imported when a change
+point is computed, so a server without it runs every other job; this one says what to install.
 """
 
 from __future__ import annotations
@@ -31,26 +36,41 @@ from datetime import datetime, timedelta
 
 import numpy as np
 import polars as pl
-from otava.analysis import TTestSignificanceTester, compute_change_points
 
 from analytics import queries
 from analytics.findings import finding
+from collector import catalog
 
 # Daily series the change-point pass watches: metric -> (per-session column, aggregate, effect floor in
 # the metric's units: the smallest change of the segment means worth a finding)
+# the metric catalogue's ``daily`` entries (collector/catalog.py). Floors: step period and diffusion
+# 1.5 ms (~1% of a step, 0.9% of the 166.7 ms budget), upkeep 0.1 ms (~1.2% of a healthy ~8.5 ms mean),
+# energy 4000 mJ (~1% of a 4-GPU chunk), late-chunk rate 0.005 (half a point of chunks late).
 DAILY_METRICS: dict[str, tuple[str, str, float]] = {
-    "step_period_ms_p50": ("step_period_ms", "median", 1.5),  # ms: ~1% of a step (0.9% of the 166.7 ms budget)
-    "diffusion_ms_p50": ("diffusion_ms", "median", 1.5),  # ms: ~1% of the diffusion
-    "cache_upkeep_ms_p50": ("upkeep_ms", "median", 0.1),  # ms: ~1.2% of a healthy ~8.5 ms mean upkeep
-    "energy_per_chunk_mj_p50": ("energy_per_chunk_mj", "median", 4000.0),  # mJ: ~1% of a 4-GPU chunk
-    "late_chunk_rate": ("late_rate", "mean", 0.005),  # share: half a point of chunks late
-}
+    m.finding_name + ("_p50" if m.daily[0] == "median" else ""): (m.name, m.daily[0], m.daily[1])
+    for m in catalog.METRICS if m.daily is not None}
 # Why floors at ~1%: a fleet's day-level spread (load, thermals) moves every session of a day together;
 # three days 1% apart are significant to a t-test yet not a regression anyone would act on.
 MIN_SEGMENT_DAYS = 3
 MIN_SESSIONS_PER_DAY = 20
 MAX_PVALUE = 0.001
 CRITICAL_REL_CHANGE = 0.10  # a change of the means by 10% or more is critical, less a warning
+
+
+OTAVA = "apache-otava>=0.8,<0.9"  # requirements-nodeps.txt installs this, --no-deps
+
+
+class ChangepointError(Exception):
+    """Change points cannot be computed here (the message says what to install)."""
+
+
+def _otava():
+    try:
+        from otava.analysis import TTestSignificanceTester, compute_change_points
+    except ImportError as e:
+        raise ChangepointError(f"change points need Apache Otava ({e.name} is missing): "
+                               f"pip install --no-deps '{OTAVA}' (its numpy and scipy come with livestep[server])") from None
+    return TTestSignificanceTester, compute_change_points
 
 
 @dataclass(frozen=True)
@@ -81,6 +101,7 @@ def change_points(
     x = np.asarray(series, dtype=float)
     if len(x) < 2 * min_segment or len(x) < 2:
         return []
+    TTestSignificanceTester, compute_change_points = _otava()
     found, _ = compute_change_points(list(x), window_len=window_len, max_pvalue=max_pvalue,
                                      min_magnitude=min_magnitude)
     kept: list[int] = []

@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import argparse
 import os
+from pathlib import Path
+
+from collector.settings import default_paths
 
 
 def _dsn(args) -> str:
@@ -68,7 +71,12 @@ def register(subparsers) -> None:
     a.add_argument("--week", default=None, help="ISO week for weekly jobs, e.g. 2026-W47")
     a.add_argument("--start", default=None, help="window start (ISO 8601, UTC)")
     a.add_argument("--end", default=None, help="window end (ISO 8601, UTC)")
-    a.add_argument("--dsn", default=None, help="store DSN (default: LIVESTEP_CLICKHOUSE_DSN)")
+    paths = default_paths()
+    a.add_argument("--dsn", default=None, help=f"store DSN (default: LIVESTEP_CLICKHOUSE_DSN, else chdb://<LIVESTEP_HOME "
+                   f"or ./var>/chdb: here {paths['dsn']})")
+    a.add_argument("--reports-dir", default=None,
+                   help=f"where weekly_report writes (default: LIVESTEP_REPORTS_DIR, else <LIVESTEP_HOME or ./var>/reports: "
+                        f"here {paths['reports']}); another --dsn does not move it")
     a.set_defaults(func=_analyze)
 
 
@@ -133,6 +141,8 @@ def _analyze(args) -> int:
     from analytics import jobs
     from collector.store import open_store
 
+    if args.reports_dir:  # the report job reads the setting's variable (analytics/jobs.py _report_dir)
+        os.environ["LIVESTEP_REPORTS_DIR"] = str(Path(args.reports_dir).resolve())
     store = open_store(_dsn(args))
     store.migrate()
     if args.job == "all":

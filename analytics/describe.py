@@ -139,6 +139,11 @@ def _variance(row, ev) -> str:
             f"{ratio}, same median (a note, not a regression)")
 
 
+def _power(row, ev) -> str:
+    what = {"change": "clocks down", "worker": "clocks down against its peers", "level": "throttled"}
+    return f"{what.get(ev.get('judgement'), 'throttled')}: {ev['condition']}"
+
+
 _BY_KIND: dict[str, Callable[[Mapping[str, Any], dict[str, Any]], str]] = {
     "fps_fraction": _fps,
     "memory_growth": _memory,
@@ -148,6 +153,7 @@ _BY_KIND: dict[str, Callable[[Mapping[str, Any], dict[str, Any]], str]] = {
     "fp8_saturation": _saturation,
     "drift": _drift,
     "variance": _variance,
+    "power": _power,
 }
 
 

@@ -70,6 +70,10 @@ class Case:
     attribution: str = ""  # the switch to blame, where the class has one
     severity: str = ""  # the severity it must reach ('' : any)
     note: str = ""  # a detector whose info note is expected (variance)
+    generator: str = "simulate"  # or "holdout": analytics.holdout's fleet (analytics/holdout_eval.py)
+    condition: str = ""  # text the finding must name (its evidence's condition, attribution or sentence)
+    onset_day: float = 0.0  # holdout: the scenario's onset (0: holdout_eval.ONSET_DAY)
+    ladder_h: tuple[int, ...] = ()  # holdout: hours after the onset to run at (empty: holdout_eval.LADDER_H)
 
 
 CATALOG: tuple[Case, ...] = (
@@ -87,6 +91,20 @@ CATALOG: tuple[Case, ...] = (
     Case("benign_release", "benign", None),
     Case("benign_no_release", None, None),
     Case("benign_variance", "variance", None, note="variance"),
+    # hold-out classes (analytics/holdout.py: not the simulator's fleet; real device names through ingest)
+    Case("hold_power_capped", "power_capped", "power", metric="sm_clock_mhz", kinds="h100", generator="holdout",
+         condition="SW_POWER_CAP"),
+    Case("hold_session_age", "session_age", "session_age", metric="diffusion_ms_per_step", generator="holdout",
+         condition="ms a step within sessions"),
+    Case("hold_long_prompts", "long_prompts", "regressions", metric="diffusion_ms", generator="holdout",
+         condition="first_forward_tokens > 1"),
+    Case("hold_switch_cause", "switch_cause", "regressions", generator="holdout",
+         attribution="cuda_graphs"),
+    Case("hold_drift", "drift", "drift", metric="diffusion_ms_p50", generator="holdout", onset_day=1.0,
+         ladder_h=(168, 216)),
+    Case("hold_real_leak", "real_leak", "memory", key="per session", severity="critical", generator="holdout"),
+    Case("hold_trap_longer_sessions", "longer_sessions", None, generator="holdout"),
+    Case("hold_healthy", "healthy", None, generator="holdout"),
 )
 
 
@@ -106,6 +124,7 @@ class Outcome:
     hours_to_scope: float | None = None  # the rung whose finding was judged for scope
     hours_to_attribution: float | None = None  # the rung whose findings were judged for attribution
     key_evidence: dict | None = None  # memory, never committed: the key's tests against its rivals
+    condition_right: bool | None = None  # holdout: the finding names the class's condition
 
 
 def _detectors():
@@ -198,8 +217,13 @@ def _confident(row: dict) -> bool:
 def run_case(case: Case, seed: int, chdb_dir: str, reserved_jitter: float | None = None) -> Outcome:
     """``reserved_jitter``: the simulator's session-to-session sd of reserved memory, bytes (None: its
     measured default, ``analytics.simulate.RESERVED_JITTER_BYTES``)."""
+    if case.generator == "holdout":
+        from analytics import holdout_eval
+
+        return holdout_eval.run_case(case, seed, chdb_dir)
     from analytics import jobs
     from analytics.simulate import RESERVED_JITTER_BYTES, simulate_fleet
+    from collector.migrations import drop_database
     from collector.store import open_store
 
     t0 = time.perf_counter()
@@ -262,7 +286,7 @@ def run_case(case: Case, seed: int, chdb_dir: str, reserved_jitter: float | None
             if not case.note and notes:
                 out.false_alarms += [f"variance-note:{r['scope']}" for r in notes]
     finally:
-        store.command(f"DROP DATABASE IF EXISTS {store.database}")
+        drop_database(store, store.database)
     out.seconds = time.perf_counter() - t0
     return out
 
@@ -282,8 +306,8 @@ def _pct(k: int, n: int) -> str:
 
 def summarize(outcomes: list[Outcome]) -> list[str]:
     """The table: per class, then per detector, then the totals against the goals."""
-    lines = [(f"{'class':<22} {'detector':<12} {'recall':>14} {'scope right':>14} {'attrib right':>14} "
-             f"{'severity':>14} {'h to first':>10} {'h to scope':>10} {'h to attrib':>11} {'ambiguous 1st':>14} "
+    lines = [(f"{'class':<26} {'detector':<12} {'recall':>14} {'scope right':>14} {'attrib right':>14} "
+             f"{'severity':>14} {'condition':>14} {'h to first':>10} {'h to scope':>10} {'h to attrib':>11} {'ambiguous 1st':>14} "
              f"{'false alarms':>16}")]
     by_case: dict[str, list[Outcome]] = {}
     for o in outcomes:
@@ -299,17 +323,19 @@ def summarize(outcomes: list[Outcome]) -> list[str]:
             scoped = [o.hours_to_scope for o in os_ if o.hours_to_scope is not None]
             attributed = [o.hours_to_attribution for o in os_ if o.hours_to_attribution is not None]
             amb = [o for o in found if o.ambiguous_first is not None]
+            cond = [o for o in found if o.condition_right is not None]
             lines.append(
-                f"{name:<22} {c.detector:<12} {_pct(len(found), len(os_)):>14} "
+                f"{name:<26} {c.detector:<12} {_pct(len(found), len(os_)):>14} "
                 f"{_pct(sum(o.scope_right for o in found), len(found)):>14} "
                 f"{_pct(sum(bool(o.attribution_right) for o in att), len(att)) if c.attribution else '-':>14} "
                 f"{_pct(sum(bool(o.severity_right) for o in sev), len(sev)) if c.severity else '-':>14} "
+                f"{_pct(sum(bool(o.condition_right) for o in cond), len(cond)) if c.condition else '-':>14} "
                 f"{_median_h(hours):>10} {_median_h(scoped):>10} {_median_h(attributed):>11} "
                 f"{_pct(sum(bool(o.ambiguous_first) for o in amb), len(amb)) if amb else '-':>14} {'-':>16}")
         else:
             fa = sum(bool(o.false_alarms) for o in os_)
             note = f" notes {_pct(sum(bool(o.note_found) for o in os_), len(os_))}" if c.note else ""
-            lines.append(f"{name:<22} {'(benign)':<12} {'-':>14} {'-':>14} {'-':>14} {'-':>14} {'-':>10} {'-':>10} "
+            lines.append(f"{name:<26} {'(benign)':<12} {'-':>14} {'-':>14} {'-':>14} {'-':>14} {'-':>14} {'-':>10} {'-':>10} "
                          f"{'-':>11} {'-':>14} "
                          f"{_pct(fa, len(os_)):>16}{note}")
     lines.append("")

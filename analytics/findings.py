@@ -25,11 +25,19 @@ from typing import Any
 import polars as pl
 import pyarrow as pa
 
+from analytics import queries
 from analytics.stats import canonical_scope
-from collector.where import Where
 
-KINDS: tuple[str, ...] = ("fps_fraction", "memory_growth", "regression", "changepoint", "canary", "fp8_saturation",
-                          "drift", "variance")
+# Every finding kind, and whether its open warning/critical findings open an incident (api/incidents.py
+# groups them by root cause): fleet fps shares are a weekly report's fact, a canary decides itself, a
+# variance note is always info; a power cap is a condition of the hardware that an operator must see.
+OPENS_INCIDENT: dict[str, bool] = {
+    "fps_fraction": False, "memory_growth": True, "regression": True, "changepoint": True, "canary": False,
+    "fp8_saturation": True, "drift": True, "variance": False, "power": True,
+    "flip_cost": False,  # a flip that hurt sessions is shown, never acted on by another flip (analytics/flips.py)
+}
+KINDS: tuple[str, ...] = tuple(OPENS_INCIDENT)
+INCIDENT_KINDS: tuple[str, ...] = tuple(k for k, opens in OPENS_INCIDENT.items() if opens)
 SEVERITIES: tuple[str, ...] = ("info", "warning", "critical")
 # kinds whose window_start is the day a rolling detector judged them: the next day's key continues the
 # open series (kind, scope, metric) instead of starting a new one
@@ -124,9 +132,7 @@ def read_findings(
     store, kind: str | None = None, job: str | None = None, status: str | None = None
 ) -> pl.DataFrame:
     """The newest version of every finding (FINAL), optionally of one kind / job / status."""
-    w = Where().eq("kind", kind).eq("job", job).eq("status", status)
-    return store.query_df(f"SELECT * FROM findings FINAL WHERE {w} ORDER BY kind, scope, metric, window_start",
-                          w.params)
+    return queries.read_findings(store, kind, job, status)
 
 
 def write_findings(
@@ -146,10 +152,7 @@ def write_findings(
     now = _utc(now or datetime.now(UTC))
     for r in rows:
         r["job"] = job
-    existing = store.query_df(
-        "SELECT * FROM findings FINAL WHERE job = {job:String} AND status = 'open'",
-        {"job": job},
-    )
+    existing = queries.read_findings(store, job=job, status="open")
     new_keys = {_key(r) for r in rows}
     new_series = {k[:3] for k in new_keys}
     fixed_after: dict[tuple, datetime] = {}  # windowed series -> the earliest later window that shows it fixed

@@ -7,7 +7,8 @@
                                                   # (api/incidents.py's hand-off; [] when it found nothing)
 
 Schedule (UTC): weekly fps fractions and the weekly report each Monday for the past ISO week;
-memory growth and FP8 saturation hourly; regressions, change points, drift, variance and turn-latency
+memory growth, FP8 saturation and power (clocks, throttle reasons) hourly; regressions, step time within
+sessions (session_age), change points, drift, variance and turn-latency
 regressions daily; a cheap release watch every few minutes runs the regression detector as soon as a new release shows up; the fleet roll-up
 (``queries.rollup``: closed days into ``fleet_daily`` for the dashboard) every 10 minutes. A failing job is logged,
 recorded in ``job_runs`` (status 'failed', the error), retried with backoff up to
@@ -30,7 +31,18 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
-from analytics import changepoints, drift, fps, memory, queries, regressions, saturation, variance
+from analytics import (
+    changepoints,
+    drift,
+    fps,
+    memory,
+    power,
+    queries,
+    regressions,
+    saturation,
+    session_age,
+    variance,
+)
 from analytics.findings import write_findings
 
 log = logging.getLogger("livestep.analytics")
@@ -41,12 +53,15 @@ MEMORY_WINDOW = timedelta(days=7)
 REGRESSION_WINDOW = timedelta(days=28)
 CHANGEPOINT_WINDOW = timedelta(days=42)
 DRIFT_WINDOW = timedelta(days=28)
+SESSION_AGE_WINDOW = timedelta(days=14)  # reads raw steps (a slope per session): two weeks, not four
 # recent sessions only: a drift past the calibrated range is acted on within hours, and two days hold
 # enough sampled sessions per release x GPU kind on a small fleet (saturation.MIN_SESSIONS)
 SATURATION_WINDOW = timedelta(days=2)
 RELEASE_POLL = timedelta(minutes=5)
 # trailing-window detectors: each run is the whole current judgement (findings.write_findings current=True)
-CURRENT_JOBS = frozenset({"memory", "fp8_saturation", "regressions", "changepoints", "drift", "variance"})
+CURRENT_JOBS = frozenset({"memory", "fp8_saturation", "power", "regressions", "session_age", "changepoints", "drift",
+                          "variance", "flips"})
+FLIPS_WINDOW = timedelta(days=7)
 
 _listeners: list[Callable[[list[dict]], None]] = []
 _listeners_lock = threading.Lock()
@@ -116,8 +131,10 @@ def _report_dir() -> Path:
         try:
             return Path(_report_writer[1]())
         except Exception:
-            log.exception("the report writer's directory is unavailable; reports go under var/reports")
-    return Path(__file__).resolve().parent.parent / "var" / "reports"
+            log.exception("the report writer's directory is unavailable; reports go under <home>/reports")
+    from collector.settings import data_home
+
+    return data_home() / "reports"
 
 
 # -- the jobs: (store, start, end, **extra) -> findings rows --------------------------------------------
@@ -135,8 +152,16 @@ def _fp8_saturation(store, start, end, **_):
     return saturation.run(store, start, end)
 
 
+def _power(store, start, end, **_):
+    return power.run(store, start, end)
+
+
 def _regressions(store, start, end, releases=None, **_):
     return regressions.run(store, start, end, releases=releases)
+
+
+def _session_age(store, start, end, **_):
+    return session_age.run(store, start, end)
 
 
 def _changepoints(store, start, end, **_):
@@ -157,6 +182,12 @@ def _turn_regressions(store, start, end, releases=None, **_):
     return turns.run(store, start, end, releases=releases)
 
 
+def _flips(store, start, end, **_):
+    from analytics import flips  # switch flips that hurt sessions (analytics/flips.py)
+
+    return flips.run(store, start, end)
+
+
 def _rollup(store, start, end, **_):
     queries.rollup(store, now=end)
     # no findings of its own: returns None
@@ -175,11 +206,14 @@ JOBS: dict[str, Callable[..., list[dict] | None]] = {
     "weekly_fps": _weekly_fps,
     "memory": _memory,
     "fp8_saturation": _fp8_saturation,
+    "power": _power,
     "regressions": _regressions,
+    "session_age": _session_age,
     "changepoints": _changepoints,
     "drift": _drift,
     "variance": _variance,
     "turn_regressions": _turn_regressions,
+    "flips": _flips,
     "weekly_report": _weekly_report,
     "rollup": _rollup,
 }
@@ -194,9 +228,10 @@ def window(name: str, now: datetime | None = None, week: str | None = None, star
     if name in ("weekly_fps", "weekly_report") and start is None and end is None:
         return queries.iso_week_bounds(week or past_iso_week(now))
     end = end or now
-    span = {"memory": MEMORY_WINDOW, "fp8_saturation": SATURATION_WINDOW, "regressions": REGRESSION_WINDOW, "changepoints": CHANGEPOINT_WINDOW,
+    span = {"memory": MEMORY_WINDOW, "fp8_saturation": SATURATION_WINDOW, "power": power.WINDOW,
+            "regressions": REGRESSION_WINDOW, "session_age": SESSION_AGE_WINDOW, "changepoints": CHANGEPOINT_WINDOW,
             "drift": DRIFT_WINDOW, "variance": REGRESSION_WINDOW, "rollup": timedelta(days=1),
-            "turn_regressions": REGRESSION_WINDOW}
+            "turn_regressions": REGRESSION_WINDOW, "flips": FLIPS_WINDOW}
     start = start or end - span.get(name, timedelta(days=7))
     if start >= end:
         raise JobError(f"job window start {start} is not before end {end}; valid: start < end")
@@ -235,7 +270,8 @@ def run_all(store, now: datetime | None = None, weeks: int = 4) -> list[dict]:
     for k in range(weeks, -1, -1):
         out += run_job("weekly_fps", store, week=queries.iso_week_of(now - timedelta(days=7 * k)))
     run_job("rollup", store, now=now)
-    for name in ("memory", "fp8_saturation", "regressions", "changepoints", "drift", "variance"):
+    for name in ("memory", "fp8_saturation", "power", "regressions", "session_age", "changepoints", "drift",
+                 "variance"):
         out += run_job(name, store, now=now)
     if _report_available():
         try:
@@ -271,8 +307,7 @@ def _record(store, job, started, status, attempt, trigger, start, end, n, error)
 
 def job_runs(store, job: str | None = None):
     """Recorded runs, newest first (polars)."""
-    where = " WHERE job = {job:String}" if job else ""
-    return store.query_df(f"SELECT * FROM job_runs{where} ORDER BY started_at DESC", {"job": job} if job else {})
+    return queries.job_runs(store, job)
 
 
 # -- the scheduler -------------------------------------------------------------------------------------
@@ -338,8 +373,12 @@ def start_scheduler(store, *, timezone=UTC, reports_dir: Path | None = None,
         replace_existing=True)
     add(scheduled, IntervalTrigger(hours=1, timezone=timezone), args=[s, "fp8_saturation", store],
         id="fp8_saturation", replace_existing=True)
+    add(scheduled, IntervalTrigger(hours=1, timezone=timezone), args=[s, "power", store], id="power",
+        replace_existing=True)
     add(scheduled, CronTrigger(hour=2, minute=0, timezone=timezone), args=[s, "regressions", store],
         id="regressions", replace_existing=True)
+    add(scheduled, CronTrigger(hour=2, minute=10, timezone=timezone), args=[s, "session_age", store],
+        id="session_age", replace_existing=True)
     add(scheduled, CronTrigger(hour=2, minute=20, timezone=timezone), args=[s, "changepoints", store],
         id="changepoints", replace_existing=True)
     add(scheduled, CronTrigger(hour=2, minute=30, timezone=timezone), args=[s, "drift", store],
@@ -348,6 +387,8 @@ def start_scheduler(store, *, timezone=UTC, reports_dir: Path | None = None,
         id="variance", replace_existing=True)
     add(scheduled, CronTrigger(hour=2, minute=50, timezone=timezone), args=[s, "turn_regressions", store],
         id="turn_regressions", replace_existing=True)
+    add(scheduled, IntervalTrigger(hours=1, timezone=timezone), args=[s, "flips", store], id="flips",
+        replace_existing=True)
     add(scheduled, IntervalTrigger(minutes=10, timezone=timezone), args=[s, "rollup", store], id="rollup",
         replace_existing=True, next_run_time=datetime.now(timezone))
     watch = ReleaseWatch()

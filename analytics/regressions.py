@@ -22,7 +22,7 @@ from typing import Any
 
 import polars as pl
 
-from analytics import queries
+from analytics import conditions, queries
 from analytics.blame import across_kinds, regression_blame
 from analytics.findings import finding
 from analytics.stats import (
@@ -34,16 +34,17 @@ from analytics.stats import (
     judge_proportion,
     relative_noise,
 )
+from collector import catalog
 
-# metric -> (per-session column, relative floor on the median ratio)
+# metric -> (per-session column, relative floor on the median ratio): the catalogue's (collector/catalog.py)
 CONTINUOUS: dict[str, tuple[str, float]] = {
-    "step_period_ms": ("step_period_ms", 0.03),
-    "diffusion_ms": ("diffusion_ms", 0.03),
-    "cache_upkeep_ms": ("upkeep_ms", 0.10),
-    "energy_per_chunk_mj": ("energy_per_chunk_mj", 0.03),
-}
-# metric -> absolute floor on the difference of proportions
-PROPORTIONS: dict[str, float] = {"late_chunk_rate": 0.01, "frac_le_24fps": 0.03, "frac_le_23_5fps": 0.03}
+    m.finding_name: (m.name, m.regression_floor) for m in catalog.METRICS
+    if m.regression_floor is not None and m.aggregation != "share"}
+# metric -> absolute floor on the difference of proportions (late chunks; the fleet fps fractions)
+PROPORTIONS: dict[str, float] = {
+    **{m.finding_name: m.regression_floor for m in catalog.METRICS
+       if m.regression_floor is not None and m.aggregation == "share"},
+    **{name: 0.03 for name in catalog.FPS_FRACTIONS}}
 MIN_SAMPLES = 30
 ALPHA = 0.01
 NOISE_K = 3.0
@@ -57,7 +58,7 @@ class RegressionError(Exception):
 def _proportion_counts(df: pl.DataFrame, metric: str) -> tuple[int, int]:
     if metric == "late_chunk_rate":
         return int(df["late_chunks"].sum()), int(df["steps"].sum())
-    limit = queries.FPS_BUDGET if metric == "frac_le_24fps" else queries.FPS_LOW
+    limit = catalog.FPS_FRACTIONS[metric]
     return int((df["fps"] <= limit).sum()), len(df)
 
 
@@ -165,18 +166,26 @@ def run(store, start: datetime, end: datetime, releases: list[str] | None = None
         if t_all.is_empty():
             continue
         c_all = queries.session_frame(store, first_seen - BASELINE_LOOKBACK, end, {"release": base})
-        regressed = {}
+        shapes = queries.session_shapes(store, first_seen - BASELINE_LOOKBACK, end)
+        t_all, c_all = _with_shapes(t_all, shapes), _with_shapes(c_all, shapes)
+        regressed, segmented = {}, {}
         for gpu_kind in sorted(set(t_all["gpu_kind"].to_list())):
             t = t_all.filter(pl.col("gpu_kind") == gpu_kind)
             c = c_all.filter(pl.col("gpu_kind") == gpu_kind)
             judged = judge(t, c)
             if any(j.regressed for j in judged):
                 regressed[gpu_kind] = (t, c, judged)
+            elif (seg := _segment(t, c)) is not None:  # a regression only in a segment: the median hid it
+                segmented[gpu_kind] = seg
+        for gpu_kind, seg in segmented.items():
+            rows.append(_segment_row(release, base, gpu_kind, seg, queries.day_floor(first_seen), end))
         fleet = release_blame({k: (t, c) for k, (t, c, _) in regressed.items()})
         for gpu_kind, (t, c, judged) in regressed.items():
             b = regression_blame(t, c, lambda a, z: any(j.regressed for j in judge(a, z)))  # by contrast
             b = across_kinds(b, fleet, t)
             blamed, shift = b["attribution"], {"why": b["why"], **b["switches"]}
+            seg = _segment(t, c)
+            named = {"segment": seg, "condition": seg["condition"]} if seg else {}
             for j in judged:
                 if not j.regressed:
                     continue
@@ -194,7 +203,39 @@ def run(store, start: datetime, end: datetime, releases: list[str] | None = None
                         severity=_severity(j),
                         attribution=blamed,
                         evidence=j.as_dict() | {"baseline_release": base, "switch_share_change": shift,
-                                                "attribution_state": b["state"]},
+                                                "attribution_state": b["state"]} | named,
                     )
                 )
     return rows
+
+
+# the per-session metrics a segment is searched on (conditions.segment): the step's own times
+SEGMENT_METRICS: tuple[str, ...] = ("diffusion_ms", "step_period_ms")
+
+
+def _with_shapes(df: pl.DataFrame, shapes: pl.DataFrame) -> pl.DataFrame:
+    if df.is_empty() or shapes.is_empty():
+        return df
+    return df.join(shapes, on="session_id", how="left")
+
+
+def _segment(t: pl.DataFrame, c: pl.DataFrame) -> dict | None:
+    """The first segment (``conditions.segment``) of ``SEGMENT_METRICS`` that explains a regression."""
+    t = t.filter(pl.col("streamed_s") >= queries.MIN_STREAMED_S)
+    c = c.filter(pl.col("streamed_s") >= queries.MIN_STREAMED_S)
+    for metric in SEGMENT_METRICS:
+        col, floor = CONTINUOUS[metric]
+        if (seg := conditions.segment(t, c, col, floor)) is not None:
+            return seg | {"metric": metric}
+    return None
+
+
+def _segment_row(release: str, base: str, gpu_kind: str, seg: dict, since: datetime, end: datetime) -> dict:
+    return finding(
+        "regression", {"release": release, "gpu_kind": gpu_kind}, seg["metric"], since, end,
+        value=seg["treatment_inside"], baseline=seg["baseline_inside"], effect=seg["effect_inside"],
+        confidence=1.0 - seg["p_value"], severity="warning",
+        evidence={"baseline_release": base, "segment": seg, "condition": seg["condition"],
+                  "why": f"{seg['metric']} {seg['effect_inside']:+.1%} for sessions with {seg['condition']} "
+                         f"({seg['effect_outside']:+.1%} outside): the release's median hides it"},
+    )

@@ -32,6 +32,7 @@ from typing import Any
 import polars as pl
 from scipy.stats import binomtest
 
+from analytics import queries
 from analytics.findings import finding
 from analytics.queries import day_floor
 
@@ -60,73 +61,22 @@ SWITCH = "static_scales"
 # blame the switch when (nearly) every saturating session was sampled with it on
 ATTRIBUTION_MIN_SHARE = 0.9
 
-_SESSIONS_SQL = """
-SELECT release, gpu_kind, worker_id, session_id,
-       min(first_ts)                        AS start_ts,
-       max(last_ts)                         AS end_ts,
-       countMerge(steps)                    AS steps,
-       countIfMerge(fp8_sampled)            AS sampled_steps,
-       countIfMerge(fp8_sat_steps)          AS saturating_steps,
-       countIfMerge(fp8_static_steps)       AS static_steps,
-       toFloat64(max(fp8_sat_max))          AS sat_max,
-       toFloat64(avgMerge(fp8_sat_avg))     AS sat_mean,
-       tupleElement(max(switch_last), 2)    AS switch_state
-FROM session_stats
-WHERE first_ts >= {start:DateTime64(3, 'UTC')} - INTERVAL 1 DAY AND first_ts < {end:DateTime64(3, 'UTC')} {filters}
-GROUP BY release, gpu_kind, worker_id, session_id
-HAVING start_ts >= {start:DateTime64(3, 'UTC')} AND start_ts < {end:DateTime64(3, 'UTC')} AND sampled_steps > 0
-"""
-
-# count_sessions in ClickHouse: one row per release x gpu_kind over the per-session rows (quantile as
-# polars' "linear": R-7, quantileExactInclusive)
-_GROUPS_SQL = """
-SELECT release, gpu_kind,
-       count()                                   AS sessions,
-       countIf(s_sat)                            AS saturating,
-       quantileExactInclusive(0.95)(s_max)       AS sat_p95,
-       max(s_max)                                AS sat_max,
-       sum(s_sampled)                            AS sampled_steps,
-       sum(s_sat_steps)                          AS saturating_steps,
-       countIf(s_sat AND s_static > 0)           AS static_saturating,
-       uniqExactIf(worker_id, s_sat)             AS saturating_workers,
-       min(s_start)                              AS start_ts,
-       max(s_end)                                AS end_ts
-FROM (SELECT release, gpu_kind, worker_id, ifNull(sat_max, 0) AS s_max, s_max > {tolerance:Float64} AS s_sat,
-             sampled_steps AS s_sampled, saturating_steps AS s_sat_steps, static_steps AS s_static,
-             start_ts AS s_start, end_ts AS s_end
-      FROM ({sessions}))
-GROUP BY release, gpu_kind
-ORDER BY release, gpu_kind
-"""
-
 GROUP_COLUMNS = ("release", "gpu_kind", "sessions", "saturating", "share", "ci_low", "ci_high", "p_value",
                  "sat_p95", "sat_max", "sampled_steps", "saturating_steps", "static_saturating",
                  "saturating_workers", "enough", "flagged", "start_ts", "end_ts")
 
 
-def _sessions_sql(start: datetime, end: datetime, release: str | None, gpu_kind: str | None) -> tuple[str, dict]:
-    params: dict[str, Any] = {"start": start, "end": end}
-    filters = ""
-    for key, value in (("release", release), ("gpu_kind", gpu_kind)):
-        if value:
-            filters += f" AND {key} = {{{key}:String}}"
-            params[key] = value
-    return _SESSIONS_SQL.replace("{filters}", filters), params
-
-
 def session_saturation(store, start: datetime, end: datetime, release: str | None = None,
                        gpu_kind: str | None = None) -> pl.DataFrame:
     """Sessions that started in [start, end) with at least one sampled step: counts, max and mean fraction."""
-    sql, params = _sessions_sql(start, end, release, gpu_kind)
-    return store.query_df(sql + "ORDER BY release, gpu_kind, start_ts", params)
+    return queries.saturation_sessions(store, start, end, release, gpu_kind)
 
 
 def group_saturation(store, start: datetime, end: datetime, release: str | None = None, gpu_kind: str | None = None,
                      *, tolerance: float = SATURATED_FRACTION) -> pl.DataFrame:
     """``count_sessions`` of ``session_saturation``'s sessions, counted in ClickHouse: one row per
     release x gpu_kind comes back instead of one per session (the dashboard's range can be 400 days)."""
-    sql, params = _sessions_sql(start, end, release, gpu_kind)
-    return store.query_df(_GROUPS_SQL.replace("{sessions}", sql), {**params, "tolerance": tolerance})
+    return queries.saturation_groups(store, start, end, release, gpu_kind, tolerance=tolerance)
 
 
 def count_sessions(sessions: pl.DataFrame, *, tolerance: float = SATURATED_FRACTION) -> pl.DataFrame:

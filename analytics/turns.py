@@ -46,52 +46,17 @@ STALL_FLOOR = 0.02  # absolute floor on the share of turns that stalled the play
 BOOTSTRAP = 400
 
 
-class TurnQueryError(ValueError):
-    """A turn query that cannot be answered; the message lists what is valid."""
-
-
-def _filters(filters: dict[str, Any] | None, params: dict[str, Any]) -> str:
-    out = []
-    for i, (key, value) in enumerate(sorted((filters or {}).items())):
-        if key not in ("release", "gpu_kind", "worker_id", "session_id", "policy"):
-            raise TurnQueryError(f"unknown turn filter {key!r}; valid filters: release, gpu_kind, worker_id, "
-                                 "session_id, policy")
-        params[f"t{i}"] = [value] if isinstance(value, str) else [str(v) for v in value]
-        out.append(f"AND {key} IN {{t{i}:Array(String)}}")
-    return " ".join(out)
+TurnQueryError = queries.TurnQueryError  # a turn query that cannot be answered (its message lists what is valid)
 
 
 def session_turns(store, start: datetime, end: datetime, filters: dict[str, Any] | None = None) -> pl.DataFrame:
-    """One row per session with turns that began in [start, end), from ``turn_stats``: labels, policy,
-    turns, stalled turns, and each part's and the latency's median (``<part>_ms``)."""
-    params: dict[str, Any] = {"start": start, "end": end}
-    where = _filters(filters, params)
-    medians = ",\n".join(
-        f"arrayElement(quantilesTDigestMerge(0.5, 0.95, 0.99)({p}_q), 1) AS {p}_ms" for p in ("latency", *PARTS)
-    )
-    sql = f"""
-SELECT release, gpu_kind, worker_id, session_id, min(first_ts) AS start_ts, anyLast(policy) AS policy,
-    countMerge(turns) AS turns, countIfMerge(stalled_turns) AS stalled_turns,
-    sumMerge(dropped_chunks) AS dropped_chunks,
-    {medians}
-FROM turn_stats
-WHERE first_ts >= {{start:DateTime64(3, 'UTC')}} AND first_ts < {{end:DateTime64(3, 'UTC')}} {where}
-GROUP BY release, gpu_kind, worker_id, session_id
-ORDER BY start_ts"""
-    return store.query_df(sql, params)
+    """One row per session with turns that began in [start, end) (``queries.turn_sessions``)."""
+    return queries.turn_sessions(store, start, end, PARTS, filters)
 
 
 def turn_rows(store, start: datetime, end: datetime, filters: dict[str, Any] | None = None) -> pl.DataFrame:
     """Raw turns that arrived in [start, end): labels, policy, latency and its parts (ms)."""
-    params: dict[str, Any] = {"start": start, "end": end}
-    where = _filters(filters, params)
-    cols = ", ".join(f"{p}_ms" for p in PARTS)
-    return store.query_df(
-        f"SELECT release, gpu_kind, session_id, ts, policy, speaking, cond_tokens, latency_ms, {cols}, stall_ms "
-        "FROM turns WHERE ts >= {start:DateTime64(3, 'UTC')} AND ts < {end:DateTime64(3, 'UTC')} "
-        f"{where} ORDER BY ts",
-        params,
-    )
+    return queries.turn_rows(store, start, end, PARTS, filters)
 
 
 def _cluster_bootstrap(values: np.ndarray, groups: np.ndarray, qs: tuple[float, ...], n: int,
@@ -136,16 +101,14 @@ def latency_table(store, start: datetime, end: datetime, filters: dict[str, Any]
 def stage_medians(store, start: datetime, end: datetime) -> pl.DataFrame:
     """Per release x GPU kind (and policy): turns and the median of each part and of the latency, merged
     in ClickHouse from ``turn_stats`` (the dashboard's per-stage bars)."""
-    medians = ",\n".join(
-        f"arrayElement(quantilesTDigestMerge(0.5, 0.95, 0.99)({p}_q), 1) AS {p}_ms" for p in ("latency", *PARTS)
-    )
-    return store.query_df(
-        f"SELECT release, gpu_kind, policy, countMerge(turns) AS turns, countIfMerge(stalled_turns) AS stalled,"
-        f" {medians} FROM turn_stats "
-        "WHERE first_ts >= {start:DateTime64(3, 'UTC')} AND first_ts < {end:DateTime64(3, 'UTC')} "
-        "GROUP BY release, gpu_kind, policy ORDER BY release, gpu_kind, policy",
-        {"start": start, "end": end},
-    )
+    return queries.turn_stage_medians(store, start, end, PARTS)
+
+
+def stage_means(store, start: datetime, end: datetime) -> pl.DataFrame:
+    """Per release x GPU kind (and policy): turns, the mean of each part and of the latency, and the
+    latency's median. The parts of a turn add up to its latency, so their means add up to the mean
+    latency (their medians do not: the dashboard stacks these)."""
+    return queries.turn_stage_means(store, start, end, PARTS)
 
 
 # ---------------------------------------------------------------------------------------------

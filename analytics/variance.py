@@ -24,8 +24,9 @@ from scipy.stats import levene, median_abs_deviation
 
 from analytics import queries
 from analytics.findings import finding
+from collector import catalog
 
-METRICS: dict[str, str] = {"step_period_ms": "step_period_ms", "diffusion_ms": "diffusion_ms"}
+METRICS: dict[str, str] = {m.finding_name: m.name for m in catalog.METRICS if m.variance}  # collector/catalog.py
 MAX_P = 1e-3
 MIN_SPREAD_RATIO = 1.2  # MAD ratio: variance x 1.44
 MIN_SAMPLES = 50

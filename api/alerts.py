@@ -36,6 +36,8 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from analytics import queries as aq
+
 TS_HEADER = "X-Livestep-Timestamp"
 SIG_HEADER = "X-Livestep-Signature"
 # Grafana's own webhook signing (contact point ``hmacConfig``): hex HMAC-SHA256 of '<timestamp>:<body>'
@@ -251,7 +253,7 @@ def parse_payload(body: bytes) -> tuple[str, list[Alert]]:
 # -- acting on alerts --------------------------------------------------------------------------------
 
 def seen(store, key: str) -> bool:
-    return bool(store.query_rows("SELECT count() FROM alert_deliveries WHERE dedup_key = {k:String}", {"k": key})[0][0])
+    return aq.alert_delivered(store, key)
 
 
 def remember(store, key: str, fmt: str, decision: str) -> None:

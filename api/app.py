@@ -31,7 +31,7 @@ from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 
 import api.routes
-from api import errors
+from api import errors, openapi_limits
 from api.settings import Settings, load_settings
 from collector.migrations import SchemaError, ensure_current
 from collector.store import Store, open_store
@@ -59,6 +59,10 @@ def _wire_scheduler(settings: Settings, scheduler, store: Store):
     except Exception:  # a missing side job must not take the scheduler down
         log.exception("canary evaluation job not scheduled")
     try:
+        if settings.alertmanager_url:  # its grouping, silences, inhibition instead (livestep keeps the flip)
+            from api import alertmanager_publisher
+
+            return alertmanager_publisher.install(settings, store)
         return incidents.install(settings, store)
     except Exception:  # a hand-off that cannot be installed must not take the scheduler down
         log.exception("findings will not be handed to the incident logic")
@@ -98,7 +102,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             writer = BlockWriter(spool, get_store, settings.flush_rows, settings.flush_interval_s,
                                  settings.retry_max_s, settings.fault_store_down_file,
                                  settings.poison_after_failures,
-                                 fault_refuse_writes_file=settings.fault_refuse_writes_file)
+                                 fault_refuse_writes_file=settings.fault_refuse_writes_file,
+                                 fault_pause_before_commit_file=settings.fault_pause_before_commit_file)
             from collector.metrics import FleetCounters, IngestMetrics
 
             app.state.ingest_metrics, app.state.fleet_counters = IngestMetrics(), FleetCounters()
@@ -144,7 +149,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.scheduler = app.state.incidents = None
     app.state.ingest_metrics = app.state.fleet_counters = app.state.metrics_registry = None
 
+    from api.metrics import instrument
+
+    instrument(app)  # HTTP request metrics into the app's /metrics registry (api/metrics.py)
     errors.install(app)  # every 4xx body is {"detail": str}, in the OpenAPI too (api/errors.py)
+    openapi_limits.document(app)  # the server's limits and every status, in the OpenAPI (api/openapi_limits.py)
+    from api import openapi_docs
+
+    openapi_docs.install(app)  # the HTTPBearer scheme (Swagger's Authorize), /redoc with no CDN logo
 
     if "collector" in settings.roles:
         from collector.routes import router as collector_router

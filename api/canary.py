@@ -28,6 +28,7 @@ from typing import Any
 
 import orjson
 
+from analytics import queries as aq
 from api import evaluation_gate
 from api.switchboard import (
     BUCKETS,
@@ -42,8 +43,7 @@ from api.switchboard import (
 EVALUATE_EVERY_S = 600
 JOB_ID = "canaries"
 MEMORY_FLOOR = 0.05  # the cohort's median peak reserved memory may exceed the rest's by 5 %
-_COLS = ["id", "name", "scope", "fraction", "bucket_lo", "bucket_hi", "min_sessions", "status", "started_at",
-         "decided_at", "actor", "reason", "evidence", "updated_at"]
+_COLS = aq.CANARY_COLUMNS
 
 
 class CanaryError(Exception):
@@ -62,7 +62,7 @@ def _write(store, row: dict[str, Any]) -> None:
 
 
 def get_canary(store, canary_id: str) -> dict[str, Any]:
-    df = store.query_df(f"SELECT {', '.join(_COLS)} FROM canaries FINAL WHERE id = {{id:String}}", {"id": canary_id})
+    df = aq.canaries_frame(store, canary_id=canary_id, limit=1)
     if df.height == 0:
         raise CanaryError(f"no canary {canary_id!r} (list them at GET /v1/canaries)", 404)
     row = df.row(0, named=True)
@@ -71,10 +71,7 @@ def get_canary(store, canary_id: str) -> dict[str, Any]:
 
 
 def list_canaries(store, status: str | None = None, limit: int = 100, offset: int = 0) -> list[dict[str, Any]]:
-    where = "WHERE status = {status:String}" if status else ""
-    df = store.query_df(f"SELECT {', '.join(_COLS)} FROM canaries FINAL {where} ORDER BY started_at DESC "
-                        "LIMIT {limit:UInt32} OFFSET {offset:UInt32}",
-                        {"status": status or "", "limit": limit, "offset": offset})
+    df = aq.canaries_frame(store, status=status, limit=limit, offset=offset)
     out = []
     for r in df.iter_rows(named=True):
         r["evidence"] = orjson.loads(r["evidence"] or "{}")
@@ -125,21 +122,14 @@ def _cohorts(store, name: str, scope: dict[str, str], hi: int, start: datetime,
              end: datetime) -> tuple[list[str], list[str]]:
     """The scope's workers seen since ``start``, split into the canary's cohort (bucket salted by the
     switch's name, as the cohort rule matches) and the rest."""
-    params: dict[str, Any] = {"s": start, "e": end}
-    clause = ""
-    for k, v in scope.items():
-        params[k] = v
-        clause += f" AND {k} = {{{k}:String}}"
-    workers = [r[0] for r in store.query_rows(
-        "SELECT DISTINCT worker_id FROM session_stats WHERE first_ts >= {s:DateTime64(3, 'UTC')} "
-        f"AND first_ts < {{e:DateTime64(3, 'UTC')}}{clause} ORDER BY worker_id", params)]
+    workers = aq.workers_seen(store, start, end, scope)
     cohort = [w for w in workers if bucket(w, name) < hi]
     return cohort, [w for w in workers if bucket(w, name) >= hi]
 
 
 def _memory_judge(store, treatment: dict, control: dict, start: datetime, end: datetime, min_samples: int):
     from analytics.stats import judge_continuous
-    from api.routes.queries import sessions_in
+    from api.views import sessions_in
 
     def peaks(f: dict) -> list[float]:
         df = sessions_in(store, start, end)

@@ -1,9 +1,10 @@
 """The ``livestep`` command: one entry point, a subcommand per role.
 
     livestep demo                 the README's main job on the embedded store
+    livestep init [DIR]           write the deployment files (Prometheus, Alertmanager, Grafana) to DIR/deploy
     livestep serve [--role ...]   collector + api + scheduler (one process on chDB)
     livestep worker run|bench     the serving worker
-    livestep migrate [--cluster]  apply the schema (sql/ or sql/cluster/) to the store
+    livestep migrate [--cluster]  apply the schema (sql/, or its cluster form) to the store
     livestep simulate|analyze     the fleet simulator and on-demand analytics jobs
     livestep --version
 
@@ -24,6 +25,7 @@ import sys
 # subcommand -> module that owns it (module.register(sub) adds the parser, sets func=...)
 COMMANDS: dict[str, str] = {
     "demo": "api.demo",
+    "init": "api.init",
     "serve": "api.serve",
     "worker": "worker.cli",
     "simulate": "analytics.cli",
@@ -104,7 +106,7 @@ COMMANDS_PACKAGES = {"api", "worker", "collector", "analytics", "kernels"}
 # a third-party module a command needs -> the extra that installs it (pyproject.toml)
 EXTRA_OF = {**dict.fromkeys(("torch", "triton", "pynvml"), "worker"),
             **dict.fromkeys(("fastapi", "starlette", "uvicorn", "chdb", "clickhouse_connect", "polars", "plotly",
-                             "apscheduler", "pydantic_settings", "scipy", "statsmodels", "otava", "fastapi_offline",
+                             "apscheduler", "pydantic_settings", "scipy", "statsmodels", "fastapi_offline",
                              "itsdangerous"), "server")}
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import html
 import math
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Any
 from urllib.parse import quote
 
 import plotly
+import plotly.colors
 import plotly.graph_objects as go
 import polars as pl
 
@@ -35,10 +37,22 @@ header a{color:#cfe0ff;text-decoration:none} header b{margin-right:1rem}
 main{padding:1rem 1.2rem;max-width:1400px} section{background:#fff;border-radius:6px;padding:.8rem 1rem;margin:0 0 1rem;
 box-shadow:0 1px 2px #0002} h2{font-size:1.05rem;margin:.2rem 0 .6rem} table{border-collapse:collapse;font-size:.85rem}
 td,th{border-bottom:1px solid #e3e6ea;padding:.25rem .6rem;text-align:left;vertical-align:top}
-td{max-width:36rem;overflow-wrap:anywhere} .muted{color:#6b7280}
+td{max-width:36rem;overflow-wrap:break-word;hyphens:manual} .muted{color:#6b7280}
 .on{color:#0a7a2f;font-weight:600} .off{color:#b42318;font-weight:600}
 form.range{margin:0 0 1rem;font-size:.9rem} form.range a{margin:0 .3rem}
 """
+
+
+# one colour per release, the same in every figure of the dashboards and the weekly report: a stable hash of
+# the release's name into plotly's 24-colour qualitative palette (no store or figure context needed)
+RELEASE_PALETTE = tuple(plotly.colors.qualitative.Dark24)
+
+
+def release_color(release: Any) -> str:
+    """The colour of ``release`` wherever it is drawn."""
+    import zlib
+
+    return RELEASE_PALETTE[zlib.crc32(str(release).encode()) % len(RELEASE_PALETTE)]
 
 
 def esc(v: Any) -> str:
@@ -87,10 +101,10 @@ def unit_of(column: str) -> str:
                          ("_mj", "mJ"), ("_c", "°C")):
         if c.endswith(suffix):
             return unit
-    if "fps" in c and not c.startswith(("frac", "le_", "n_")):
+    if any(w in c for w in ("share", "frac", "rate", "ratio", "change", "effect")) or c.startswith(("le_", "<=")):
+        return "ratio"  # "<= 24 fps", "share <= 24 fps": a fraction of sessions, not a frame rate
+    if "fps" in c and not c.startswith("n_"):
         return "fps"
-    if any(w in c for w in ("share", "frac", "rate", "ratio", "change", "effect")) or c.startswith("le_"):
-        return "ratio"
     return ""
 
 
@@ -128,7 +142,27 @@ _AXIS = {"ms": {"ticksuffix": " ms"}, "ratio": {"tickformat": ".1%"}, "fps": {"t
          "W": {"ticksuffix": " W"}, "MHz": {"ticksuffix": " MHz"}, "bytes": {"tickformat": ".3s", "ticksuffix": "B"}}
 
 
+_ISO = re.compile(r"^\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?([+-]\d{2}:?\d{2}|Z)?$")
+
+
+def when(v: Any) -> str | None:
+    """A timestamp (datetime or ISO 8601 text) as people read it: '2026-11-24 13:45 UTC'; None if not one."""
+    from datetime import UTC, datetime
+
+    if isinstance(v, str) and _ISO.match(v.strip()):
+        try:
+            v = datetime.fromisoformat(v.strip())
+        except ValueError:
+            return None
+    if isinstance(v, datetime):
+        t = v if v.tzinfo else v.replace(tzinfo=UTC)
+        return f"{t.astimezone(UTC):%Y-%m-%d %H:%M} UTC"
+    return None
+
+
 def _cell(v: Any, column: str = "") -> str:
+    if (t := when(v)) is not None:
+        return esc(t)
     if isinstance(v, bool):
         return f'<span class="{"on" if v else "off"}">{"on" if v else "off"}</span>'
     if isinstance(v, float) or (isinstance(v, int) and unit_of(column) in ("bytes", "ms")):
@@ -154,7 +188,8 @@ def fig_fps_weeks(df: pl.DataFrame, y: str = "frac_le_24fps", title: str = "") -
     fig = go.Figure()
     if df.height:
         for (rel,), g in df.sort("week").group_by(["release"], maintain_order=True):
-            fig.add_trace(go.Bar(x=g["week"].to_list(), y=g[y].to_list(), name=str(rel)))
+            fig.add_trace(go.Bar(x=g["week"].to_list(), y=g[y].to_list(), name=str(rel),
+                                 marker_color=release_color(rel)))
     fig.update_layout(title=title or y, barmode="group", yaxis={"tickformat": ".1%"}, xaxis={"type": "category"})
     return fig
 
@@ -164,7 +199,8 @@ def fig_quantiles(qrows: list[dict[str, Any]], metric: str) -> go.Figure:
     fig = go.Figure()
     for r in qrows:
         fig.add_trace(go.Box(name=str(r["release"]), q1=[r["p25"]], median=[r["p50"]], q3=[r["p75"]],
-                             lowerfence=[r["p5"]], upperfence=[r["p95"]], mean=[r["mean"]], x=[str(r["release"])]))
+                             lowerfence=[r["p5"]], upperfence=[r["p95"]], mean=[r["mean"]], x=[str(r["release"])],
+                             marker_color=release_color(r["release"])))
     fig.update_layout(title=f"{metric} per session (p5-p95 whiskers)", showlegend=False)
     return fig
 
@@ -175,7 +211,8 @@ def fig_memory(df: pl.DataFrame) -> go.Figure:
         for (rel,), g in df.group_by(["release"], maintain_order=True):
             fig.add_trace(go.Scatter(
                 x=g["distinct_shapes"].to_list(), y=(g["mem_reserved_max"] / 2**30).to_list(), mode="markers",
-                name=str(rel), text=g["worker_id"].to_list(), marker={"size": 5, "opacity": 0.6}))
+                name=str(rel), text=g["worker_id"].to_list(),
+                marker={"size": 5, "opacity": 0.6, "color": release_color(rel)}))
     fig.update_layout(title="peak reserved memory vs distinct first-forward shapes seen by the worker",
                       xaxis_title="distinct shapes so far", yaxis_title="GiB reserved")
     return fig
@@ -238,39 +275,82 @@ def fig_fp8_steps(x: list, y: list[float], saturated_above: float) -> go.Figure:
 _MARK_COLORS = {"rollout": "#1f4fd1", "switch": "#b45309", "incident_open": "#b42318", "incident_close": "#0a7a2f"}
 
 
+MARK_ROWS = 6  # label rows under the top of the plot; consecutive marks (by time) take consecutive rows
+
+
 def add_marks(fig: go.Figure, marks: list, xs: Any = None) -> go.Figure:
     """Vertical lines (shape ``name`` = the mark's kind) with their text, for events on a time (or step)
-    axis; ``marks`` are ``api.timeseries.Mark`` or (x, kind, text) tuples."""
-    for i, m in enumerate(marks):
-        x, kind, text = (m.ts, m.kind, m.text) if hasattr(m, "ts") else m
+    axis; ``marks`` are ``api.timeseries.Mark`` or (x, kind, text) tuples. Labels are placed in time order
+    on ``MARK_ROWS`` rows, each the row after the previous label's, so marks at the same time (a rollout
+    and its switch change) or close together never print over each other."""
+    items = [(m.ts, m.kind, m.text) if hasattr(m, "ts") else tuple(m) for m in marks]
+    items.sort(key=lambda m: (str(type(m[0])), m[0]))
+    for i, (x, kind, text) in enumerate(items):
         color = _MARK_COLORS.get(kind, "#6b7280")
         fig.add_shape(type="line", x0=x, x1=x, yref="paper", y0=0, y1=1, name=kind,
                       line={"color": color, "width": 1, "dash": "dot"})
-        fig.add_annotation(x=x, yref="paper", y=1 - 0.07 * (i % 4), text=esc(text)[:80], showarrow=False,
-                           xanchor="left", font={"size": 10, "color": color}, name=kind)
+        fig.add_annotation(x=x, yref="paper", y=1 - (i % MARK_ROWS) / (MARK_ROWS + 1), text=esc(text)[:80],
+                           showarrow=False, xanchor="left", yanchor="top", font={"size": 10, "color": color}, name=kind,
+                           bgcolor="rgba(255,255,255,0.85)")
+    return fig
+
+
+def mark_turns(fig: go.Figure, marks: pl.DataFrame) -> go.Figure:
+    """A session's turns on its step chart: a dotted line (``dashboard.add_marks``, kind "turn") at the
+    first step that used each turn's conditioning, and a marker per turn with its latency on hover."""
+    if not marks.height:
+        return fig
+    rows = list(marks.iter_rows(named=True))
+    add_marks(fig, [(r["step"], "turn", f"turn {r['turn']}: {r['latency_ms']:.0f} ms") for r in rows])
+    fig.add_trace(go.Scatter(
+        x=[r["step"] for r in rows], y=[1.0] * len(rows), yaxis="y2", mode="markers", name="turns",
+        marker={"symbol": "triangle-down", "size": 9, "color": ["#12b76a" if r["speaking"] else "#667085" for r in rows]},
+        customdata=[[r["turn"], "speaking" if r["speaking"] else "listening", r["latency_ms"], r["policy"],
+                     r["cond_tokens"]] for r in rows],
+        hovertemplate="turn %{customdata[0]} (%{customdata[1]}, %{customdata[4]} tokens, %{customdata[3]}): "
+                      "first frame %{customdata[2]:.0f} ms after its conditioning<extra></extra>"))
+    fig.update_layout(yaxis2={"overlaying": "y", "range": [0, 1.05], "visible": False})
     return fig
 
 
 def add_threshold(fig: go.Figure, y: float, label: str) -> go.Figure:
     fig.add_shape(type="line", xref="paper", x0=0, x1=1, y0=y, y1=y, name="threshold",
                   line={"color": "#b42318", "width": 1.5, "dash": "dash"})
-    fig.add_annotation(xref="paper", x=0, y=y, text=esc(label), showarrow=False, yanchor="bottom", xanchor="left",
-                       font={"size": 10, "color": "#b42318"}, name="threshold")
+    # at the right end, under its line: the marks' labels hang from the top, starting at their event
+    fig.add_annotation(xref="paper", x=1, y=y, text=esc(label), showarrow=False, yanchor="top", xanchor="right",
+                       font={"size": 10, "color": "#b42318"}, name="threshold", bgcolor="rgba(255,255,255,0.85)")
     return fig
+
+
+DASHES = ("solid", "dash", "dot", "dashdot")  # a release's second, third ... column on one chart
+
+
+def day_centre(day: Any) -> Any:
+    """Where a day's aggregate is drawn: the middle of the day (12:00 UTC), so that an event of that
+    day (a switch flip at 23:31) sits on the side of the point its share of the day is on."""
+    from datetime import date, datetime, time, timedelta
+
+    if isinstance(day, datetime):
+        return day.replace(hour=0, minute=0, second=0, microsecond=0) + timedelta(hours=12)
+    if isinstance(day, date):
+        return datetime.combine(day, time(12))
+    return day
 
 
 def fig_timeseries(df: pl.DataFrame, series, marks: list) -> go.Figure:
     """One line per release and plotted column of ``series`` (api.timeseries.Series) over days, the
-    series' threshold line, and the marks; hover text in human units."""
+    series' threshold line, and the marks; hover text in human units. A day's point is drawn at its
+    middle (``day_centre``); a release has its colour (``release_color``), its columns a dash each."""
     fig = go.Figure()
     if df.height:
         for (rel,), g in df.sort("day").group_by(["release"], maintain_order=True):
-            for col in series.columns:
+            for k, col in enumerate(series.columns):
                 ys = g[col].to_list()
                 fig.add_trace(go.Scatter(
-                    x=g["day"].to_list(), y=ys, mode="lines+markers", name=f"{rel} {col}" if len(series.columns) > 1
-                    else str(rel), text=[human(v, series.unit) for v in ys],
-                    hovertemplate="%{x|%Y-%m-%d}: %{text}<extra>%{fullData.name}</extra>"))
+                    x=[day_centre(x) for x in g["day"].to_list()], y=ys, mode="lines+markers",
+                    name=f"{rel} {col}" if len(series.columns) > 1 else str(rel), text=[human(v, series.unit) for v in ys],
+                    line={"color": release_color(rel), "dash": DASHES[k % len(DASHES)]},
+                    hovertemplate="%{x|%Y-%m-%d} (the day): %{text}<extra>%{fullData.name}</extra>"))
     if series.threshold is not None:
         add_threshold(fig, series.threshold, series.threshold_label)
     add_marks(fig, marks)

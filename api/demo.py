@@ -16,6 +16,9 @@ analytics jobs, whose findings the scheduler hands to the incident logic: one in
 receiver standing in for the on-call's webhook, one flip at the incident's scope (``fused_allreduce``
 off for the leaking release, ``static_scales`` for the saturating b200 cohort), the worker applying it
 at its next step boundary, and this week's report; ``print_links`` ends with the dashboard URLs.
+
+Why one module over ~450 lines: it is one story told in order (the README's steps 1-6), each
+step a function; split, a reader would follow the story across files.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from collector import catalog
+from collector.settings import default_paths
 
 CHUNK_MS = catalog.CHUNK_DEADLINE_MS  # one 4-frame chunk every 166.7 ms
 
@@ -50,20 +54,23 @@ def register(subparsers) -> None:
         "--keep-serving", action="store_true", help="keep the server up after the summary (Ctrl-C stops)"
     )
     p.add_argument(
-        "--dsn", default=None, help="store DSN (default: LIVESTEP_CLICKHOUSE_DSN or chdb://<repo>/var/chdb)"
+        "--dsn", default=None, help="store DSN (default: database demo in chdb://<LIVESTEP_HOME or ./var>/chdb: "
+        f"here {default_paths()['dsn']}?database=demo)"
     )
     p.add_argument(
         "--port", type=int, default=None, help="port on 127.0.0.1 (default: LIVESTEP_PORT or 8000; 0 = any)"
     )
     p.add_argument(
-        "--spool-dir", default=None, help="spool directory (default: LIVESTEP_SPOOL_DIR or <repo>/var/spool)"
+        "--spool-dir", default=None, help="spool directory (default: <LIVESTEP_HOME or ./var>/demo-spool: here "
+        f"{default_paths()['home']}/demo-spool)"
     )
     p.add_argument(
         "--steps", type=int, default=300, help="steps in the demo session (default 300, ~50 s of video)"
     )
     p.add_argument("--quick", action="store_true", help="only the first session (no history, analytics, rollback)")
     p.add_argument("--weeks", type=float, default=2.0, help="weeks of simulated fleet history (default 2)")
-    p.add_argument("--live-seconds", type=float, default=12.0, help="length of the live worker's session")
+    p.add_argument("--live-seconds", type=float, default=12.0,
+                   help="least length of the live worker's session (it runs on until the story's flip reached it)")
     p.set_defaults(func=run)
 
 
@@ -277,15 +284,13 @@ def stream_session(url: str, spec: SessionSpec, token: str | None = None) -> dic
 
 
 # -- step 4: wait until the store has it ---------------------------------------------------------
-TABLES = {"step": "steps", "gpu_sample": "gpu_samples", "session": "sessions", "event": "events"}
+KINDS = ("step", "gpu_sample", "session", "event")
 
 
 def stored_counts(store, session_id: str) -> dict[str, int]:
-    sql = " UNION ALL ".join(
-        f"SELECT '{kind}' AS kind, count() AS n FROM {table} WHERE session_id = {{s:String}}"
-        for kind, table in TABLES.items()
-    )
-    return {k: int(n) for k, n in store.query_rows(sql, {"s": session_id})}
+    from analytics.queries import stored_counts
+
+    return stored_counts(store, session_id, KINDS)
 
 
 def wait_stored(store, session_id: str, expected: dict[str, int], timeout_s: float = 15.0) -> dict[str, int]:
@@ -300,18 +305,12 @@ def wait_stored(store, session_id: str, expected: dict[str, int], timeout_s: flo
 
 # -- step 5: what it says ------------------------------------------------------------------------
 def session_summary(store, session_id: str) -> dict[str, Any]:
-    rows = store.query_rows(
-        """
-        SELECT countMerge(steps) AS n_steps,
-               countMerge(steps) * 4 / (sumMerge(period_ms_sum) / 1000) AS fps,
-               countIfMerge(late_chunks) AS n_late,
-               quantilesTDigestMerge(0.5, 0.95, 0.99)(period_ms_q) AS period_q,
-               quantilesTDigestMerge(0.5, 0.95, 0.99)(diffusion_ms_q) AS diffusion_q
-        FROM session_stats WHERE session_id = {s:String}
-        """,
-        {"s": session_id},
-    )
-    steps, fps, late, period_q, diffusion_q = rows[0]
+    from analytics.queries import session_row
+
+    r = session_row(store, session_id) or {"steps": 0, "fps": None, "late_chunks": 0, "period_ms_q": [],
+                                           "diffusion_ms_q": []}
+    steps, fps, late, period_q, diffusion_q = (r["steps"], r["fps"], r["late_chunks"], r["period_ms_q"],
+                                               r["diffusion_ms_q"])
     return {
         "steps": int(steps),
         "fps": float(fps) if fps is not None and math.isfinite(fps) else None,
@@ -322,6 +321,8 @@ def session_summary(store, session_id: str) -> dict[str, Any]:
 
 
 def print_summary(url: str, spec: SessionSpec, shipped: dict, stored: dict, summary: dict) -> None:
+    from collector import records
+
     total_put = sum(shipped["put"].values())
     print(
         f"livestep demo: session {spec.session_id} ({spec.steps} steps, {spec.gpu_kind} x{spec.gpus}, "
@@ -332,7 +333,7 @@ def print_summary(url: str, spec: SessionSpec, shipped: dict, stored: dict, summ
         f"{shipped['dropped']}, failed batches {shipped['failed_batches']}, retries {shipped['retries']}"
     )
     print(
-        "  stored    " + ", ".join(f"{TABLES[k]} {stored.get(k, 0)}/{n}" for k, n in shipped["put"].items())
+        "  stored    " + ", ".join(f"{records.TABLES[k]} {stored.get(k, 0)}/{n}" for k, n in shipped["put"].items())
     )
     fps = f"{summary['fps']:.2f}" if summary["fps"] is not None else "n/a"
     p50, p95, p99 = summary["step_period_ms_p50_p95_p99"]
@@ -428,16 +429,17 @@ def fresh_demo_store(dsn: str | None, spool_dir: str | None) -> tuple[str, str]:
     """The demo's own database and spool, emptied first, so every run tells the same story."""
     import shutil
 
+    from collector.migrations import recreate_database
+    from collector.settings import data_home
     from collector.store import open_store, parse_dsn
 
-    root = Path(__file__).resolve().parents[1] / "var"
+    root = data_home()
     dsn = dsn or f"chdb://{root / 'chdb'}?database=demo"
     spool_dir = spool_dir or str(root / "demo-spool")
     shutil.rmtree(spool_dir, ignore_errors=True)
     store = open_store(dsn)  # the server reuses this store object (one chDB directory per process)
     database = parse_dsn(dsn).database
-    store.command(f"DROP DATABASE IF EXISTS {database} SYNC")  # now: a deferred drop outlives a short process
-    store.command(f"CREATE DATABASE {database}")
+    recreate_database(store, database)
     return dsn, spool_dir
 
 
@@ -446,11 +448,38 @@ def _title(text: str) -> None:
 
 
 # -- step 6: the loop closed: history, finding, webhook, switch off, a live worker picks it up ---
+_LIVE_CAP_S = 600.0  # the live session never runs longer than --live-seconds + this
+
+
+def _handed_source():
+    from worker.switches import HttpSource
+
+    class HandedSource(HttpSource):
+        """The live worker's switch source, noting the version of the last state it handed the session."""
+
+        handed_version = None
+
+        def poll(self, step: int):
+            got = super().poll(step)
+            if got is not None:
+                self.handed_version = self.version
+            return got
+
+    return HandedSource
+
+
+def _HandedSource(*args, **kw):
+    return _handed_source()(*args, **kw)
+
+
 def rollback_story(server: DemoServer, token: str | None, weeks: float, live_seconds: float,
                    receiver: Receiver | None = None) -> dict[str, Any]:
     """Simulated history with the August incident -> analytics -> incidents (one per root cause, one
     signed notification, one flip at its scope) -> a live tiny worker applies the flip at its next step
     boundary -> the week's report shows it."""
+    import httpx
+
+    from analytics import queries as aq
     from analytics.cli import print_findings
     from analytics.jobs import run_all
     from analytics.queries import iso_week_of
@@ -459,7 +488,6 @@ def rollback_story(server: DemoServer, token: str | None, weeks: float, live_sec
     from collector.client import TelemetryClient
     from worker.config import Switches
     from worker.session import run_session
-    from worker.switches import HttpSource
 
     store = server.store
     _title(f"2. {weeks:g} weeks of fleet history through the collector: a sync-bug release, then the "
@@ -472,20 +500,30 @@ def rollback_story(server: DemoServer, token: str | None, weeks: float, live_sec
                          workers=8, progress=False, fp8_drift=("august", "b200"))
     client.close(timeout_s=120)
     wait_until(lambda: server.app.state.spool.depth == 0, 120)  # every acked batch is in ClickHouse
-    n_steps = store.query_rows("SELECT count() FROM steps WHERE simulated")[0][0]
+    n_steps = aq.step_count(store, simulated=True)
     print(f"  {n_steps:,} simulated steps from {len(sim.workers)} workers, releases "
           + ", ".join(f"{r.name} ({r.kind})" for r in sim.releases)
           + f"; shipped in {time.monotonic() - t0:.1f} s, dropped {client.dropped}")
     leaking = sim.release("august").name
 
     _title(f"3. a live tiny worker of release {leaking}, every optimization on, polling /v1/switches")
-    source = HttpSource(server.url, "live-demo", leaking, "cpu", interval_s=0.5)
+    source = _HandedSource(server.url, "live-demo", leaking, "cpu", interval_s=0.5)
     box: dict[str, Any] = {}
+    told: dict[str, Any] = {}  # the switch state's version once the story's flips are decided (step 5)
+    t_live = time.monotonic()
+
+    def enough() -> bool:
+        """At least ``live_seconds``, and on until the session was handed the switches decided by the story
+        (a loaded machine runs the analytics slower than the session: a fixed length raced the flip)."""
+        return (time.monotonic() - t_live >= live_seconds and "version" in told
+                and source.handed_version == told["version"])
+
     live = threading.Thread(target=lambda: box.update(summary=run_session(
-        "tiny", seconds=live_seconds, collector_url=server.url, token=token, switches=Switches.all_on(),
-        switch_source=source, release=leaking, worker_id="live-demo")), name="live-worker", daemon=True)
+        "tiny", seconds=live_seconds + _LIVE_CAP_S, collector_url=server.url, token=token,
+        switches=Switches.all_on(), switch_source=source, release=leaking, worker_id="live-demo",
+        stop_when=enough)), name="live-worker", daemon=True)
     live.start()
-    wait_until(lambda: store.query_rows("SELECT count() FROM steps WHERE worker_id = 'live-demo'")[0][0] > 3, 60)
+    wait_until(lambda: aq.step_count(store, worker_id="live-demo") > 3, 60)
     print(f"  streaming: session of worker live-demo, switches {Switches.all_on().encode()}")
 
     _title("4. the analytics jobs (as the scheduler runs them): findings")
@@ -512,11 +550,12 @@ def rollback_story(server: DemoServer, token: str | None, weeks: float, live_sec
         print(f"  the receiver ({receiver.url}) got {len(receiver.got)} signed notification(s): "
               + ", ".join(f"{n['incident']['kind']} {n['incident']['scope']} {n['incident']['state']}"
                           for n in receiver.got))
-    decided = store.query_rows(
-        "SELECT ts, name, scope, source, actor, reason FROM switch_audit WHERE changed ORDER BY ts") or []
+    decided = aq.applied_changes(store)
     for ts, name, scope, source_, actor, why in decided:
         print(f"  {ts:%H:%M:%S} {name} off for {scope} (by {actor} via {source_}): {why[:160]}")
-    live.join(live_seconds + 60)
+    told["version"] = httpx.get(source.endpoint, params=source.params, timeout=30,
+                                headers={"Authorization": f"Bearer {token}"} if token else {}).json().get("version")
+    live.join(live_seconds + _LIVE_CAP_S + 60)
     summary = box.get("summary")
     applied = [e for e in (summary.switch_events if summary else []) if e.get("changed")]
     for e in applied:

@@ -40,24 +40,15 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from analytics import queries as aq
 from collector.gpu_kinds import canonical_gpu_kind
 from collector.switch_names import NUMERIC_SWITCHES
-from collector.where import Where
 
 log = logging.getLogger("livestep.gate")
 MIN_STEPS = 127  # >= 3 position resets on prod57b (every 42 steps): the reset class is judged
 MIN_SEEDS = 2  # weight seeds, each with its own prompt and noise
 MIN_RERUNS = 2  # correct implementations in the band
 DEFAULT_PRESET = "prod57b"  # the shape a GPU kind with no sessions yet must have been evaluated on
-_LATEST_SQL = """
-SELECT switch, gpu_kind, release, argMax(verdict, ts) AS latest_verdict,
-       argMax(session_id, ts) AS evaluation_id, max(ts) AS latest_ts, argMax(preset, ts) AS latest_preset,
-       argMax(configuration, ts) AS latest_configuration, argMax(evaluator, ts), argMax(device_type, ts),
-       argMax(tp, ts), argMax(steps, ts), argMax(seeds, ts), argMax(reruns, ts)
-FROM evaluations
-WHERE metric = 'overall' AND verdict != 'incomplete' AND evaluator IS NOT NULL AND evaluator != '' AND {where}
-GROUP BY switch, gpu_kind, release
-ORDER BY switch, gpu_kind, release"""
 
 
 class GateError(Exception):
@@ -71,8 +62,7 @@ class GateError(Exception):
 def evaluations(store, switch: str | None = None, gpu_kind: str | None = None,
                 release: str | None = None) -> list[dict[str, Any]]:
     """The newest overall verdict per (switch, GPU kind, release), filtered by what is given."""
-    w = Where().eq("switch", switch).eq("gpu_kind", canonical_gpu_kind(gpu_kind) if gpu_kind else None).eq("release", release)
-    rows = store.query_rows(_LATEST_SQL.format(where=w), w.params)
+    rows = aq.latest_verdicts(store, switch, canonical_gpu_kind(gpu_kind) if gpu_kind else None, release)
     keys = ("switch", "gpu_kind", "release", "verdict", "evaluation_id", "ts", "preset", "configuration",
             "evaluator", "device_type", "tp", "steps", "seeds", "reruns")
     return [{**dict(zip(keys, r, strict=True)), "ts": r[5].isoformat()} for r in rows]
@@ -108,9 +98,7 @@ def unmet(store, ev: dict[str, Any], gpu_kind: str, release: str,
 
 
 def _shapes(store, gpu_kind: str, release: str) -> list[tuple[str, int]]:
-    from analytics.queries import fleet_shapes
-
-    return fleet_shapes(store, gpu_kind, release) or fleet_shapes(store, gpu_kind)
+    return aq.fleet_shapes(store, gpu_kind, release) or aq.fleet_shapes(store, gpu_kind)
 
 
 def require(store, switch: str, gpu_kind: str, release: str) -> dict[str, Any] | None:
@@ -148,12 +136,7 @@ def evidenced(store, gpu_kind: str, release: str) -> dict[str, dict[str, Any]]:
 def kinds_in(store, release: str, days: int = 30) -> list[str]:
     """The GPU kinds a release runs on, as far as the store knows: those its workers reported sessions
     from over the last ``days``, and those it has evaluations for."""
-    rows = store.query_rows(
-        "SELECT DISTINCT gpu_kind FROM session_stats WHERE release = {r:String} "
-        "AND first_ts >= now64(3) - toIntervalDay({d:UInt32}) "
-        "UNION DISTINCT SELECT DISTINCT gpu_kind FROM evaluations WHERE release = {r:String} AND metric = 'overall'",
-        {"r": release, "d": days})
-    return sorted(r[0] for r in rows)
+    return aq.release_gpu_kinds(store, release, days)
 
 
 def require_for_scope(store, switch: str, scope: dict[str, str]) -> list[dict[str, Any]]:

@@ -13,9 +13,9 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from analytics.queries import evaluation_rows
 from api import dashboard as d
 from api import evaluation_gate
-from api.routes.evaluations import query
 
 SUMMARY = ("teacher_forced_ratio", "divergence_ratio", "drift_tau", "drift_error_tau", "overall")
 MAX_POINTS = 50_000  # curve points of one run drawn (a 14,400-step tiny drift has 2,057 reset intervals)
@@ -23,7 +23,7 @@ MAX_POINTS = 50_000  # curve points of one run drawn (a 14,400-step tiny drift h
 
 def week_rows(store, start: datetime, end: datetime) -> list[dict[str, Any]]:
     """Summary rows (no curve points) of the evaluation runs in [start, end), newest first."""
-    return query(store, start=start, end=end, metrics=SUMMARY, limit=1000)
+    return evaluation_rows(store, start=start, end=end, metrics=SUMMARY, limit=1000)
 
 
 def fig_divergence(points: list[dict[str, Any]], title: str) -> go.Figure:
@@ -62,13 +62,13 @@ def _latest_table(store) -> str:
 
 def run_sections(store, evaluation_id: str, prefix: str = "ev") -> list[str]:
     """One evaluation run: its verdicts, and per configuration the divergence curve and the drift curve."""
-    summary_rows = query(store, evaluation_id=evaluation_id, metrics=SUMMARY, limit=1000)
+    summary_rows = evaluation_rows(store, evaluation_id=evaluation_id, metrics=SUMMARY, limit=1000)
     if not summary_rows:
         return [d.section(f"Evaluation {evaluation_id}", d.table([], empty="no such evaluation run"))]
     head = summary_rows[0]
     summary = [{k: r[k] for k in ("switch", "configuration", "metric", "value", "band_lo", "band_hi", "n", "verdict")}
                for r in summary_rows]
-    rows = query(store, evaluation_id=evaluation_id, metrics=("divergence", "drift_ratio"), limit=MAX_POINTS)
+    rows = evaluation_rows(store, evaluation_id=evaluation_id, metrics=("divergence", "drift_ratio"), limit=MAX_POINTS)
     out = [d.section(f"Evaluation {evaluation_id}: {head['preset']} on {head['gpu_kind']}, release {head['release']}",
                      d.table(sorted(summary, key=lambda r: (r["switch"], r["metric"]))),
                      note="teacher_forced_ratio: error against the truth / the plain path's own, same state and "
@@ -99,7 +99,7 @@ def sections(store, start: datetime | None = None, end: datetime | None = None, 
                      note="a numeric switch is a default (and may be canaried) for a GPU kind and release only with "
                           "a passing evaluation there")]
     if evaluation_id is None:
-        newest = query(store, start=start, end=end, metric="overall", limit=1)
+        newest = evaluation_rows(store, start=start, end=end, metric="overall", limit=1)
         evaluation_id = newest[0]["evaluation_id"] if newest else None
     if evaluation_id is not None:
         out += run_sections(store, evaluation_id, prefix)

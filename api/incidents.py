@@ -47,22 +47,21 @@ from typing import Any
 
 import orjson
 
+from analytics import queries as aq
 from analytics.describe import describe
+from analytics.findings import INCIDENT_KINDS
 from api.notify import Notifier
 from api.switchboard import canonical_scope, get_switchboard, parse_scope
-from collector.where import Where
 
 log = logging.getLogger("livestep.incidents")
 
-KINDS: tuple[str, ...] = ("memory_growth", "regression", "fp8_saturation", "changepoint")
+KINDS: tuple[str, ...] = INCIDENT_KINDS  # analytics/findings.py: the kinds whose findings open incidents
 STATES: tuple[str, ...] = ("opened", "escalated", "mitigated", "resolved", "reopened")
 OPEN_STATES = frozenset(STATES) - {"resolved"}
 SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
 DEFAULT_REPEAT_S = 4 * 3600.0  # Alertmanager's default repeat_interval
 NOTIFICATION_VERSION = "livestep-incident/1"
-_COLS = ["id", "key", "kind", "scope", "release", "gpu_kind", "switch", "state", "severity", "summary", "opened_at",
-         "updated_at", "mitigated_at", "resolved_at", "lifted_at", "notified_at", "notifications", "flips", "acted",
-         "evidence_keys", "evidence", "version"]
+_COLS = aq.INCIDENT_COLUMNS
 _locks: dict[int, threading.Lock] = {}
 _locks_guard = threading.Lock()
 
@@ -159,15 +158,12 @@ def _explaining_regression(cp: dict[str, Any], regressions: list[Group]) -> Grou
 # -- storage -------------------------------------------------------------------------------------------
 
 def _open_findings(store) -> list[dict[str, Any]]:
-    df = store.query_df("SELECT kind, scope, metric, window_start, window_end, baseline, value, effect, confidence, "
-                        "severity, status, attribution, evidence, first_seen FROM findings FINAL "
-                        "WHERE status = 'open' AND kind IN {k:Array(String)} AND severity IN ('warning', 'critical')",
-                        {"k": list(KINDS)})
+    df = aq.open_findings(store, KINDS)
     return list(df.iter_rows(named=True))
 
 
 def _load(store) -> dict[str, dict[str, Any]]:
-    df = store.query_df(f"SELECT {', '.join(_COLS)} FROM incidents FINAL")
+    df = aq.incidents_frame(store)
     out = {}
     for r in df.iter_rows(named=True):
         r["evidence_keys"] = orjson.loads(r["evidence_keys"] or "[]")
@@ -206,14 +202,7 @@ def _log(store, entries: list[tuple[datetime, str, str, str, dict[str, Any]]]) -
 def list_incidents(store, state: str | None = None, kind: str | None = None, limit: int = 100,
                    offset: int = 0) -> list[dict[str, Any]]:
     """Incidents, not resolved first, then newest first; ``state`` 'open' = every state but resolved."""
-    w = Where(limit=limit, offset=offset).eq("kind", kind)
-    if state == "open":
-        w.sql("state != 'resolved'")
-    else:
-        w.eq("state", state)
-    df = store.query_df(f"SELECT {', '.join(_COLS)} FROM incidents FINAL WHERE {w} "
-                        "ORDER BY state = 'resolved', updated_at DESC, id LIMIT {limit:UInt32} OFFSET {offset:UInt32}",
-                        w.params)
+    df = aq.incidents_frame(store, state=state, kind=kind, limit=limit, offset=offset)
     out = []
     for r in df.iter_rows(named=True):
         r["evidence_keys"] = orjson.loads(r["evidence_keys"] or "[]")
@@ -224,11 +213,48 @@ def list_incidents(store, state: str | None = None, kind: str | None = None, lim
 
 def incident_log(store, incident: str | None = None, start: datetime | None = None,
                  end: datetime | None = None, limit: int = 1000) -> list[dict[str, Any]]:
-    w = Where(limit=limit).eq("incident_id", incident).since("ts", start).until("ts", end)
-    df = store.query_df(f"SELECT ts, incident_id, event, state, detail FROM incident_log WHERE {w} "
-                        "ORDER BY ts, incident_id LIMIT {limit:UInt32}", w.params)
+    df = aq.incident_log_frame(store, incident, start, end, limit)
     return [{**r, "ts": r["ts"].isoformat(), "detail": orjson.loads(r["detail"] or "{}")}
             for r in df.iter_rows(named=True)]
+
+
+def flip_cost(store, inc: dict[str, Any], now: datetime | None = None, limit: int = 50) -> dict[str, Any]:
+    """What the incident's flip cost the live sessions: the workers' ``flip_cost`` events (collector/flip_fields.py)
+    that turned its switch off in its scope since it opened, summed (late chunks and stall after each flip, the
+    slowest poll -> new configuration, time out of service), with the newest ``limit`` flips. Nothing without a
+    switch."""
+    from analytics import queries  # the read layer (SQL lives there)
+
+    out: dict[str, Any] = {"flips": 0, "workers": 0, "late_chunks": 0, "stall_ms": 0.0, "max_stall_ms": None,
+                           "max_to_new_config_ms": None, "out_of_service_ms": 0.0, "recent": []}
+    if not inc.get("switch"):
+        return out
+    start = _utc(inc["opened_at"])
+    end = (now or datetime.now(UTC)) + timedelta(minutes=1)
+    filters = {k: inc[k] for k in ("release", "gpu_kind") if inc.get(k)}
+    df = queries.flip_costs(store, start, end, switch=inc["switch"], filters=filters)
+    rows = [r for r in df.iter_rows(named=True) if r["value"] is False or r["value"] == 0]
+    if not rows:
+        return out
+    stalls = [r["stall_ms"] for r in rows]
+    to_new = [r["to_new_config_ms"] for r in rows if r["to_new_config_ms"] is not None]
+    out.update(flips=len(rows), workers=len({r["worker_id"] for r in rows}),
+               late_chunks=sum(r["late_chunks"] for r in rows), stall_ms=sum(stalls), max_stall_ms=max(stalls),
+               max_to_new_config_ms=max(to_new) if to_new else None,
+               out_of_service_ms=sum(r["out_of_service_ms"] or 0.0 for r in rows),
+               recent=[{**{k: r[k] for k in ("worker_id", "session_id", "mode", "step", "applied_step", "late_chunks",
+                                                "stall_ms", "to_new_config_ms", "out_of_service_ms", "error")},
+                        "ts": _utc(r["ts"]).isoformat()} for r in rows[:limit]])
+    return out
+
+
+def flip_cost_brief(c: dict[str, Any]) -> str:
+    """One line of ``flip_cost`` for the incidents page."""
+    if not c["flips"]:
+        return "no flip reported yet"
+    worst = "" if c["max_to_new_config_ms"] is None else f", slowest poll -> new config {c['max_to_new_config_ms']:.0f} ms"
+    return (f"{c['flips']} flips on {c['workers']} workers: {c['late_chunks']} late chunks, stall "
+            f"{c['stall_ms']:.0f} ms{worst}, out of service {c['out_of_service_ms']:.0f} ms")
 
 
 def _public(r: dict[str, Any]) -> dict[str, Any]:

@@ -10,6 +10,11 @@ failures by job, active switch rules by switch, alert-webhook decisions by outco
 its rollout time and the switches it turned on against the release before it (by rollout time).
 Store queries run at most once per ``cache_s`` whatever the scrape rate; a store that cannot answer
 reads ``livestep_store_up 0`` and the families it could not read are left out (never a 5xx).
+Every role also exposes ``livestep_build_info{version}`` and its HTTP requests
+(``livestep_http_requests_total``, ``livestep_http_request_duration_seconds``, ... by handler, method and
+status), counted by prometheus-fastapi-instrumentator (``instrument(app)``; the collector's ingest
+fast lane passes by it and has its own counters). The analytics job's label is ``analytics_job``: a
+``job`` label would collide with the one Prometheus attaches to every scraped series.
 """
 
 from __future__ import annotations
@@ -23,28 +28,12 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
+from analytics import queries as aq
+from collector.build_info import build_info
+
 log = logging.getLogger("livestep.api.metrics")
+JOB_LABEL = "analytics_job"  # not "job": Prometheus sets that one on every series it scrapes
 SCOPE_LABELS = ("release", "gpu_kind", "worker_id")  # the scope keys the alert webhook maps back (api/alerts.py)
-
-_QUERIES = {
-    "findings": "SELECT kind, severity, count() FROM findings FINAL WHERE status = 'open' GROUP BY kind, severity",
-    "critical": "SELECT kind, attribution, scope, count() FROM findings FINAL "
-                "WHERE status = 'open' AND severity = 'critical' GROUP BY kind, attribution, scope",
-    "jobs": "SELECT job, count(), countIf(status = 'failed'), "
-            "toUnixTimestamp64Milli(maxIf(finished_at, status = 'ok')) / 1000 FROM job_runs GROUP BY job",
-    "rules": "SELECT name, value, count() FROM switch_rules FINAL WHERE active GROUP BY name, value",
-    "webhook": "SELECT action, count() FROM switch_audit WHERE source = 'alert' GROUP BY action",
-    # per release: first session start (its rollout) and the switch states its sessions started with
-    "releases": "SELECT release, toUnixTimestamp64Milli(min(ts)) / 1000 AS rollout, groupUniqArray(switches), "
-                "groupUniqArray(gpu_kind) FROM sessions WHERE phase = 'start' GROUP BY release "
-                "ORDER BY rollout DESC LIMIT 50",
-    # incidents (api/incidents.py, where its table exists): open until resolved
-    "incidents": "SELECT kind, severity, state, count() FROM incidents FINAL WHERE state != 'resolved' "
-                 "GROUP BY kind, severity, state",
-    "incidents_critical": "SELECT kind, switch, release, gpu_kind, count() FROM incidents FINAL "
-                          "WHERE state != 'resolved' AND severity = 'critical' GROUP BY kind, switch, release, gpu_kind",
-}
-
 
 def _scope_labels(scope: str) -> list[str]:
     kv = dict(p.split("=", 1) for p in scope.split(",") if "=" in p)
@@ -85,13 +74,11 @@ class StoreState(Collector):
             up = 0
             if store is not None:
                 try:
-                    tables = {r[0] for r in store.query_rows(
-                        "SELECT name FROM system.tables WHERE database = currentDatabase()")}
+                    tables = aq.tables(store)
                     up = 1
-                    for name, sql in _QUERIES.items():
-                        table = sql.split(" FROM ", 1)[1].split()[0]
+                    for name, table in aq.STATE_TABLES.items():
                         if table in tables:
-                            rows[name] = store.query_rows(sql)
+                            rows[name] = aq.state_rows(store, name)
                 except Exception as e:  # noqa: BLE001 - a store down reads as livestep_store_up 0
                     log.warning("metrics: store not readable: %s", e)
                     up = 0 if not rows else up
@@ -100,6 +87,7 @@ class StoreState(Collector):
 
     def collect(self):
         up, rows = self._read()
+        yield build_info()
         yield GaugeMetricFamily("livestep_store_up", "1 when the store answered the last metrics read", value=up)
         if "findings" in rows:
             f = GaugeMetricFamily("livestep_findings_open", "Open findings by kind and severity",
@@ -130,10 +118,10 @@ class StoreState(Collector):
                 f.add_metric([kind, switch, *_scope_labels(scope)], n)
             yield f
         if "jobs" in rows:
-            runs = CounterMetricFamily("livestep_job_runs", "Analytics job runs (attempts)", labels=["job"])
-            fails = CounterMetricFamily("livestep_job_failures", "Analytics job runs that failed", labels=["job"])
+            runs = CounterMetricFamily("livestep_job_runs", "Analytics job runs (attempts)", labels=[JOB_LABEL])
+            fails = CounterMetricFamily("livestep_job_failures", "Analytics job runs that failed", labels=[JOB_LABEL])
             last = GaugeMetricFamily("livestep_job_last_success_timestamp_seconds",
-                                     "Unix time of the job's last successful run", labels=["job"])
+                                     "Unix time of the job's last successful run", labels=[JOB_LABEL])
             for job, n, failed, ok_at in rows["jobs"]:
                 runs.add_metric([job], n)
                 fails.add_metric([job], failed)
@@ -183,9 +171,25 @@ def registry_for(state) -> CollectorRegistry:
         reg.register(CollectorState(state))
     if roles & {"api", "scheduler"}:
         reg.register(StoreState(state))
+    else:  # the collector role alone: its build_info here (StoreState carries it otherwise)
+        reg.register(_BuildInfo())
     ProcessCollector(registry=reg)
     state.metrics_registry = reg
     return reg
+
+
+class _BuildInfo(Collector):
+    def collect(self):
+        yield build_info()
+
+
+def instrument(app) -> None:
+    """Count the app's HTTP requests into its registry (prometheus-fastapi-instrumentator: the
+    maintained instrumentation of FastAPI, not a middleware of our own). Call once, before it starts."""
+    from prometheus_fastapi_instrumentator import Instrumentator
+
+    Instrumentator(registry=registry_for(app.state), should_group_status_codes=False,
+                   excluded_handlers=["/metrics"]).instrument(app, metric_namespace="livestep")
 
 
 def exposition(registry: CollectorRegistry, accept: str) -> tuple[bytes, str]:

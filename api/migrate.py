@@ -1,7 +1,7 @@
 """``livestep migrate``: apply the schema to the store and record it (collector/migrations.py).
 
     livestep migrate                                      # sql/ on LIVESTEP_CLICKHOUSE_DSN (one node)
-    livestep migrate --dsn https://admin:pw@ch1:8443/livestep --cluster main   # sql/cluster/ ON CLUSTER 'main'
+    livestep migrate --dsn https://admin:pw@ch1:8443/livestep --cluster main   # sql/ in its cluster form ON CLUSTER 'main'
     livestep migrate --cluster main --dry-run             # print the DDL and parse-check it, run nothing
 
 Run it before starting (or upgrading) the server roles against a ClickHouse cluster: with
@@ -15,10 +15,13 @@ import argparse
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("migrate", help="apply the schema (sql/ or sql/cluster/) and record it",
+    p = subparsers.add_parser("migrate", help="apply the schema (sql/, or its cluster form) and record it",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--dsn", help="store DSN (default LIVESTEP_CLICKHOUSE_DSN or chdb://<repo>/var/chdb)")
-    p.add_argument("--cluster", help="apply sql/cluster/ ON CLUSTER this name (default LIVESTEP_CLUSTER; "
+    from collector.settings import default_paths
+
+    p.add_argument("--dsn", help=f"store DSN (default LIVESTEP_CLICKHOUSE_DSN, else chdb://<LIVESTEP_HOME or "
+                   f"./var>/chdb: here {default_paths()['dsn']})")
+    p.add_argument("--cluster", help="apply sql/ in its cluster form (Replicated + Distributed) ON CLUSTER this name (default LIVESTEP_CLUSTER; "
                                      "none: the single-node sql/)")
     p.add_argument("--dry-run", action="store_true",
                    help="print the pending files' statements and parse-check them on the store; apply nothing")

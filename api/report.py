@@ -22,12 +22,14 @@ from typing import Any
 
 import orjson
 
+from analytics import queries as aq
 from analytics.queries import iso_week_bounds
 from api import dashboard as d
 from api import evaluation_views
-from api.routes import queries as qr
+from api import views as qr
 
 PLOTLY_NAME = "plotly.min.js"
+REPORTED_EVENTS = ("switch_applied", "rollback", "canary_start", "canary_promote", "canary_rollback", "oom")
 
 
 def report_paths(out_dir: Path, iso_week: str) -> tuple[Path, Path]:
@@ -36,37 +38,24 @@ def report_paths(out_dir: Path, iso_week: str) -> tuple[Path, Path]:
 
 
 def _audit(store, start: datetime, end: datetime) -> list[dict[str, Any]]:
-    df = store.query_df(
-        "SELECT ts, source, action, name, scope, cohort, old_value, new_value, changed, actor, reason, ref, evidence "
-        "FROM switch_audit WHERE ts >= {s:DateTime64(3, 'UTC')} AND ts < {e:DateTime64(3, 'UTC')} "
-        "AND (changed OR action LIKE 'canary%') ORDER BY ts", {"s": start, "e": end})
+    df = aq.audit_changes(store, start, end)
     return qr.rows(df, json_cols=("evidence",))
 
 
 def _events(store, start: datetime, end: datetime) -> list[dict[str, Any]]:
-    df = store.query_df(
-        "SELECT ts, kind, worker_id, session_id, release, gpu_kind, detail FROM events "
-        "WHERE kind IN ('switch_applied', 'rollback', 'canary_start', 'canary_promote', 'canary_rollback', 'oom') "
-        "AND ts >= {s:DateTime64(3, 'UTC')} AND ts < {e:DateTime64(3, 'UTC')} ORDER BY ts LIMIT 5000",
-        {"s": start, "e": end})
+    df = aq.events_of_kinds(store, REPORTED_EVENTS, start, end)
     return qr.rows(df, json_cols=("detail",))
 
 
 def _canaries(store, start: datetime, end: datetime) -> list[dict[str, Any]]:
-    df = store.query_df(
-        "SELECT id, name, scope, fraction, status, started_at, decided_at, actor, reason, evidence FROM canaries FINAL "
-        "WHERE started_at < {e:DateTime64(3, 'UTC')} AND (decided_at IS NULL OR decided_at >= {s:DateTime64(3, 'UTC')}) "
-        "ORDER BY started_at", {"s": start, "e": end})
-    return qr.rows(df, json_cols=("evidence",))
+    df = aq.canaries_frame(store, start=start, end=end, limit=10_000).sort("started_at", maintain_order=True)
+    return qr.rows(df.select("id", "name", "scope", "fraction", "status", "started_at", "decided_at", "actor",
+                             "reason", "evidence"), json_cols=("evidence",))
 
 
 def _incidents(store, start: datetime, end: datetime) -> list[dict[str, Any]]:
     """Incidents opened before the week's end that were not resolved before its start (api/incidents.py)."""
-    df = store.query_df(
-        "SELECT id, state, severity, kind, scope, switch, summary, opened_at, mitigated_at, resolved_at, flips, "
-        "notifications FROM incidents FINAL WHERE opened_at < {e:DateTime64(3, 'UTC')} "
-        "AND (resolved_at IS NULL OR resolved_at >= {s:DateTime64(3, 'UTC')}) ORDER BY opened_at, id",
-        {"s": start, "e": end})
+    df = aq.incidents_during(store, start, end)
     return qr.rows(df)
 
 
@@ -89,17 +78,24 @@ def weekly_data(store, iso_week: str) -> dict[str, Any]:
                 "by_release": qr.rows(by_release)},
         "step_period_quantiles": qr.quantile_rows(sessions, "step_period_ms"),
         "incidents": _incidents(store, start, end),
-        "regressions": qr.finding_rows(qr.findings_frame(store, kind="regression", start=start, end=end, limit=500)),
-        "memory_findings": qr.finding_rows(qr.findings_frame(store, kind="memory_growth", start=start, end=end,
+        "regressions": qr.finding_rows(aq.findings_frame(store, kind="regression", start=start, end=end, limit=500)),
+        "memory_findings": qr.finding_rows(aq.findings_frame(store, kind="memory_growth", start=start, end=end,
                                                              limit=500)),
-        "canary_findings": qr.finding_rows(qr.findings_frame(store, kind="canary", start=start, end=end, limit=500)),
-        "fp8_saturation_findings": qr.finding_rows(qr.findings_frame(store, kind="fp8_saturation", start=start,
+        "canary_findings": qr.finding_rows(aq.findings_frame(store, kind="canary", start=start, end=end, limit=500)),
+        "fp8_saturation_findings": qr.finding_rows(aq.findings_frame(store, kind="fp8_saturation", start=start,
                                                                      end=end, limit=500)),
         "switch_changes": _audit(store, start, end),
         "switch_events": _events(store, start, end),
         "canaries": _canaries(store, start, end),
         "evaluations": evaluation_views.week_rows(store, start, end),  # livestep evaluate's verdicts
     }
+
+
+def _readable_json(v: Any) -> str:
+    """JSON with a space after each separator: a table cell can wrap it between items, not inside a word."""
+    import json
+
+    return json.dumps(v, default=str, separators=(", ", ": "))
 
 
 def _html(store, data: dict[str, Any]) -> str:
@@ -109,15 +105,15 @@ def _html(store, data: dict[str, Any]) -> str:
     fps = data["fps"]
     this, before = fps["this_week"] or {}, fps["week_before"] or {}
     summary = [{"week": data["iso_week"], "sessions": this.get("sessions"),
-                "<= 24 fps": this.get("frac_le_24fps"), "<= 23.5 fps": this.get("frac_le_23_5fps"),
-                "week before <= 24 fps": before.get("frac_le_24fps"), "change": fps["frac_le_24fps_change"]}]
+                "share <= 24 fps": this.get("frac_le_24fps"), "share <= 23.5 fps": this.get("frac_le_23_5fps"),
+                "week before, share <= 24 fps": before.get("frac_le_24fps"), "change": fps["frac_le_24fps_change"]}]
     ev_counts: dict[str, int] = {}
     for e in data["switch_events"]:
         ev_counts[e["kind"]] = ev_counts.get(e["kind"], 0) + 1
     applied = [{"ts": e["ts"], "kind": e["kind"], "worker_id": e["worker_id"], "release": e["release"],
-                "detail": orjson.dumps(e["detail"]).decode()[:200]} for e in data["switch_events"][:200]]
+                "detail": _readable_json(e["detail"])[:200]} for e in data["switch_events"][:200]]
     findings_cols = ["scope", "summary", "metric", "baseline", "value", "effect", "confidence", "severity", "attribution"]
-    regressions = [{**f, "evidence": orjson.dumps(f["evidence"]).decode()[:300]} for f in data["regressions"]]
+    regressions = [{**f, "evidence": _readable_json(f["evidence"])[:300]} for f in data["regressions"]]
     saturation = []
     for f in data["fp8_saturation_findings"]:
         ev = f["evidence"] if isinstance(f["evidence"], dict) else {}

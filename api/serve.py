@@ -1,6 +1,6 @@
 """``livestep serve``: the server in one process, one uvicorn worker (chDB: one process per directory).
 
-    livestep serve                                   # 127.0.0.1:8000, role all, embedded chDB in ./var
+    livestep serve                                   # 127.0.0.1:8000, role all, embedded chDB in $LIVESTEP_HOME or ./var
     livestep serve --host 0.0.0.0 --port 8000 --role collector --dsn https://u:p@ch:8443/livestep
 
 Options override the ``LIVESTEP_*`` environment (see api/settings.py); a non-loopback bind needs
@@ -25,6 +25,7 @@ import socket
 from pathlib import Path
 
 from api.settings import ROLES, load_settings
+from collector.settings import default_paths
 
 
 def register(subparsers) -> None:
@@ -34,8 +35,12 @@ def register(subparsers) -> None:
     p.add_argument("--host", help="bind address (default LIVESTEP_HOST or 127.0.0.1)")
     p.add_argument("--port", type=int, help="bind port (default LIVESTEP_PORT or 8000)")
     p.add_argument("--role", choices=ROLES, help="which parts this process runs (default LIVESTEP_ROLE or all)")
-    p.add_argument("--dsn", help="store DSN (default LIVESTEP_CLICKHOUSE_DSN or chdb://<repo>/var/chdb)")
-    p.add_argument("--spool-dir", help="spool directory (default LIVESTEP_SPOOL_DIR or <repo>/var/spool)")
+    paths = default_paths()
+    p.add_argument("--dsn", help=f"store DSN (default LIVESTEP_CLICKHOUSE_DSN, else chdb://<home>/chdb: here "
+                   f"{paths['dsn']}; <home> is LIVESTEP_HOME, else ./var of the working directory)")
+    p.add_argument("--spool-dir", help=f"spool directory (default LIVESTEP_SPOOL_DIR, else <home>/spool: here "
+                   f"{paths['spool']}); weekly reports go to LIVESTEP_REPORTS_DIR, else <home>/reports: here "
+                   f"{paths['reports']}")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
                    help="server log level (debug also logs every request)")
     p.set_defaults(func=run)

@@ -23,7 +23,7 @@ from typing import Annotated, Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import NoDecode
 
-from collector.settings import REPO_DIR, CollectorSettings, TokenList, split_tokens
+from collector.settings import CollectorSettings, TokenList, data_home, split_tokens
 
 ROLES = ("all", "collector", "api", "scheduler")
 Role = Literal["all", "collector", "api", "scheduler"]
@@ -113,6 +113,11 @@ class Settings(CollectorSettings):
     webhook_urls: str = Field(default="", max_length=8192,
                               description="comma-separated external receivers of incident notifications "
                               "(signed with the webhook secret; api/incidents.py); empty = none (recorded only)")
+    alertmanager_url: str | None = Field(
+        default=None, min_length=8, max_length=2048, pattern=r"^https?://",
+        description="an Alertmanager (http(s)://host:9093): findings are published to it as alerts (its "
+        "grouping, silences, inhibition; critical ones with a switch come back to POST /v1/alerts, which "
+        "flips it) instead of api/incidents.py grouping them; unset (default): the embedded incidents")
     incident_repeat_s: float = Field(default=4 * 3600.0, ge=60, le=30 * 86400,
                                      description="an incident still not resolved is notified again this long "
                                      "after its last notification (Alertmanager's repeat_interval)")
@@ -120,6 +125,11 @@ class Settings(CollectorSettings):
                                   description="replay window of signed webhook deliveries (seconds)")
     switch_cache_s: float = Field(default=0.5, ge=0, le=60, description="how long resolved switch rules are cached")
     switch_poll_s: float = Field(default=1.0, gt=0, le=3600, description="poll interval hinted to workers")
+    # a switch change reaches a scope's workers in waves (Argo Rollouts' maxUnavailable): wave k of ``flip_waves``
+    # (a stable hash of the worker id) gets it ``k * flip_wave_s`` after the rule was written, so at most
+    # 1/flip_waves of the workers apply it at once (api/switchboard.py ``Switchboard.resolve``)
+    flip_waves: int = Field(default=1, ge=1, le=100, description="waves a switch change rolls out in (1: all at once)")
+    flip_wave_s: float = Field(default=60.0, ge=0, le=3600, description="seconds between waves of a switch change")
     canary_min_sessions: int = Field(default=30, ge=1, le=1_000_000, description="sessions per side before a canary is judged")
     session_secret: str | None = Field(default=None, min_length=16, max_length=4096,
                                        description="key that signs browser session cookies (/login); unset: a random "
@@ -134,8 +144,9 @@ class Settings(CollectorSettings):
     trusted_proxies: TokenList = Field(default_factory=lambda: ["127.0.0.1/32", "::1/128"], max_length=256,
                                        description="addresses or networks (comma-separated) whose "
                                        "trusted_proxy_header is believed; default loopback")
-    reports_dir: Path = Field(default=REPO_DIR / "var" / "reports",
-                              description="where weekly reports (HTML + JSON) are written")
+    reports_dir: Path = Field(default_factory=lambda: data_home() / "reports",
+                              description="where weekly reports (HTML + JSON) are written (default "
+                              "<LIVESTEP_HOME or ./var>/reports)")
 
     @field_validator("read_tokens", "admin_tokens", "trusted_proxies", mode="before")
     @classmethod

@@ -40,8 +40,9 @@ already gives that value and no newer rule inside the scope differs) is recorded
 Every decision goes to ``switch_audit``. One lock per store serialises writes in this process (chDB is
 one process), so versions are strictly increasing.
 
-One module over 450 lines: the rules, the precedence that resolves them and the audit of every write are
-read and written under one lock and one cache; split, the precedence model would be spread over files.
+Why one module over ~450 lines: scope parsing, rule resolution, the audit trail and the cached
+snapshot are one state machine (a write invalidates the snapshot a resolve reads, under one lock);
+split, each part would reach into the others' state.
 """
 
 from __future__ import annotations
@@ -55,10 +56,10 @@ from typing import Any
 
 import orjson
 
+from analytics import queries as aq
 from collector import catalog
 from collector.records import SWITCH_NAMES
 from collector.switch_names import NUMERIC_SWITCHES, PRODUCTION_OFF
-from collector.where import Where
 
 # The production configuration a release's workers start with (every optimization on; the fault switch
 # and the playout policies but the production one off: switch_names.PRODUCTION_OFF). Information for dashboards only (GET /v1/switches/rules ``defaults``): never sent to a worker as
@@ -116,6 +117,16 @@ def bucket(worker_id: str, salt: str = "") -> int:
     salt it with their switch's name, so canaries of different switches pick independent cohorts."""
     key = f"{salt}/{worker_id}" if salt else worker_id
     return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") % BUCKETS
+
+
+def rollout_wave(worker_id: str, name: str, waves: int) -> int:
+    """The wave in [0, waves) in which a change of switch ``name`` reaches this worker (salted by the name, so
+    the same workers do not always go first)."""
+    return bucket(worker_id, f"rollout/{name}") * waves // BUCKETS
+
+
+def _aware(t: datetime) -> datetime:
+    return t if t.tzinfo is not None else t.replace(tzinfo=UTC)
 
 
 AUTOMATIC_SOURCES = frozenset({"alert", "incident", "canary"})
@@ -196,10 +207,8 @@ class Decision:
         return d
 
 
-_RULE_COLS = ["name", "scope", "cohort", "value", "active", "bucket_lo", "bucket_hi", "version", "actor",
-              "reason", "updated_at", "source"]
-_AUDIT_COLS = ["ts", "source", "action", "name", "scope", "cohort", "old_value", "new_value", "changed",
-               "version", "actor", "reason", "ref", "evidence"]
+_RULE_COLS = aq.RULE_COLUMNS
+_AUDIT_COLS = aq.AUDIT_COLUMNS
 
 
 class Switchboard:
@@ -215,7 +224,7 @@ class Switchboard:
 
     # -- reads -----------------------------------------------------------------------------------
     def _load(self) -> tuple[list[Rule], int]:
-        rows = self.store.query_rows(f"SELECT {', '.join(_RULE_COLS)} FROM switch_rules FINAL")
+        rows = aq.switch_rules(self.store)
         rules = [Rule(*r) for r in rows]
         version = max((r.version for r in rules), default=0)
         return [r for r in rules if r.active and r.name in SWITCH_NAMES], version
@@ -240,11 +249,17 @@ class Switchboard:
                    key=lambda r: r.version, default=None)
 
     def resolve(self, worker_id: str | None = None, release: str | None = None,
-                gpu_kind: str | None = None) -> tuple[dict[str, bool], int]:
+                gpu_kind: str | None = None, waves: int = 1, wave_s: float = 0.0,
+                now: datetime | None = None) -> tuple[dict[str, bool], int]:
         """The switches some rule covering one worker decides (undecided names are left out: the worker
-        keeps its own value), and the board version."""
+        keeps its own value), and the board version. With ``waves`` > 1 a rule reaches this worker only
+        ``wave(worker) * wave_s`` after it was written (``rollout_wave``): until then the rule before it decides."""
         labels = _labels(worker_id, release, gpu_kind)
         rules, version = self.snapshot()
+        if waves > 1 and wave_s > 0 and worker_id is not None:
+            t = now or datetime.now(UTC)
+            rules = [r for r in rules
+                     if _aware(r.updated_at) + timedelta(seconds=rollout_wave(worker_id, r.name, waves) * wave_s) <= t]
         best: dict[str, Rule] = {}
         for r in rules:
             if r.matches(labels) and (r.name not in best or r.version > best[r.name].version) and not self._withheld(
@@ -345,8 +360,7 @@ class Switchboard:
 
     # -- writes ----------------------------------------------------------------------------------
     def _next_version(self) -> int:
-        rows = self.store.query_rows("SELECT max(version) FROM switch_rules")
-        return int(rows[0][0] or 0) + 1
+        return aq.switch_rules_version(self.store) + 1
 
     def _write_rule(self, name: str, scope: str, cohort: str, value: bool, active: bool, lo: int, hi: int,
                     actor: str, reason: str, source: str = "api") -> int:
@@ -504,13 +518,8 @@ class Switchboard:
     def history(self, *, name: str | None = None, source: str | None = None, changed: bool | None = None,
                 start: datetime | None = None, end: datetime | None = None, limit: int = 100,
                 offset: int = 0) -> list[dict[str, Any]]:
-        w = (Where(limit=limit, offset=offset).eq("name", name).eq("source", source).eq("changed", changed, "Bool")
-             .since("ts", start).until("ts", end))
-        df = self.store.query_df(
-            f"SELECT {', '.join(_AUDIT_COLS)} FROM switch_audit WHERE {w} "
-            "ORDER BY ts DESC, version DESC LIMIT {limit:UInt32} OFFSET {offset:UInt32}",
-            w.params,
-        )
+        df = aq.switch_audit(self.store, name=name, source=source, changed=changed, start=start, end=end,
+                             limit=limit, offset=offset)
         out = []
         for row in df.iter_rows(named=True):
             row["ts"] = row["ts"].isoformat()

@@ -15,64 +15,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
 
 import polars as pl
 
+from analytics import queries as aq
 from collector import catalog
-from collector.where import Where
 
 DEADLINE_MS = catalog.CHUNK_DEADLINE_MS  # one 4-frame chunk at 24 fps: 166.7 ms
 
 
-@dataclass(frozen=True)
-class Series:
-    name: str
-    title: str
-    unit: str  # api/dashboard.py's human(): "ms", "ratio", "fps", "count"
-    select: str  # aggregates over fleet_daily-shaped rows, each "AS <column>"
-    columns: tuple[str, ...]  # the plotted columns (one line per release and column)
-    threshold: float | None = None  # drawn as a line (the deadline)
-    threshold_label: str = ""
-
-
-SERIES: tuple[Series, ...] = (
-    Series("step_period", "session step period, p50 and p99 of sessions per day", "ms",
-           "arrayElement(quantilesTDigestMerge(0.5, 0.95, 0.99)(period_q), 1) AS p50, "
-           "arrayElement(quantilesTDigestMerge(0.5, 0.95, 0.99)(period_q), 3) AS p99",
-           ("p50", "p99"), DEADLINE_MS, "deadline 166.7 ms"),
-    Series("late_chunks", "late chunks (share of chunks delivered after their deadline)", "ratio",
-           "sum(late_chunks) / greatest(sum(chunks), 1) AS late_share, sum(late_chunks) AS late", ("late_share",)),
-    Series("fps_fractions", "sessions at or below 24 fps and at or below 23.5 fps, per day", "ratio",
-           "sum(n_le_24) / greatest(sum(sessions), 1) AS le_24fps, "
-           "sum(n_le_23_5) / greatest(sum(sessions), 1) AS le_23_5fps, sum(sessions) AS session_count",
-           ("le_24fps", "le_23_5fps")),
-)
-SERIES_BY_NAME = {s.name: s for s in SERIES}
-
-
-def series_sql(s: Series, source: str, where: str = "") -> str:
-    """The series over ``source`` (SQL of fleet_daily-shaped rows), per day and release."""
-    return (f"SELECT day, release, {s.select} FROM ({source}) {('WHERE ' + where) if where else ''} "
-            "GROUP BY day, release ORDER BY day, release")
-
-
-def series_frame(store, s: Series, start: datetime, end: datetime, gpu_kind: str | None = None,
-                 releases: list[str] | None = None) -> pl.DataFrame:
-    from analytics.queries import _daily_union
-
-    params: dict[str, Any] = {}
-    source = _daily_union(store, start, end, params)
-    w = Where(**params).eq("gpu_kind", gpu_kind).any_of("release", releases)
-    return store.query_df(series_sql(s, source, str(w)), w.params)
-
-
-def live_source() -> str:
-    """The fleet_daily-shaped rows computed live from the session_fleet view, with ``{start:...}`` /
-    ``{end:...}`` / ``{min_s:...}`` parameters (what Grafana runs, its macros substituted)."""
-    from analytics.queries import _daily_sql
-
-    return _daily_sql({})
+# The fleet series and the annotation queries are the read layer's (SQL text lives there); named here
+# too, as the dashboard and Grafana read them from this module.
+Series, SERIES, SERIES_BY_NAME = aq.Series, aq.SERIES, aq.SERIES_BY_NAME
+series_sql, series_frame, live_source = aq.series_sql, aq.series_frame, aq.live_source
+ANNOTATION_SQL = aq.ANNOTATION_SQL
 
 
 # -- what happened, to read the series against -----------------------------------------------------
@@ -86,9 +42,7 @@ class Mark:
 
 def releases_by_rollout(store, end: datetime) -> list[tuple[str, datetime]]:
     """Every release with its first session before ``end``, oldest first (rollout order, not names)."""
-    from analytics.queries import release_first_seen
-
-    df = release_first_seen(store, end)
+    df = aq.release_first_seen(store, end)
     return list(zip(df["release"].to_list(), map(_utc, df["first_seen"].to_list()), strict=True)) if df.height else []
 
 
@@ -105,30 +59,12 @@ def default_pair(store, end: datetime, seen: list[str]) -> tuple[str | None, str
     return (order[-2] if len(order) >= 2 else None), order[-1]
 
 
-# Each returns (time, text) for one kind of mark in [{s}, {e}) (api/grafana.py's annotations are these).
-_T = "{s:DateTime64(3, 'UTC')}", "{e:DateTime64(3, 'UTC')}"
-_INCIDENT = "concat(kind, ' ', scope, if(switch = '', '', concat(' (', switch, ')')))"
-ANNOTATION_SQL: dict[str, str] = {
-    "rollout": "SELECT min(first_ts) AS time, concat('rollout ', release) AS text FROM session_stats "
-               f"GROUP BY release HAVING time >= {_T[0]} AND time < {_T[1]} ORDER BY time LIMIT 200",
-    "switch": "SELECT ts AS time, concat(name, ' ', if(isNull(new_value), 'cleared', if(new_value, 'on', 'off')), "
-              "' (', if(scope = '', 'fleet', scope), ') by ', actor) AS text FROM switch_audit "
-              f"WHERE changed AND cohort = '' AND ts >= {_T[0]} AND ts < {_T[1]} ORDER BY ts LIMIT 200",
-    # incidents (api/incidents.py): opened, and resolved
-    "incident_open": f"SELECT opened_at AS time, concat('incident opened: ', {_INCIDENT}) AS text FROM incidents "
-                     f"FINAL WHERE opened_at >= {_T[0]} AND opened_at < {_T[1]} ORDER BY time LIMIT 200",
-    "incident_close": f"SELECT assumeNotNull(resolved_at) AS time, concat('incident closed: ', {_INCIDENT}) AS text "
-                      f"FROM incidents FINAL WHERE resolved_at IS NOT NULL AND resolved_at >= {_T[0]} "
-                      f"AND resolved_at < {_T[1]} ORDER BY time LIMIT 200",
-}
-
-
 def annotations(store, start: datetime, end: datetime, releases: list[str] | None = None) -> list[Mark]:
     """Release rollouts, switch changes (applied decisions of the control plane) and incidents opened /
     closed in [start, end) (``releases``: only their rollouts)."""
     marks = []
-    for kind, sql in ANNOTATION_SQL.items():
-        for t, text in store.query_rows(sql, {"s": start, "e": end}):
+    for kind in ANNOTATION_SQL:
+        for t, text in aq.annotation_rows(store, kind, start, end):
             if kind == "rollout" and releases and text.removeprefix("rollout ") not in releases:
                 continue
             marks.append(Mark(_utc(t), kind, text))
@@ -162,10 +98,3 @@ def throttle_names(bits: int | None) -> str:
     names = [n for b, n in THROTTLE_REASONS.items() if bits & b]
     rest = bits & ~sum(THROTTLE_REASONS)
     return ",".join(names + ([hex(rest)] if rest else []))
-
-
-def session_gpu_samples(store, session_id: str, limit: int = 20_000) -> pl.DataFrame:
-    return store.query_df(
-        "SELECT ts, gpu_index, power_w, sm_clock_mhz, throttle_reasons, temp_c, mem_used_bytes FROM gpu_samples "
-        "WHERE session_id = {sid:String} ORDER BY ts, gpu_index LIMIT {limit:UInt32}",
-        {"sid": session_id, "limit": limit})

@@ -2,6 +2,14 @@
 and the default's tiles against bf16 SDPA, measured in one process.
 
     python3 bench/attention.py [--budget-s 200] [--json OUT.json]
+    python3 bench/attention.py --pairs split+bf16,bf16+bf16,fp8+fp8 --tiles 128x128   # the short sweep
+
+``--model`` (the CPU box): only the precision model's error per pair, no kernel, no GPU.
+``--pairs`` (QK+PV, each in ``QK_MODES`` x ``GPU_PV_MODES``; ``PAIR@TILES`` pins one pair's tiles) and
+``--tiles`` (``BMxBN``, comma-separated; warps 8 for 128-row tiles, else 4; 3 stages; TMA; ``tuned``:
+each pair's launch tiles, ``TUNED``/``TUNED_PAIRS``): only those candidates against SDPA, at the rank
+shape, in the same run (~5 s per candidate with its compile); the fastest inside the band is the
+default to choose, printed as the ``DEFAULT``/``TUNED`` lines to set and, last, its ratio to SDPA.
 
 Per variant: µs per call as GPU time (10 calls in one CUDA graph, SDPA too, so host launch cost and TMA
 descriptor building are not the kernel's), TFLOP/s (4*H*T*S*D), the ratio to SDPA, and the relative L2 error
@@ -20,6 +28,7 @@ import datetime as dt
 import json
 import math
 import os
+import statistics
 import sys
 import time
 
@@ -69,6 +78,7 @@ def rel_err(o: torch.Tensor, truth: torch.Tensor) -> float:
 
 
 def sdpa(q, kc, vk, ks, vs):
+    """bf16 SDPA over the dequantized window (dequantized here, once: the returned call is SDPA alone)."""
     kb, vb = dequantize_fp8(kc, ks).bfloat16(), dequantize_fp8(vk.contiguous(), vs).bfloat16()
     return lambda: F.scaled_dot_product_attention(q[None], kb[None], vb[None])[0]
 
@@ -96,16 +106,61 @@ def cfg_name(cfg: dict) -> str:
     )
 
 
+def tile_cfg(spec: str, pair: tuple[str, str]) -> dict:
+    """'128x128' -> its launch (8 warps for 128-row tiles, else 4; 3 stages; TMA); 'tuned': the pair's."""
+    if spec == "tuned":
+        return dict(attn.TUNED_PAIRS.get(pair, {}).get("keys") or attn.TUNED["keys"])
+    try:
+        bm, bn = (int(x) for x in spec.split("x"))
+    except ValueError:
+        raise SystemExit(f"tiles {spec!r}: write BMxBN (e.g. 128x128) or tuned") from None
+    return cfg_of(bm, bn, 8 if bm >= 128 else 4, 3)
+
+
+def candidates(pairs: str, tiles: str) -> list[tuple[str, str, dict]]:
+    """``--pairs``/``--tiles`` -> (qk, pv, cfg) to time; an unknown mode names the valid ones."""
+    out = []
+    for item in (p.strip() for p in pairs.split(",") if p.strip()):
+        pair_s, _, own = item.partition("@")
+        qk, _, pv = pair_s.partition("+")
+        if qk not in attn.QK_MODES or pv not in attn.GPU_PV_MODES:
+            raise SystemExit(
+                f"pair {item!r}: write QK+PV with QK in {list(attn.QK_MODES)}, PV in "
+                f"{list(attn.GPU_PV_MODES)} (the GPU's), optionally @BMxBN"
+            )
+        for t in [own] if own else tiles.split(","):
+            c = (qk, pv, tile_cfg(t.strip(), (qk, pv)))
+            if c not in out:
+                out.append(c)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--budget-s", type=float, default=150.0, help="stop timing new variants after this")
     ap.add_argument("--json", default=None)
+    ap.add_argument(
+        "--pairs",
+        default=None,
+        help="only these precision pairs, QK+PV comma-separated (e.g. split+bf16,bf16+bf16,fp8+fp8@64x128)",
+    )
+    ap.add_argument("--tiles", default="tuned", help="with --pairs: BMxBN tiles, comma-separated, or tuned")
+    ap.add_argument(
+        "--model",
+        action="store_true",
+        help="CPU: only the precision model's error per pair (--pairs; all by default), no kernel",
+    )
     args = ap.parse_args()
+    if args.model:
+        return model_errors(args)
+    if args.pairs:
+        return short(args)
     dev = torch.device("cuda")
     print(f"# {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC  {torch.cuda.get_device_name()}  torch {torch.__version__}"
           f"  triton {triton.__version__}  H={H} D={D} T={T} S={S}  DEFAULT={attn.DEFAULT}", flush=True)  # fmt: skip
     q, kc, vk, ks, vs = inputs(dev)  # the timing set (errors come from fresh sets per variant)
-    sdpa_us = graph_us(lambda i: sdpa(q, kc, vk, ks, vs)())
+    sdpa_call = sdpa(q, kc, vk, ks, vs)
+    sdpa_us = graph_us(lambda i: sdpa_call())
     rows = []
 
     def add(name, qk, pv, cfg, us, e):
@@ -125,12 +180,22 @@ def main() -> None:
              cfg_of(64, 64, 4, 3), cfg_of(128, 64, 8, 3), cfg_of(64, 128, 4, 3, tma=False),
              cfg_of(128, 128, 8, 3, tma=False)]  # fmt: skip
     variants += [(*attn.DEFAULT, c) for c in tiles if c != tuned]
-    variants += [(qk, pv, cfg_of(128, 128, 8, 3)) for qk, pv in (("bf16", "split"), ("split", "bf16"))]
+    variants += [(qk, pv, cfg_of(64, 128, 4, 3)) for qk, pv in (("fp8", "fp8"), ("bf16", "bf16"))]
+    variants = [v for i, v in enumerate(variants) if v not in variants[:i]]
     t0 = time.monotonic()
     for qk, pv, cfg in variants:
         name = f"{qk:5s} QK + {pv:5s} PV  {cfg_name(cfg)}"
         if time.monotonic() - t0 > args.budget_s:
             print(f"{name:52s} skipped: the {args.budget_s:.0f} s budget is spent", flush=True)
+            continue
+        if pv not in attn.GPU_PV_MODES:
+            q1, k1, v1, ks1, vs1 = inputs(dev)
+            truth = attn.fp8_attention_ref(q1, k1, v1, ks1, vs1, S, compute_dtype=torch.float64).double()
+            model = rel_err(attn.fp8_attention_lowp_ref(q1, k1, v1, ks1, vs1, S, qk=qk, pv=pv), truth)
+            print(
+                f"{name:52s} not run on the GPU (GPU_PV_MODES); its precision model's error {model:.2e}",
+                flush=True,
+            )
             continue
         try:
             e = errors(dev, qk, pv, cfg)
@@ -184,6 +249,121 @@ def main() -> None:
     print(
         f"chosen {attn.DEFAULT} {cfg_name(tuned)}: {chosen['us']:.1f} us / SDPA {sdpa_us:.1f} us = "
         f"{chosen['us'] / sdpa_us:.3f}x (goal <= 0.55), rel.err {chosen['err']:.2e} vs SDPA's {chosen['sdpa_err']:.2e}"
+    )
+
+
+def model_errors(args, heads: int = 2, queries: int = 128, seeds: int = 4) -> None:
+    """``--model`` (any device, the CPU box): each pair's precision model (``fp8_attention_lowp_ref`` in fp64)
+    vs the fp64 truth at ``heads`` x ``queries`` of the rank's window, over ``seeds`` input sets, with bf16
+    SDPA's on the same inputs; last, bf16+bf16's error over the default's (the pair that may replace it)."""
+    global H, T
+    H, T = heads, queries
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    pairs = [(c[0], c[1]) for c in candidates(args.pairs, "tuned")] if args.pairs else [
+        (qk, pv) for qk in attn.QK_MODES for pv in attn.PV_MODES]  # fmt: skip
+    errs: dict = {p: [] for p in [("-", "-"), *pairs]}
+    for seed in range(seeds):
+        torch.manual_seed(seed)
+        q, kc, vk, ks, vs = inputs(dev)
+        truth = attn.fp8_attention_ref(q, kc, vk, ks, vs, S, compute_dtype=torch.float64).double()
+        errs[("-", "-")].append(rel_err(sdpa(q, kc, vk, ks, vs)(), truth))
+        for qk, pv in pairs:
+            o = attn.fp8_attention_lowp_ref(q, kc, vk, ks, vs, S, qk=qk, pv=pv, compute_dtype=torch.float64)
+            errs[(qk, pv)].append(rel_err(o, truth))
+    print(f"# precision model, {dev.type}: H={H} T={T} S={S} D={D}, {seeds} seeds; DEFAULT={attn.DEFAULT}")
+    print("| QK+PV | rel.err vs fp64 (min-max over seeds) | / SDPA's |")
+    print("|---|---|---|")
+    sd = statistics.mean(errs[("-", "-")])
+    for (qk, pv), e in errs.items():
+        name = "bf16 SDPA" if qk == "-" else f"{qk}+{pv}"
+        print(f"| {name} | {min(e):.2e}-{max(e):.2e} | {statistics.mean(e) / sd:.2f} |")
+    if ("bf16", "bf16") in errs and attn.DEFAULT in errs:
+        r = statistics.mean(errs[("bf16", "bf16")]) / statistics.mean(errs[attn.DEFAULT])
+        print(f"bf16+bf16's error / DEFAULT {attn.DEFAULT}'s: {r:.3f}")
+
+
+def short(args, dev=None) -> None:
+    """``--pairs``: those candidates and SDPA in one process; the fastest inside the band, then its ratio."""
+    dev = dev or torch.device("cuda")
+    cands = candidates(args.pairs, args.tiles)
+    print(f"# {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC  {torch.cuda.get_device_name()}  torch {torch.__version__}"
+          f"  triton {triton.__version__}  H={H} D={D} T={T} S={S}  DEFAULT={attn.DEFAULT} FAST={attn.FAST}",
+          flush=True)  # fmt: skip
+    q, kc, vk, ks, vs = inputs(dev)
+    sdpa_call = sdpa(q, kc, vk, ks, vs)
+    sdpa_us = graph_us(lambda i: sdpa_call())
+    e = errors(dev, "bf16", "bf16", None)
+    rows = [
+        {
+            "name": "bf16 SDPA (baseline)",
+            "qk": "-",
+            "pv": "-",
+            "cfg": None,
+            "us": sdpa_us,
+            "err": e["sdpa_err"],
+            "sdpa_err": e["sdpa_err"],
+            "model_err": math.nan,
+            "band": True,
+        }
+    ]
+    for qk, pv, cfg in cands:
+        name = f"{qk}+{pv} {cfg_name(cfg)}"
+        try:
+            e = errors(dev, qk, pv, cfg)
+            us = graph_us(
+                lambda i, qk=qk, pv=pv, cfg=cfg: attn.launch(q, kc, vk, ks, vs, S, None, qk, pv, cfg=cfg)
+            )
+        except Exception as ex:  # noqa: BLE001 - report and time the others
+            print(f"{name}: failed: {repr(ex)[:300]}", flush=True)
+            continue
+        rows.append(
+            {
+                "name": name,
+                "qk": qk,
+                "pv": pv,
+                "cfg": cfg,
+                "us": us,
+                **e,
+                "band": e["err"] <= BAND * e["sdpa_err"],
+            }
+        )
+        print(f"{name}: {us:.1f} us, err {e['err']:.2e} (SDPA {e['sdpa_err']:.2e})", flush=True)
+    print("\n| QK+PV, tiles | µs/call | TFLOP/s | / SDPA | rel.err vs fp64 | SDPA's | model's | in band |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| {r['name']} | {r['us']:.1f} | {FLOPS / r['us'] / 1e6:.0f} | {r['us'] / sdpa_us:.3f} | "
+            f"{r['err']:.2e} | {r['sdpa_err']:.2e} | {r['model_err']:.2e} | {'yes' if r['band'] else 'no'} |"
+        )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"sdpa_us": sdpa_us, "rows": rows}, f, indent=1, default=str)
+    fast = next((r for r in rows if (r["qk"], r["pv"]) == attn.FAST), None)
+    if fast is not None:
+        print(
+            f"FAST {attn.FAST} (switch attention_fp8_dots) {cfg_name(fast['cfg'])}: {fast['us']:.1f} us = "
+            f"{fast['us'] / sdpa_us:.3f}x SDPA, in band: {'yes' if fast['band'] else 'no'}"
+        )
+    inband = [r for r in rows[1:] if r["band"]]
+    if not inband:
+        print(f"no candidate inside the band (error <= {BAND:g}x SDPA's); SDPA {sdpa_us:.1f} us")
+        return
+    best = min(inband, key=lambda r: r["us"])
+    cur = next(
+        (r for r in inband if (r["qk"], r["pv"]) == attn.DEFAULT and r["cfg"] == attn.TUNED["keys"]), None
+    )
+    verdict = (
+        "keep DEFAULT"
+        if cur is best
+        else f'set kernels/fp8_attention.py DEFAULT = {(best["qk"], best["pv"])!r}; TUNED "keys": {best["cfg"]!r}'
+    )
+    print(
+        f"choice: {verdict}"
+        + (f" ({best['us']:.1f} us vs DEFAULT's {cur['us']:.1f} us)" if cur and cur is not best else "")
+    )
+    print(
+        f"fastest in the band: {best['name']}: {best['us']:.1f} us / SDPA {sdpa_us:.1f} us = {best['us'] / sdpa_us:.3f}x"
+        f" (goal <= 0.55), rel.err {best['err']:.2e} vs SDPA's {best['sdpa_err']:.2e}"
     )
 
 

@@ -23,8 +23,11 @@ the rows before it run with ``fuse_blocks`` off, so both are measured in the sam
 +static_scales quantizes with static per-tensor scales (``DiT.act_scales = "static"``: calibrated on the
 first forward and chunk, then fixed: no reduction in the chains, per-tensor GEMM scaling); the last,
 +triton_chains, runs those chains as the Triton kernels of kernels/norm_fp8.py and kernels/gelu_fp8.py
-(``DiT.triton_chains``; the rows before it: the compiled chains). Telemetry and the full model run the
-fastest row's settings.
+(``DiT.triton_chains``; the rows before it: the compiled chains). The last, +attention_fp8_dots, is the
+production step (+triton_chains) with that switch on: the FP8 attention kernel's all-FP8 precision pair
+(kernels/fp8_attention.py ``FAST``; outside the quality band, off in production) -- its ratio to
++triton_chains is printed last when both ran (``--rows +triton_chains,+attention_fp8_dots``). Telemetry
+and the full model run the fastest row's settings without the switches production keeps off.
 
 "upkeep GPU ms": the GPU time of one step's cache upkeep with the row's ops (begin_step + the 240
 ``cache.update`` calls on the row's full window, new K/V fixed) captured as one CUDA graph and
@@ -70,6 +73,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 import torch.nn.functional as F
 
+from collector.switch_names import PRODUCTION_OFF
 from worker.cache import make_cache
 from worker.config import ModelShape, Switches, tp_rank_of
 from worker.fp8 import FP8, FP8_MAX
@@ -89,14 +93,17 @@ ROWS = [
     ("+row_scales", {}),  # model.act_scales = "row": per-token FP8 activation scales, one pass
     ("+static_scales", {"static_scales": True}),  # model.act_scales = "static": calibrated per-tensor scales
     ("+triton_chains", {}),  # model.triton_chains: the static chains as Triton kernels, not compiled
+    ("+attention_fp8_dots", {"attention_fp8_dots": True}),  # FP8 attention's all-FP8 pair (off in production)
 ]
 FUSED_ROW = "+fused_blocks"
 ROW_SCALES_ROW = "+row_scales"
 STATIC_ROW = "+static_scales"
 CHAINS_ROW = "+triton_chains"
 # the model settings (not switches) of the rows after +cuda_graphs: fuse_blocks, act_scales, triton_chains
+FAST_ROW = "+attention_fp8_dots"
 MODEL_ROWS = {FUSED_ROW: (True, "tensor", False), ROW_SCALES_ROW: (True, "row", False),
-              STATIC_ROW: (True, "static", False), CHAINS_ROW: (True, "static", True)}
+              STATIC_ROW: (True, "static", False), CHAINS_ROW: (True, "static", True),
+              FAST_ROW: (True, "static", True)}
 PLAIN_MODEL = (False, "tensor", False)
 FUSED_ROWS = tuple(MODEL_ROWS)
 PROFILED_ROWS = ("+cuda_graphs", *FUSED_ROWS)
@@ -533,7 +540,8 @@ def main(argv=None) -> int:
     best_model = MODEL_ROWS.get(fastest, PLAIN_MODEL)  # the fastest row's model settings
     # every switch that worked: the production configuration (static_scales only if its row was fastest:
     # the sessions below set the model's activation scaling from the switch)
-    best_sw = Switches.from_mapping({**sw, "static_scales": best_model[1] == "static"})
+    best_sw = Switches.from_mapping({**{k: v for k, v in sw.items() if k not in PRODUCTION_OFF},
+                                     "static_scales": best_model[1] == "static"})
     model.fuse_blocks, model.act_scales, model.triton_chains = best_model
     fused_ok = best_model[0]
     rounds = []
@@ -617,6 +625,10 @@ def main(argv=None) -> int:
         print(f"best row {best[0]}: {best[1]:.1f} ms/step = {best[1] / floor:.2f}x floor {floor:.1f}{rounds_note}"
               f"{graph_note}; "
               f"vs plain {results[0][1]:.1f} ms/step = {results[0][1] / best[1]:.2f}x")
+        by_row = {r[0]: r[1] for r in results}
+        if CHAINS_ROW in by_row and FAST_ROW in by_row:
+            print(f"{FAST_ROW}: {by_row[FAST_ROW]:.1f} ms/step vs the production step ({CHAINS_ROW}) "
+                  f"{by_row[CHAINS_ROW]:.1f} ms/step = {by_row[FAST_ROW] / by_row[CHAINS_ROW]:.3f}x")
     return 0
 
 

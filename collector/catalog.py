@@ -49,11 +49,13 @@ def canonical_scope(labels: Mapping[str, object]) -> str:
 # -- per-session columns: the finalized session_stats row --------------------------------------------
 @dataclass(frozen=True)
 class Column:
-    """One column of a finalized session: ``sql`` merges the session's partial rows (sql/002, 021, 022)."""
+    """One column of a finalized session: ``sql`` merges the session's partial rows (sql/002, 021, 022).
+    ``summary``: served as is (a number or null) in GET /v1/sessions's ``SessionSummary``."""
 
     name: str
     sql: str
     detail: bool = False  # only in the session listing (GET /v1/sessions), not in analytics' frames
+    summary: bool = False
 
 
 SESSION_COLUMNS: tuple[Column, ...] = (
@@ -73,7 +75,17 @@ SESSION_COLUMNS: tuple[Column, ...] = (
     Column("reset_steps", "countIfMerge(reset_steps)", detail=True),
     Column("period_ms_q", "quantilesTDigestMerge(0.5, 0.95, 0.99)(period_ms_q)", detail=True),
     Column("diffusion_ms_q", "quantilesTDigestMerge(0.5, 0.95, 0.99)(diffusion_ms_q)", detail=True),
+    Column("sm_clock_mhz", "avgMerge(sm_clock_avg)", summary=True),  # sql/120: mean SM clock over the steps
 )
+# FP8 saturation per session (sql/022; analytics/saturation.py): over the session's sampled steps
+FP8_COLUMNS: tuple[Column, ...] = (
+    Column("sampled_steps", "countIfMerge(fp8_sampled)"),
+    Column("saturating_steps", "countIfMerge(fp8_sat_steps)"),
+    Column("static_steps", "countIfMerge(fp8_static_steps)"),
+    Column("sat_max", "toFloat64(max(fp8_sat_max))"),
+    Column("sat_mean", "toFloat64(avgMerge(fp8_sat_avg))"),
+)
+SUMMARY_COLUMNS: tuple[Column, ...] = tuple(c for c in SESSION_COLUMNS if c.summary)
 SESSION_QUANTILES: tuple[float, ...] = (0.5, 0.95, 0.99)  # the levels of the detail columns' t-digests
 
 
@@ -83,8 +95,12 @@ class Metric:
     """A per-session figure: ``sql`` over the finalized columns; what the detectors judge of it.
 
     ``finding``: the name findings carry (kept stable: stored findings and alerts key on it).
-    ``regression_floor``: the relative floor on the ratio of medians (None: not judged per release).
-    ``daily``: (aggregate of a day's sessions, absolute floor) for the change-point and drift passes.
+    ``regression_floor``: what the release-regression judge needs beyond the noise (None: not judged):
+    the relative floor on the ratio of medians, or for a ``share`` the absolute floor on the difference
+    of proportions (tested as a proportion of chunks).
+    ``daily``: (aggregate of a day's sessions, absolute floor in the metric's units: the smallest change
+    of the segment means worth a finding) for the change-point and drift passes; the name of the daily
+    series is the finding name, with ``_p50`` for a median.
     ``variance``: the variance detector notes a wider spread of it."""
 
     name: str
@@ -115,10 +131,10 @@ METRICS: tuple[Metric, ...] = (
            regression_floor=0.03, daily=("median", 1.5), variance=True),
     Metric("upkeep_ms", "ms", "upkeep_ms", "mean KV-cache upkeep time of a step", finding="cache_upkeep_ms",
            regression_floor=0.10, daily=("median", 0.1)),
-    Metric("late_rate", "ratio", "late_chunks / steps", "share of chunks that missed their deadline",
-           aggregation="share", finding="late_chunk_rate", daily=("mean", 0.005)),
     Metric("energy_per_chunk_mj", "mJ", "energy_mj / steps", "GPU energy per chunk (NVML counter deltas)",
            regression_floor=0.03, daily=("median", 4000.0)),
+    Metric("late_rate", "ratio", "late_chunks / steps", "share of chunks that missed their deadline",
+           aggregation="share", finding="late_chunk_rate", regression_floor=0.01, daily=("mean", 0.005)),
 )
 METRICS_BY_NAME: dict[str, Metric] = {m.name: m for m in METRICS}
 # the per-session metrics the API serves (GET /v1/releases/distributions, /v1/releases/compare)

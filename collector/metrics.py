@@ -9,7 +9,9 @@ Counters on the request path are plain integer adds under one lock (no label loo
 everything else is read when Prometheus scrapes. The fleet counters (chunks, late chunks, the step
 period histogram per release and GPU kind; sessions and sessions at or below 24 fps) are counted by
 the block writer's thread once a block is stored, off the request path: they are what the shipped
-alert rules (deploy/prometheus/rules.yml) watch.
+alert rules (deploy/prometheus/rules.yml) watch. They keep the ``MAX_RELEASES`` releases most recently
+stored: an older release's series leave the exposition (Prometheus marks them stale), so the label's
+cardinality stays bounded however many releases a fleet rolls through.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ PERIOD_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.125, 0.15, 0.16, 0.1667, 0.175, 0.
 BLOCK_ROWS_BUCKETS = (1, 10, 100, 1_000, 10_000, 100_000, 1_000_000)
 FPS_FLOOR = catalog.FPS_BUDGET  # a session at or below it is counted (the fleet figure of analytics/fps.py)
 MIN_STREAMED_S = catalog.MIN_STREAMED_S  # sessions shorter than this are not judged (as the fleet figures)
+MAX_RELEASES = 16  # fleet counters kept for the releases most recently stored (bounded label cardinality)
 
 # refusals: HTTP status -> the reason label
 REASONS = {400: "unreadable", 401: "unauthenticated", 403: "forbidden", 413: "too_large",
@@ -123,8 +126,11 @@ class FleetCounters:
     """Per release and GPU kind, from the blocks the writer stored: chunks, late chunks, the step period
     histogram; sessions judged and those at or below 24 fps; rows per stored block by kind."""
 
-    def __init__(self):
+    def __init__(self, max_releases: int = MAX_RELEASES):
         self._lock = threading.Lock()
+        self.max_releases = max_releases
+        self._last_seen: dict[str, int] = {}  # release -> the block count when it was last stored
+        self._blocks = 0
         self.chunks: dict[tuple[str, str], int] = defaultdict(int)
         self.late: dict[tuple[str, str], int] = defaultdict(int)
         self.period: dict[tuple[str, str], np.ndarray] = {}  # cumulative bucket counts (+Inf last)
@@ -171,6 +177,19 @@ class FleetCounters:
                 else:
                     self.sessions[key] += g[0]
                     self.slow_sessions[key] += g[1]
+            self._blocks += 1
+            for release, _ in groups:
+                self._last_seen[release] = self._blocks
+            if len(self._last_seen) > self.max_releases:
+                self._prune()
+
+    def _prune(self) -> None:
+        """Forget the releases stored least recently, beyond ``max_releases`` (under the lock)."""
+        keep = set(sorted(self._last_seen, key=self._last_seen.__getitem__)[-self.max_releases:])
+        self._last_seen = {r: n for r, n in self._last_seen.items() if r in keep}
+        for d in (self.chunks, self.late, self.period, self.period_sum, self.sessions, self.slow_sessions):
+            for key in [k for k in d if k[0] not in keep]:
+                del d[key]
 
     def families(self):
         with self._lock:
@@ -184,7 +203,7 @@ class FleetCounters:
             ("livestep_fleet_chunks", "Chunks (steps) stored, by release and GPU kind", chunks),
             ("livestep_fleet_late_chunks", "Chunks delivered after their playout deadline (a stall)", late),
             ("livestep_fleet_sessions", f"Sessions ended that streamed at least {MIN_STREAMED_S:g} s", sessions),
-            ("livestep_fleet_sessions_at_or_below_24fps", "Of those, sessions whose fps was at most 24", slow),
+            ("livestep_fleet_slow_sessions", f"Of those, sessions whose fps was at or below {FPS_FLOOR:g}", slow),
         ):
             f = CounterMetricFamily(name, doc, labels=labels)
             for key, n in sorted(data.items()):

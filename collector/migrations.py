@@ -2,7 +2,7 @@
 
     plan = pending(store)                      # sql/NNN_*.sql not yet applied (single node)
     migrate(store)                             # apply them, record each in schema_migrations
-    migrate(store, cluster="main", dry_run=True)   # sql/cluster/ for cluster 'main': parse-check, print
+    migrate(store, cluster="main", dry_run=True)   # sql/ ON CLUSTER 'main' (generated): parse-check, print
     ensure_current(store, cluster=None)        # what the server roles do at start (see below)
 
 The files are package data, found through ``importlib.resources``: ``collector/sql/`` in an installed
@@ -10,8 +10,9 @@ wheel (setup.py copies the repo's top-level ``sql/`` there), the repo's own ``sq
 checkout. Finding no file at all is a ``SchemaError`` (a broken install), never a silent no-op.
 
 Each applied file is one row of ``schema_migrations`` (name, layout): layout ``single`` for ``sql/``,
-``cluster:<name>`` for ``sql/cluster/`` applied ON CLUSTER '<name>' (the files' ``'{cluster}'`` is
-replaced by the name; ``{shard}``, ``{replica}``, ``{database}``, ``{table}`` stay server macros). A
+``cluster:<name>`` for the same files in their cluster form (collector/cluster_ddl.py: Replicated +
+Distributed, generated from the single-node statements) applied ON CLUSTER '<name>' (``{shard}``,
+``{replica}``, ``{database}``, ``{table}`` stay server macros). A
 database never mixes the two: single-node DDL is refused where cluster migrations are recorded, and
 cluster DDL where single-node ones are. Every file is idempotent (IF NOT EXISTS), so a crash
 mid-file is repaired by applying it again.
@@ -28,7 +29,8 @@ derives a view's block ids from the view as it is held in memory. A view altered
 process derives other ids than the same view loaded at the next start, so a block stored before a
 kill -9 and replayed after it was counted twice in ``session_stats`` (issue 30; measured on chDB 4.4,
 ClickHouse 26.9: tests/collector/test_view_replay.py). Reloaded at once, the view holds the ids it
-will hold after any restart.
+will hold after any restart. While a view is detached (milliseconds) an insert by another process does not
+reach it: against a server, apply a migration that alters a view with the collectors stopped.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any, Protocol
+
+from collector.cluster_ddl import cluster_form
 
 
 class Store(Protocol):
@@ -77,8 +81,9 @@ SQL_DIR = _schema_root()
 
 
 def schema_files(cluster: bool = False) -> list[Path]:
-    """The migration files in order (``sql/`` or ``sql/cluster/``); a ``SchemaError`` when there are none."""
-    folder = SQL_DIR / "cluster" if cluster else SQL_DIR
+    """The migration files in order (``sql/``; a cluster applies the same files in their cluster form,
+    ``statements``); a ``SchemaError`` when there are none."""
+    folder = SQL_DIR
     files = sorted(p for p in folder.glob("*.sql") if _FILE.match(p.name)) if folder.is_dir() else []
     if not files:
         raise SchemaError(f"no migration files (NNN_name.sql) in {folder}: this livestep install is broken "
@@ -112,9 +117,11 @@ def split_statements(sql: str) -> list[str]:
 
 
 def statements(path: Path, cluster: str | None = None) -> list[str]:
-    """A file's statements, with ``'{cluster}'`` naming ``cluster`` for a cluster file."""
+    """A file's statements; for ``cluster``, their cluster form ON CLUSTER '<cluster>'."""
     stmts = split_statements(path.read_text())
-    return [s.replace("'{cluster}'", f"'{cluster}'") for s in stmts] if cluster else stmts
+    if cluster is None:
+        return stmts
+    return [s.replace("'{cluster}'", f"'{cluster}'") for s in cluster_form(stmts)]
 
 
 def _bookkeeping_ddl(cluster: str | None) -> list[str]:
@@ -123,7 +130,7 @@ def _bookkeeping_ddl(cluster: str | None) -> list[str]:
                   "DEFAULT now64(3)) ENGINE = ReplacingMergeTree ORDER BY name")
         add_layout = f"ALTER TABLE {TABLE} ADD COLUMN IF NOT EXISTS layout LowCardinality(String) DEFAULT '{SINGLE}'"
         return [create, add_layout]
-    # replicated to every node (no {shard}), like the other control-plane tables of sql/cluster/
+    # replicated to every node (no {shard}), like the control-plane tables of collector/cluster_ddl.py
     return [(f"CREATE TABLE IF NOT EXISTS {TABLE} ON CLUSTER '{cluster}' (name String, applied_at "
              f"DateTime64(3, 'UTC') DEFAULT now64(3), layout LowCardinality(String) DEFAULT '{SINGLE}') "
              "ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/all/{database}/{table}', '{replica}') "
@@ -143,14 +150,14 @@ def applied(store: Store) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class Step:
-    """One file to apply: its name and its statements as they will run."""
+    """One file to apply: its name and its statements as they will run (the views it alters reloaded)."""
 
     name: str
     statements: list[str]
 
 
 def pending(store: Store, cluster: str | None = None) -> list[Step]:
-    """The files of ``sql/`` (or ``sql/cluster/`` for ``cluster``) the store has not applied, in order.
+    """The files of ``sql/`` (their cluster form for ``cluster``) the store has not applied, in order.
     A ``SchemaError`` when the database holds migrations of the other layout."""
     want = layout_of(cluster)
     done = applied(store)
@@ -161,8 +168,8 @@ def pending(store: Store, cluster: str | None = None) -> list[Step]:
                 else "use a fresh database for the cluster schema")
         raise SchemaError(f"database {store.database} holds {have} migrations, not {want}: it never mixes "
                           f"single-node and cluster tables; {hint}")
-    return [Step(f.name, statements(f, cluster)) for f in store.migration_files(cluster is not None)
-            if f.name not in done]
+    steps = [(f.name, statements(f, cluster)) for f in store.migration_files(cluster is not None) if f.name not in done]
+    return [Step(name, stmts + reload_views(stmts)) for name, stmts in steps]
 
 
 _MODIFY_QUERY = re.compile(r"^\s*ALTER\s+TABLE\s+([A-Za-z0-9_.`]+)(\s+ON\s+CLUSTER\s+'[^']*')?\s+MODIFY\s+QUERY\b",
@@ -207,7 +214,7 @@ def migrate(store: Store, cluster: str | None = None, dry_run: bool = False) -> 
     for stmt in _bookkeeping_ddl(cluster):
         store.command(stmt)
     for step in steps:
-        for stmt in step.statements + reload_views(step.statements):
+        for stmt in step.statements:
             store.command(stmt)
         store.client().insert(TABLE, [[step.name, layout]], column_names=["name", "layout"])
     return steps
@@ -227,3 +234,16 @@ def ensure_current(store: Store, cluster: str | None = None, apply: bool = True)
                           f"({', '.join(s.name for s in left[:5])}{', ...' if len(left) > 5 else ''}); run "
                           f"`livestep migrate{flag}` (with this server's LIVESTEP_CLICKHOUSE_DSN) first")
     return done
+
+
+def drop_database(store: Store, database: str, sync: bool = False) -> None:
+    """Drop a whole database (the demo's and the detector benchmark's throwaway ones)."""
+    if not _CLUSTER_NAME.match(database):
+        raise SchemaError(f"database name {database!r} is not valid: letters, digits, '_', '.', '-'")
+    store.command(f"DROP DATABASE IF EXISTS {database}{' SYNC' if sync else ''}")
+
+
+def recreate_database(store: Store, database: str) -> None:
+    """An empty database of that name (dropped first, SYNC: a deferred drop would outlive a short process)."""
+    drop_database(store, database, sync=True)
+    store.command(f"CREATE DATABASE {database}")

@@ -12,8 +12,8 @@ since which migration. Everything else is derived from that declaration:
 The DDL (sql/) is the one other place a field is written, as a migration.
 
 Adding a FIELD to a kind: append one ``Col`` to its ``columns`` with ``since="NNN"`` (it must be
-``nullable``, so older workers' bodies stay valid) and write migration sql/NNN_*.sql (+ its
-sql/cluster/ twin) that adds the column. Adding a record KIND: append one ``Kind`` to ``KINDS``
+``nullable``, so older workers' bodies stay valid) and write migration sql/NNN_*.sql that adds
+the column (its cluster form is generated). Adding a record KIND: append one ``Kind`` to ``KINDS``
 (name, table, the TelemetryBatch list field, a docstring, its columns after ``COMMON``), write the
 table's migration, and name its model ``<Name>Record`` at the bottom of this module.
 
@@ -40,6 +40,7 @@ from typing import Annotated, Any
 import pyarrow as pa
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model, field_validator
 
+from collector.flip_fields import FLIP_COST_FIELDS, FLIP_COST_KIND  # re-exported: part of the contract
 from collector.gpu_kinds import canonical_gpu_kind
 from collector.switch_names import FRAME_METRICS, NUMERIC_SWITCHES, SWITCH_NAMES  # re-exported: the contract
 
@@ -58,6 +59,7 @@ EVENT_KINDS: tuple[str, ...] = (
     "error",
     "telemetry_dropped",
     "batch_quarantined",  # the collector's writer: a spooled batch the store refused for its content
+    FLIP_COST_KIND,  # what a switch flip cost the live session: collector/flip_fields.py
 )
 
 # ``livestep evaluate``'s judges (worker/evaluate.py): summaries, curve points, and each configuration's
@@ -173,6 +175,9 @@ KINDS: tuple[Kind, ...] = (
             "fraction in [0, 1] of the step's FP8 activation elements (inputs of linears quantized with static "
             "scales) at the FP8 maximum (+-448: clipped, or rounded up from |x/scale| >= 432); measured on "
             "sampled steps only, null on the others and when static_scales is off")),
+        ms("sm_clock_mhz", nullable=True, since="120", description=(
+            "mean SM clock of the session's GPUs over the step (MHz, the worker's NVML samples); null without "
+            "NVML. A power-capped or throttled GPU runs below its top clock")),
     )),
     Kind("gpu_sample", "gpu_samples", "gpu_samples", "One NVML reading of one GPU (~10 Hz).", (
         integer("gpu_index", 0, 1023),
@@ -225,15 +230,15 @@ KINDS: tuple[Kind, ...] = (
         Col("verdict", "enum", values=EVALUATION_VERDICTS),
         integer("n", 0, U32, description="runs (free-running), steps (teacher-forced), segments (drift)"),
         integer("step", 0, U32, nullable=True, description="a curve point's last step (null: a summary)"),
-        label("evaluator", nullable=True, since="120",
+        label("evaluator", nullable=True, since="130",
               description="the evaluator token's name that posted it (POST /v1/evaluations sets it; null: no evidence)"),
-        label("device_type", nullable=True, since="120", description="the device it ran on, read from it: cuda, cpu"),
-        integer("tp", 1, 64, nullable=True, since="120", description="the tensor-parallel size whose rank it ran"),
-        integer("steps", 0, U32, nullable=True, since="120", description="steps of its teacher-forced and free-running runs"),
-        integer("seeds", 0, U32, nullable=True, since="120", description="weight seeds (each its own prompt and noise)"),
-        integer("reruns", 0, U32, nullable=True, since="120",
+        label("device_type", nullable=True, since="130", description="the device it ran on, read from it: cuda, cpu"),
+        integer("tp", 1, 64, nullable=True, since="130", description="the tensor-parallel size whose rank it ran"),
+        integer("steps", 0, U32, nullable=True, since="130", description="steps of its teacher-forced and free-running runs"),
+        integer("seeds", 0, U32, nullable=True, since="130", description="weight seeds (each its own prompt and noise)"),
+        integer("reruns", 0, U32, nullable=True, since="130",
                 description="the band's runs per seed: correct implementations of the plain path"),
-        integer("nonfinite", 0, U32, nullable=True, since="120",
+        integer("nonfinite", 0, U32, nullable=True, since="130",
                 description="non-finite values its judge saw (its value is then the largest Float64)"),
     ), ingested=False),
     Kind("turn", "turns", "turns", "A conversational turn: new conditioning mid-session (worker/turns.py); ts is its "
@@ -417,6 +422,7 @@ ADDED_COLUMNS: dict[str, tuple[str, ...]] = {
     k.name: tuple(c.name for c in k.columns if c.since) for k in KINDS if any(c.since for c in k.columns)
 }
 BATCH_FIELDS: dict[str, str] = {k.batch_field: k.name for k in KINDS}  # TelemetryBatch list -> kind
+MAX_BATCH_ROWS = 100_000  # rows of one kind in one request: each JSON list, every Arrow body (decoded)
 
 
 class _Batch(BaseModel):
@@ -431,7 +437,7 @@ class _Batch(BaseModel):
 TelemetryBatch = create_model(  # type: ignore[call-overload]
     "TelemetryBatch", __base__=_Batch,
     __doc__="The JSON body of ``POST /v1/telemetry``: any mix of kinds, at most a few thousand rows.",
-    **{f: (list[MODELS[kind]], Field(default_factory=list, max_length=100_000)) for f, kind in BATCH_FIELDS.items()},
+    **{f: (list[MODELS[kind]], Field(default_factory=list, max_length=MAX_BATCH_ROWS)) for f, kind in BATCH_FIELDS.items()},
 )
 
 # The models by name, for imports and type hints (one line per kind)

@@ -23,8 +23,10 @@ from pydantic import ValidationError
 
 from collector.limits import read_limits
 from collector.records import ARROW_SCHEMAS, conform
-from collector.spool import _fsync_dir, quarantine_paths, quarantined, spool_uid
 from collector.settings import CollectorSettings
+from collector.spool import spool_uid
+from collector.spool_quarantine import quarantine_paths, quarantined
+from collector.spool_storage import fsync_dir
 from collector.store import Store, open_store
 from collector.writer import batch_token, insert_parts, not_landed
 
@@ -62,7 +64,7 @@ def requeue(spool_dir: Path, store: Store) -> list[Outcome]:
             continue
         for p in quarantine_paths(spool_dir, q.seq, q.kind):
             p.unlink(missing_ok=True)
-        _fsync_dir(q.path.parent)
+        fsync_dir(q.path.parent)
         out.append(Outcome(q.seq, q.kind, q.rows, missing.num_rows, None))
     return out
 
@@ -72,8 +74,13 @@ def register(subparsers) -> None:
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="spool_command", metavar="ACTION", required=True)
     r = sub.add_parser("requeue", help="insert quarantined batches under their original dedup tokens")
-    r.add_argument("--spool-dir", help="spool directory (default LIVESTEP_SPOOL_DIR or <repo>/var/spool)")
-    r.add_argument("--dsn", help="store DSN (default LIVESTEP_CLICKHOUSE_DSN or chdb://<repo>/var/chdb)")
+    from collector.settings import default_paths
+
+    paths = default_paths()
+    r.add_argument("--spool-dir", help=f"spool directory (default LIVESTEP_SPOOL_DIR, else <LIVESTEP_HOME or "
+                   f"./var>/spool: here {paths['spool']})")
+    r.add_argument("--dsn", help=f"store DSN (default LIVESTEP_CLICKHOUSE_DSN, else chdb://<LIVESTEP_HOME or "
+                   f"./var>/chdb: here {paths['dsn']})")
     r.set_defaults(func=run)
 
 

@@ -5,8 +5,10 @@
 A 200 means every row of the batch is in the durable spool (fsync'd); the block writer inserts it
 into ClickHouse later. Every bad input gets a 4xx whose ``detail`` says what was wrong and what is
 valid, and nothing of that batch is stored: 400 unreadable body, 401 no token, 403 not an ingest
-token, 413 size, 415 content type, 422 values or schema; 429 + Retry-After while the spool is over
-its bound.
+token, 413 size (the body's bytes, or what an Arrow body decodes to: rows and bytes, read from its
+metadata before any buffer is decompressed, collector/ipc_budget.py), 415 content type or encoding,
+422 values or schema; 429 + Retry-After while the spool is over its bound. Bodies that are large, or
+decode large, are parsed in the thread pool, never on the event loop.
 """
 
 from __future__ import annotations
@@ -28,16 +30,19 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from collector import records
 from collector.auth import bearer_token, check_bearer
+from collector.ipc_budget import Decoded, decoded_size
 from collector.limits import DEFAULT as DEFAULT_LIMITS
 from collector.limits import Limits
 from collector.spool import IpcStream, KeyConflictError, SpoolError, SpoolFullError, read_ipc_stream
+from collector.spool_keys import keyed_id, unkeyed_id
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 JSON = "application/json"
 CONTENT_TYPES = (ARROW_STREAM, JSON)
 _EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 _BATCH = TypeAdapter(records.TelemetryBatch)
-_THREADPOOL_BYTES = 1 << 20  # parse bigger bodies off the event loop
+_THREADPOOL_BYTES = 1 << 20  # parse bodies that are (or decode to) more than this off the event loop
+_DEFAULT_MAX_DECODED = 64 << 20  # collector/settings.py's default, for callers without settings
 
 
 class BadBatchError(Exception):
@@ -301,10 +306,31 @@ def _ingested(kind: str, rows: int = 1) -> None:
                                  "with an evaluator token (LIVESTEP_EVALUATOR_TOKENS), never the ingest token")
 
 
-def parse_arrow(body: bytes, limits: Limits = DEFAULT_LIMITS) -> dict[str, pa.Table | IpcStream]:
+def decoded_within(body: bytes, max_bytes: int) -> Decoded:
+    """What the Arrow stream ``body`` decodes to, from its metadata (nothing decompressed); 413 when it
+    is more than ``records.MAX_BATCH_ROWS`` rows or ``max_bytes`` bytes, 400 when it cannot be read."""
     if len(body) < 8 or body[-8:] != _EOS:
         raise BadBatchError(400, "truncated Arrow IPC stream: it must end with the end-of-stream marker "
                                  "(close the stream writer); send one record kind per body")
+    try:
+        size = decoded_size(body)
+    except (ValueError, pa.ArrowException) as e:
+        raise BadBatchError(400, f"not a readable Arrow IPC stream ({e}); expected one record batch stream "
+                                 f"of one record kind, Content-Type {ARROW_STREAM}") from e
+    if size.rows > records.MAX_BATCH_ROWS:
+        raise BadBatchError(413, f"the Arrow stream decodes to {size.rows} rows, over the limit of "
+                                 f"{records.MAX_BATCH_ROWS} rows per request; send smaller batches")
+    if size.bytes > max_bytes:
+        raise BadBatchError(413, f"the Arrow stream decodes to {size.bytes} bytes, over the limit of {max_bytes} "
+                                 "decoded bytes per request (LIVESTEP_MAX_DECODED_BYTES); send smaller batches")
+    return size
+
+
+def parse_arrow(body: bytes, limits: Limits = DEFAULT_LIMITS, max_decoded_bytes: int = _DEFAULT_MAX_DECODED,
+                checked: Decoded | None = None) -> dict[str, pa.Table | IpcStream]:
+    """An Arrow IPC body -> {kind: table}; ``checked``: ``decoded_within`` already passed (the route's)."""
+    if checked is None:
+        decoded_within(body, max_decoded_bytes)  # before anything is decompressed
     try:
         schema, table, consumed = read_ipc_stream(body)
     except (pa.ArrowInvalid, pa.ArrowException, OSError, ValueError) as e:
@@ -408,9 +434,13 @@ def parse_json(body: bytes, limits: Limits = DEFAULT_LIMITS) -> dict[str, pa.Tab
     return out
 
 
-def parse_body(content_type: str, body: bytes, limits: Limits = DEFAULT_LIMITS) -> dict[str, pa.Table | IpcStream]:
+def parse_body(content_type: str, body: bytes, limits: Limits = DEFAULT_LIMITS,
+               max_decoded_bytes: int = _DEFAULT_MAX_DECODED,
+               checked: Decoded | None = None) -> dict[str, pa.Table | IpcStream]:
     try:
-        return parse_arrow(body, limits) if content_type == ARROW_STREAM else parse_json(body, limits)
+        if content_type == ARROW_STREAM:
+            return parse_arrow(body, limits, max_decoded_bytes, checked)
+        return parse_json(body, limits)
     except BadBatchError:
         raise
     except Exception as e:  # anything unexpected while reading input is the input's fault: never a 5xx
@@ -466,10 +496,12 @@ _ERRORS = {
     for s, d in {400: "unreadable body or header", 401: "missing bearer token",
                  403: "bearer token that is not an ingest token", 413: "body too large",
                  409: "Idempotency-Key already used for a different body (nothing stored)",
-                 415: "unknown content type", 422: "invalid values or schema",
+                 415: "unknown content type, or a Content-Encoding (send bodies unencoded; an Arrow "
+                      "stream may compress its own buffers)", 422: "invalid values or schema",
                  429: "spool full: retry after Retry-After seconds"}.items()
 }
-_HEADERS_READ = frozenset((b"authorization", b"content-type", b"content-length", b"idempotency-key"))
+_HEADERS_READ = frozenset((b"authorization", b"content-type", b"content-length", b"idempotency-key",
+                           b"content-encoding"))
 
 
 class _ClientGoneError(Exception):
@@ -525,14 +557,14 @@ def _batch_id(key: str | None, body: bytes, authorization: str) -> str:
     reused with a different body is told apart from a retry (409, see ``_ingest``)."""
     digest = hashlib.sha256(body).hexdigest()
     if key is None:
-        return "sha256:" + digest
+        return unkeyed_id(digest)
     key = key.strip()
     if not 1 <= len(key) <= 200 or not key.isprintable() or not key.isascii():
         raise HTTPException(400, "Idempotency-Key is not valid: 1 to 200 printable ASCII characters "
                                  "(one per batch, the same on every retry)")
     token = bearer_token(authorization)
     scope = hashlib.sha256(token.encode()).hexdigest()[:16] if token else "open"
-    return f"{scope}/{key}#{digest[:32]}"
+    return keyed_id(scope, key, digest)
 
 
 def _key_conflict(key: str) -> HTTPException:
@@ -549,15 +581,19 @@ async def _ingest(scope: Scope, receive: Receive) -> bytes:
     if media not in CONTENT_TYPES:
         raise HTTPException(415, f"Content-Type {media or '(none)'!r} is not supported; valid: "
                                  f"{', '.join(CONTENT_TYPES)}")
+    encoding = headers.get(b"content-encoding", "identity").strip().lower()
+    if encoding not in ("identity", ""):  # else a gzip body would be read as JSON: a confusing 400
+        raise HTTPException(415, f"Content-Encoding {encoding[:40]!r} is not supported; send the body unencoded "
+                                 "(identity). An Arrow IPC stream may compress its own buffers (zstd, lz4), "
+                                 "bounded by what they decode to")
     body = await _read_body(receive, headers.get(b"content-length"), settings.max_body_bytes)
     key = headers.get(b"idempotency-key")
     batch_id = _batch_id(key, body, headers.get(b"authorization", ""))
     spool = state.spool
-    if key is not None and spool.key_conflict(batch_id):  # the key names another body: nothing stored
+    conflict = key is not None and spool.key_conflict(batch_id)  # the key names another body: nothing stored
+    if conflict and not spool.previous_release_key(key.strip()):
         raise _key_conflict(key.strip())
     shown = key.strip() if key is not None else batch_id  # the ack names the batch as the client did
-    if key is not None and (legacy := spool.known(shown)) is not None:  # spooled before keys were scoped
-        return _ack(shown, legacy, True)
     metrics = getattr(state, "ingest_metrics", None)  # collector/metrics.py (None in apps without it)
     known = spool.known(batch_id)
     if known is not None:  # a retry of a stored batch: no need to parse it again
@@ -566,16 +602,25 @@ async def _ingest(scope: Scope, receive: Receive) -> bytes:
         return _ack(shown, known, True)
     limits = state.writer.limits if getattr(state, "writer", None) is not None else DEFAULT_LIMITS
     try:
-        if len(body) > _THREADPOOL_BYTES:
-            tables = await run_in_threadpool(parse_body, media, body, limits)
+        size = decoded_within(body, settings.max_decoded_bytes) if media == ARROW_STREAM else None
+        if max(len(body), size.bytes if size else 0) > _THREADPOOL_BYTES:  # decompress + parse off the loop
+            tables = await run_in_threadpool(parse_body, media, body, limits, settings.max_decoded_bytes, size)
         else:
-            tables = parse_body(media, body, limits)
+            tables = parse_body(media, body, limits, settings.max_decoded_bytes, size)
     except BadBatchError as e:
         if metrics is not None and e.rows:
             metrics.refused_rows(e.status, e.rows)
         raise HTTPException(e.status, str(e)) from e
     if not tables:
         return _ack(shown, {}, False)
+    # a key is looked up only as a key (collector/spool_keys.py): its own scoped id above, and here the
+    # bare key a release before scoped keys spooled, a duplicate only for the same rows
+    if key is not None and (previous := spool.previous_release_duplicate(shown, tables)) is not None:
+        if metrics is not None:
+            metrics.deduplicated()
+        return _ack(shown, previous, True)
+    if conflict:
+        raise _key_conflict(shown)
     try:
         ack = await spool.submit_async(batch_id, tables)
     except KeyConflictError as e:  # a twin request with the same key and another body won the race

@@ -5,18 +5,39 @@
 
 ``api.settings.Settings`` extends this class with the server's bind address and role, and refuses
 to start on a non-loopback bind without ingest tokens.
+
+Where data lives by default (``data_home()``): ``$LIVESTEP_HOME`` when set, else ``./var`` of the
+working directory, resolved to an absolute path when the settings are read -- never the installed
+package's folder (a wheel's ``site-packages``). The store is ``<home>/chdb``, the spool ``<home>/spool``,
+reports ``<home>/reports``; each has its own variable too (``LIVESTEP_CLICKHOUSE_DSN``,
+``LIVESTEP_SPOOL_DIR``, ``LIVESTEP_REPORTS_DIR``).
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-REPO_DIR = Path(__file__).resolve().parent.parent
+REPO_DIR = Path(__file__).resolve().parent.parent  # the source checkout (bench/, docs/): never a data default
+HOME_ENV = "LIVESTEP_HOME"
 MiB = 1024 * 1024
+
+
+def data_home() -> Path:
+    """The folder of livestep's data by default: ``$LIVESTEP_HOME``, else ``./var`` of the working directory."""
+    env = os.environ.get(HOME_ENV, "").strip()
+    return (Path(env).expanduser() if env else Path.cwd() / "var").resolve()
+
+
+def default_paths() -> dict[str, str]:
+    """The defaults as the help texts show them (resolved now, from this working directory)."""
+    home = data_home()
+    return {"home": str(home), "dsn": f"chdb://{home / 'chdb'}", "spool": str(home / "spool"),
+            "reports": str(home / "reports")}
 
 # token lists read from the env as a comma-separated string (or a JSON list)
 TokenList = Annotated[list[str], NoDecode]
@@ -41,7 +62,7 @@ class CollectorSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="LIVESTEP_", extra="ignore", validate_default=True)
 
     clickhouse_dsn: str = Field(
-        default=f"chdb://{REPO_DIR / 'var' / 'chdb'}",
+        default_factory=lambda: f"chdb://{data_home() / 'chdb'}",
         min_length=7,
         max_length=2048,
         description="store DSN: chdb:///abs/dir[?database=name] (embedded) or http(s)://user:pass@host:port/db",
@@ -50,7 +71,7 @@ class CollectorSettings(BaseSettings):
         default=None,
         min_length=1,
         max_length=128,
-        description="ClickHouse cluster the store's tables live on (sql/cluster/, applied by `livestep migrate "
+        description="ClickHouse cluster the store's tables live on (sql/ in its cluster form, applied by `livestep migrate "
         "--cluster NAME`); set, the server never applies DDL at start and refuses a schema that is not current",
     )
     migrate_on_start: bool = Field(
@@ -65,7 +86,7 @@ class CollectorSettings(BaseSettings):
         "empty = no auth, allowed only on a loopback bind",
     )
     spool_dir: Path = Field(
-        default=REPO_DIR / "var" / "spool",
+        default_factory=lambda: data_home() / "spool",
         description="directory of the durable spool (append-only fsync'd segments); one per collector process",
     )
     spool_max_bytes: int = Field(
@@ -85,6 +106,13 @@ class CollectorSettings(BaseSettings):
         ge=1024,
         le=1024 * MiB,
         description="largest accepted request body; a bigger one gets 413",
+    )
+    max_decoded_bytes: int = Field(
+        default=64 * MiB,
+        ge=1024,
+        le=4096 * MiB,
+        description="most bytes an Arrow IPC body may decode to (its buffers decompressed: zstd, lz4); "
+        "read from the stream's metadata before decoding, a body over it gets 413",
     )
     flush_rows: int = Field(
         default=200_000,
@@ -127,6 +155,12 @@ class CollectorSettings(BaseSettings):
         default=None,
         description="TEST/DRILL ONLY: while this file exists the writer treats the store as unavailable "
         "(rows stay in the spool); None disables the hook",
+    )
+    fault_pause_before_commit_file: Path | None = Field(
+        default=None,
+        description="TEST/DRILL ONLY: while this file exists the writer stops after a block is in the store and "
+        "before its spool commit, and says so by creating <file>.paused (bench/faults.py aims kill -9 there); "
+        "None disables the hook",
     )
 
     @field_validator("ingest_tokens", mode="before")

@@ -4,7 +4,8 @@
     state["status"], state["reasons"]       # "degraded", ["writer retrying since 12.5 s: ...", ...]
 
 Degraded while any acked row is not on its way into the store: the store does not answer, the writer
-is not running, the writer's inserts are failing (it retries for as long as it lasts), or batches wait
+is not running, the writer's inserts are failing (it retries for as long as it lasts), the spool refuses
+ingest for space (its bound, or a full disk: 429/503 until the writer drains it), or batches wait
 in quarantine (refused by the store for their content: ``livestep spool requeue`` once fixed).
 """
 
@@ -32,6 +33,8 @@ def collector_state(store_reachable: bool, spool, writer) -> dict:
         if writer_stats["last_error"] is not None:
             reasons.append(f"writer retrying for {writer_stats['failing_for_s'] or 0:.1f} s: "
                            f"{writer_stats['last_error'][:200]}")
+    if spool_stats is not None and spool_stats.get("refusing"):
+        reasons.append(f"ingest refused for space: {spool_stats['refusing']}")
     if quarantine["batches"]:
         reasons.append(f"{quarantine['batches']} batch(es), {quarantine['rows']} rows, quarantined: refused by "
                        f"the store for their content; fix the cause, then `livestep spool requeue`")

@@ -124,7 +124,7 @@ class Store:
         return schema_files(cluster)
 
     def migrate(self, cluster: str | None = None, dry_run: bool = False) -> list[str]:
-        """Apply the files of ``sql/`` (``sql/cluster/`` for ``cluster``) not yet recorded in
+        """Apply the files of ``sql/`` (their cluster form ON CLUSTER for ``cluster``) not yet recorded in
         ``schema_migrations``; return their names (``dry_run``: parse-check and return only)."""
         with self._migrate_lock:
             return [s.name for s in _migrate(self, cluster=cluster, dry_run=dry_run)]
@@ -148,7 +148,7 @@ class Store:
 
         The materialized views fed by ``table`` are deduplicated with it (a retried batch must not
         count twice in ``session_stats``): every MV target table carries the dedup window too. On a
-        cluster (sql/cluster/: ``table`` is Distributed) the insert returns once every shard stored
+        cluster (collector/cluster_ddl.py: ``table`` is Distributed) the insert returns once every shard stored
         its rows (``insert_distributed_sync``), so the writer's ack means stored, as on one node
         (where the setting does nothing).
         """

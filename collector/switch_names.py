@@ -5,6 +5,9 @@ The worker imports this (its GPU machine has no pydantic); ``collector.records``
 Each name is an optimization of the paper with its plain path kept; ``buffer_per_shape`` is the fault
 switch that reproduces the August leak (off by default). The ``turn_*`` switches are the playout
 policies of a conversational turn (worker/turns.py): at most one is on, none is the plain ``keep``.
+``attention_fp8_dots`` picks the FP8 attention kernel's precision (kernels/fp8_attention.py ``FAST`` over
+its band-safe ``DEFAULT``); it acts where that kernel runs (``triton_kernels`` on CUDA, an FP8 window).
+New names go last: a TP group's switch bitmask (worker/parallel.py) keeps every older name's bit.
 """
 
 SWITCH_NAMES: tuple[str, ...] = (
@@ -22,15 +25,18 @@ SWITCH_NAMES: tuple[str, ...] = (
     "turn_drop_unplayed",
     "turn_trim",
     "turn_cover",
+    "attention_fp8_dots",
 )
 
 # switch -> the playout policy it turns on (worker/turns.py; records.PLAYOUT_POLICIES); all off: keep
 PLAYOUT_SWITCHES: dict[str, str] = {"turn_drop_unplayed": "drop_unplayed", "turn_trim": "trim",
                                     "turn_cover": "cover"}
 # Off in the production configuration (``Switches.all_on``, the control plane's DEFAULTS): the fault
-# switch, and the playout policies other than the production one (``turn_cover``: the lowest turn
-# latency without a late chunk by design, docs/PERFORMANCE.md "Issue 20")
-PRODUCTION_OFF: tuple[str, ...] = ("buffer_per_shape", "turn_drop_unplayed", "turn_trim")
+# switch, the playout policies other than the production one (``turn_cover``: the lowest turn latency
+# without a late chunk by design, docs/PERFORMANCE.md "Issue 20"), and ``attention_fp8_dots`` (the FP8
+# attention kernel's all-FP8 precision pair: ~1.9x faster than the default pair on the H200 sweep, but
+# 10x SDPA's error, outside the quality band; docs/PERFORMANCE.md "Issue 27")
+PRODUCTION_OFF: tuple[str, ...] = ("buffer_per_shape", "turn_drop_unplayed", "turn_trim", "attention_fp8_dots")
 
 # The switches that change the model's numerics (the latents, not only the time): each is a production
 # default for a GPU kind only with a passing evaluation of that kind and release (``livestep evaluate``,
@@ -45,6 +51,7 @@ NUMERIC_SWITCHES: tuple[str, ...] = (
     "fused_allreduce",
     "compile",
     "static_scales",
+    "attention_fp8_dots",
 )
 assert set(NUMERIC_SWITCHES) <= set(SWITCH_NAMES)
 assert set(PLAYOUT_SWITCHES) <= set(SWITCH_NAMES) and set(PRODUCTION_OFF) <= set(SWITCH_NAMES)

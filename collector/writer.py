@@ -176,6 +176,7 @@ class BlockWriter:
         fault_store_down_file: Path | None = None,
         poison_after: int = 20,
         fault_refuse_writes_file: Path | None = None,
+        fault_pause_before_commit_file: Path | None = None,
     ):
         self.spool = spool
         self.get_store = get_store
@@ -184,6 +185,7 @@ class BlockWriter:
         self.retry_max_s = retry_max_s
         self.fault_file = fault_store_down_file
         self.refuse_file = fault_refuse_writes_file
+        self.pause_file = fault_pause_before_commit_file
         self.poison_after = poison_after
         self.quarantined = 0
         self.unquarantined = 0  # quarantined batches the store took after all (their files removed)
@@ -208,8 +210,7 @@ class BlockWriter:
     def stop(self, timeout_s: float = 10.0) -> None:
         """Stop after the block in flight (what is left stays in the spool for the next start)."""
         self._stop.set()
-        with self.spool._cond:
-            self.spool._cond.notify_all()
+        self.spool.wake()
         if self._thread is not None:
             self._thread.join(timeout_s)
 
@@ -282,7 +283,19 @@ class BlockWriter:
                 self.spool.log_intent(entries[0].seq, entries[-1].seq)
                 split = None
             if self._insert_with_retry(entries, split):
+                self._pause_before_commit()
                 self.spool.mark_committed(entries[-1].seq)
+
+    def _pause_before_commit(self) -> None:
+        """The drill hook: hold the block stored and not committed while the pause file exists (a
+        kill -9 aimed here makes the next start replay it)."""
+        if self.pause_file is None or not self.pause_file.exists():
+            return
+        paused = self.pause_file.with_name(self.pause_file.name + ".paused")
+        paused.touch()
+        while self.pause_file.exists() and not self._stop.is_set():
+            self._stop.wait(0.01)
+        paused.unlink(missing_ok=True)
 
     def _next_block(self) -> list[Entry]:
         """Wait until a block is due: ``flush_rows`` rows waiting, or the oldest is old enough."""

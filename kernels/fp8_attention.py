@@ -21,16 +21,22 @@ Precision (``QK_MODES`` x ``PV_MODES``; each a constexpr of the one kernel; ``fp
                  zero-mean V the output's relative error is the same ~2.5% (it is itself such a sum).
         "split"  P = hi + lo / 16 (both e4m3, as for Q): two FP8 MMAs into a fresh tile accumulator, added
                  to the fp32 output in registers (two-level accumulation, as SageAttention2's FP8 P@V).
+                 **Interpreter only**: on the H200 (Triton 3.6, 2026-12-02) every launch of it returned
+                 non-finite outputs, which the interpreter and its model do not; ``precision`` refuses it
+                 on the GPU (``GPU_PV_MODES``) until that is understood. It was no faster than "bf16" there.
         "bf16"   P and V (upconverted in registers) in bf16.
   The row sum l is taken in fp32 from the unrounded P; out = acc * v_scale / l, rounded to bf16.
-``DEFAULT`` = ("split", "split"): relative L2 error ~1.9e-3 vs the fp64 truth on random data (the
-precision model ``fp8_attention_lowp_ref``; bf16 operands in both dots: ~2.3e-3; old ("fp8", "fp8"):
-3.6e-2), at twice the FP8 MMA work of ("fp8", "fp8") but no operand conversion. The figures of every
-pair, both errors and times at the rank shape, come from ``bench/attention.py`` (docs/PERFORMANCE.md,
-issue 27). Not done, on purpose: SageAttention's K smoothing (subtract K's mean over the keys) and
-FA3's Hadamard rotation reduce the error of quantizing K in the kernel; here K was quantized once, at
-write time (its cost, the FP8 cache's, measured at +0.1% model error), and Q's error against K's mean is
-a constant per query row, which softmax ignores.
+``DEFAULT`` = ("split", "bf16"): relative L2 error 2.6e-3 vs the fp64 truth on random data at the rank
+shape (bf16 SDPA on the same inputs: 3.6e-3; the old ("fp8", "fp8"): 3.6e-2; both Q and P in e4m3 cost
+~2.5% each), measured with ``bench/attention.py`` on the H200 (docs/PERFORMANCE.md, issue 27): 117.5 us
+per call at 128x128 tiles, against 62.8 us for ("fp8", "fp8") and ~90 us for bf16 SDPA -- the precision
+costs speed: no pair inside the quality band ran faster than SDPA (("split", "fp8"): 79.5 us, 2.6e-2).
+``FAST`` = ("fp8", "fp8") is the operator's choice of speed over that band: the worker's
+``attention_fp8_dots`` switch (a numeric switch, off in production, judged by ``livestep evaluate``).
+Not done, on purpose: SageAttention's K smoothing (subtract K's mean over the keys) and FA3's Hadamard
+rotation reduce the error of quantizing K in the kernel; here K was quantized once, at write time (its
+cost, the FP8 cache's, measured at +0.1% model error), and Q's error against K's mean is a constant per
+query row, which softmax ignores.
 
 ``TMA``: K/V tiles through host TensorDescriptors over slots [0, n_valid) (zero fill, no load masks).
 Tried and dropped (slower on the H200 sweep, see docs/PERFORMANCE.md): split window (flash-decoding), half
@@ -67,7 +73,9 @@ LOG2E = 1.4426950408889634
 SLOT_PAD = 16  # keys-contiguous V: slot stride padded to 16 bytes so every head_dim row loads 16 B vectors
 QK_MODES = ("fp8", "split", "bf16")  # precision of Q @ K^T (module docstring)
 PV_MODES = ("fp8", "split", "bf16")  # precision of P @ V
-DEFAULT = ("split", "split")  # (qk, pv) the worker runs (fp8_attention's qk=None / pv=None)
+GPU_PV_MODES = ("fp8", "bf16")  # "split" P@V: non-finite outputs on the H200 (module docstring)
+DEFAULT = ("split", "bf16")  # (qk, pv) the worker runs (fp8_attention's qk=None / pv=None)
+FAST = ("fp8", "fp8")  # the all-FP8 pair: the worker's attention_fp8_dots switch (off in production)
 LO_SHIFT = (
     16.0  # "split": lo = e4m3((x - hi) * 16): hi's rounding error (<= half an e4m3 step) x 16 stays < 448
 )
@@ -76,11 +84,15 @@ LO_SHIFT = (
 # one such line; set it here. Keys: BLOCK_M x BLOCK_N tiles, num_warps, num_stages, TMA (K/V tiles through
 # host TensorDescriptors). The precision is not here: ``DEFAULT``.
 _TILES = {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3}
-TUNED = {  # H200 sweep 2026-11-29 12:47 UTC for ("fp8", "fp8"): keys 64x128 w4 s3 with TMA 66.1 us = 0.755x
-    # SDPA (pointer loads 77.8 us); dims: the old default (108.5 us)
-    "keys": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 3, "TMA": True},
+TUNED = {  # H200 sweep 2026-12-02 07:31 UTC (bench/attention.py) for DEFAULT: keys 128x128 w8 s3 with TMA
+    # 117.5 us (64x128 w4 s3: 159.3 us); ("fp8", "fp8") ran best at 64x128 w4 s3 TMA (62.8 us); dims: the
+    # old bf16-P@V default's tiles
+    "keys": {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "TMA": True},
     "dims": {**_TILES, "TMA": False},
 }
+# a pair whose sweep winner has other tiles than DEFAULT's, per V layout (the rest take ``TUNED``): FAST ran
+# fastest at 64x128 w4 s3 TMA (62.8 us, the old default's launch) in the same H200 sweep
+TUNED_PAIRS = {FAST: {"keys": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 3, "TMA": True}}}
 
 # (qk, pv) -> relative-error bound vs the fp64 truth on random data (tests and bench use it): ~1.5x the
 # precision model's own error at the rank shape (tiny shapes sit below it too)
@@ -351,26 +363,29 @@ def _check(q, k_cache, v_cache, k_scale, v_scale, n_valid) -> None:
     )
 
 
-def precision(qk: str | None = None, pv: str | None = None) -> tuple[str, str]:
-    """(qk, pv) with None taken from ``DEFAULT``; an unknown name lists the valid ones."""
+def precision(qk: str | None = None, pv: str | None = None, model: bool = False) -> tuple[str, str]:
+    """(qk, pv) with None taken from ``DEFAULT``; an unknown name lists the valid ones. The kernel on the
+    GPU takes ``GPU_PV_MODES`` for pv; the interpreter and the precision model (``model``) every mode."""
     qk = DEFAULT[0] if qk is None else qk
     pv = DEFAULT[1] if pv is None else pv
+    pv_modes = PV_MODES if (model or interpreting()) else GPU_PV_MODES
     assert qk in QK_MODES, f"qk {qk!r}; valid: {list(QK_MODES)}"
-    assert pv in PV_MODES, f"pv {pv!r}; valid: {list(PV_MODES)}"
+    assert pv in pv_modes, f"pv {pv!r}; valid here: {list(pv_modes)}"
     return qk, pv
 
 
-def _tuned(v_cache: torch.Tensor) -> dict:
-    return TUNED["keys" if keys_contiguous(v_cache) else "dims"]
+def _tuned(v_cache: torch.Tensor, pair: tuple[str, str] = DEFAULT) -> dict:
+    layout = "keys" if keys_contiguous(v_cache) else "dims"
+    return TUNED_PAIRS.get(pair, {}).get(layout) or TUNED[layout]
 
 
-def _config(Tq: int, D: int, v_cache: torch.Tensor | None = None) -> dict:
-    """Launch tiles (no autotuning): ``TUNED`` for V's layout on the GPU (the sweep's winner); small
-    tiles for tiny problems and the interpreter."""
+def _config(Tq: int, D: int, v_cache: torch.Tensor | None = None, pair: tuple[str, str] = DEFAULT) -> dict:
+    """Launch tiles (no autotuning): ``TUNED`` for V's layout on the GPU (the sweep's winner; a pair's own
+    in ``TUNED_PAIRS``); small tiles for tiny problems and the interpreter."""
     if interpreting() or Tq <= 32:
         bm = 16 if Tq <= 16 else 32
         return {"BLOCK_M": bm, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1, "TMA": False}
-    cfg = dict(TUNED["dims"] if v_cache is None else _tuned(v_cache))
+    cfg = dict(TUNED["dims"] if v_cache is None else _tuned(v_cache, pair))
     if D > 128:
         cfg["BLOCK_N"] = min(cfg["BLOCK_N"], 64)
     return cfg
@@ -401,7 +416,7 @@ def launch(
         out = torch.empty_like(q)
     else:  # token-major FP8 [Tq, H*D], viewed [H, Tq, D] for the kernel's strides
         out = torch.empty(Tq, H * D, dtype=FP8_DTYPE, device=q.device).view(Tq, H, D).transpose(0, 1)
-    cfg = dict(cfg or _config(Tq, D, v_cache))
+    cfg = dict(cfg or _config(Tq, D, v_cache, (qk, pv)))
     tma = cfg.pop("TMA", False)
     if wrap is torch.library.wrap_triton:
         # under torch.compile (the triton_op) loads go through pointers: torch 2.11's wrap_triton does
@@ -585,7 +600,7 @@ def fp8_attention_lowp_ref(
     the kernel rounds them for ``qk``/``pv`` (None: ``DEFAULT``), products and sums in ``compute_dtype``,
     the row sum from the unrounded P, bf16 out. Tests bound the kernel's error against the fp64 truth by
     this reference's own error (err <= 2 * err_ref + atol)."""
-    qk, pv = precision(qk, pv)
+    qk, pv = precision(qk, pv, model=True)
     sm = float(sm_scale) if sm_scale is not None else 1.0 / math.sqrt(q.shape[-1])
     qf = q.to(compute_dtype)
     if qk != "bf16" and q.shape[-1] >= 32:

@@ -61,6 +61,20 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_timeout_set_timer(item, settings):
+    """pytest-timeout's limit (``timeout`` in pyproject.toml, or a test's marker) is a budget for an
+    idle machine: scaled here by how loaded this one is when the test starts (tests/machine.py), so
+    a busy machine slows the suite instead of failing it, while a hang is still caught. Under load
+    average 10-37 on 2 cores, CPU-bound fixtures (tests/worker/test_evaluate.py) ran past 300 s."""
+    from pytest_timeout import pytest_timeout_set_timer as set_timer
+
+    from tests.machine import slowdown
+
+    factor = slowdown()
+    return set_timer(item, settings._replace(timeout=settings.timeout * factor)) if factor > 1.0 else None
+
+
 @pytest.fixture(scope="module")
 def torch_chains_only():
     """For a module of CPU evaluations: they run the block's torch chains, with TRITON_INTERPRET unset

@@ -149,12 +149,18 @@ def _kernels():
 
 
 class CacheOps:
-    """The cache's three ops, dispatched once per switch change (never per call)."""
+    """The cache's three ops, dispatched once per switch change (never per call).
 
-    def __init__(self, switches: Switches, device: torch.device):
+    ``kernels``: run the Triton ops (None: with ``triton_kernels`` on CUDA; True: also on the CPU, for
+    tests under ``TRITON_INTERPRET=1``). ``attention_pair``: the FP8 attention kernel's (qk, pv)
+    precision when it runs -- ``FAST`` with ``attention_fp8_dots``, else its band-safe ``DEFAULT``."""
+
+    def __init__(self, switches: Switches, device: torch.device, kernels: bool | None = None):
         cuda = device.type == "cuda"
-        k = _kernels() if (switches.triton_kernels and cuda) else None
+        use = (switches.triton_kernels and cuda) if kernels is None else kernels
+        k = _kernels() if use else None
         self.triton = k is not None
+        self.attention_pair: tuple[str, str] | None = None
         self.write_pair = write_pair_torch
         self.reread = reread_torch
         self._attention = attention_torch
@@ -166,6 +172,7 @@ class CacheOps:
             self._v_layout = k[2].v_layout
             self._to_keys = k[2].to_keys_contiguous
             self._fa_dims = k[2].SUPPORTED_HEAD_DIMS
+            self.attention_pair = k[2].FAST if switches.attention_fp8_dots else k[2].DEFAULT
         if switches.compile and cuda:
             self.write_pair = compiled(write_pair_torch)  # once per process: a cache is made per session
             self.reread = compiled(reread_torch)
@@ -208,8 +215,9 @@ class CacheOps:
         maybe compiled). ``out_scale`` (a static activation scale []): FP8 [Tq, H*D] instead, the output
         projection's input (stored so by the kernel; quantized after the torch path)."""
         if self._fa is not None and win.k_scale is not None:
-            return self._fa(q, win.k, win.v, win.k_scale, win.v_scale, win.n, q_cos=cos, q_sin=sin,
-                            out_scale=out_scale)
+            qk, pv = self.attention_pair
+            return self._fa(q, win.k, win.v, win.k_scale, win.v_scale, win.n, qk=qk, pv=pv, q_cos=cos,
+                            q_sin=sin, out_scale=out_scale)
         if cos is not None:
             q = rope(q, cos, sin)
         o = attention_torch(q, win)
@@ -451,7 +459,8 @@ def make_cache(shape: ModelShape, switches: Switches, device, dtype: torch.dtype
     return cls(shape, switches, device, dtype)
 
 
-CACHE_SWITCHES = ("ring_cache", "rope_at_write", "fp8_cache", "delta_rotation", "triton_kernels", "compile")
+CACHE_SWITCHES = ("ring_cache", "rope_at_write", "fp8_cache", "delta_rotation", "triton_kernels", "compile",
+                  "attention_fp8_dots")
 
 
 def rebuild_cache(old: KVCache, switches: Switches) -> KVCache:

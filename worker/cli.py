@@ -23,6 +23,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from collector.flip_fields import FLIP_MODES
 from worker.config import PREROLL, PRESETS, SWITCH_NAMES
 
 
@@ -67,6 +68,11 @@ def register(subparsers) -> None:
     run.add_argument("--no-warm", action="store_true",
                      help="skip the warm-up at start (compile and CUDA-graph capture once per worker, for the "
                           "initial switches): each session then captures its own graphs once its window fills")
+    run.add_argument("--flip", default="background", choices=FLIP_MODES,
+                     help="how a switch flip applies (worker/readiness.py): background (default: built on a thread, "
+                          "swapped in at a step boundary, the worker never re-warms between sessions; the warm-up "
+                          "also prepares each runtime switch's neighbour) or inline (the plain path: rebuilt in the "
+                          "step loop, a blocking re-warm after the session); tensor parallel: inline")
     run.add_argument("--json", action="store_true", help="print each session summary as JSON")
     run.add_argument("--metrics-port", type=int, default=None,
                      help="serve Prometheus metrics on this port (GET /metrics; off by default; 0 = any free port)")
@@ -86,6 +92,7 @@ def cmd_run(args) -> int:
     from worker import preflight
     from worker.config import ModelShape, Switches, parse_switch_args
     from worker.device import check_device
+    from worker.run_args import client_kwargs, turns_of, warm_up
     from worker.session import Worker
 
     ModelShape.from_name(args.preset)  # a clear error before torch spins up
@@ -100,7 +107,8 @@ def cmd_run(args) -> int:
     if parallel.wants_group(args.tp):  # a real TP group: worker/parallel.py runs each rank
         return parallel.run_cli(args)
     switches = parse_switch_args(args.switch)
-    w = Worker(args.preset, device=args.device, tp=args.tp, worker_id=args.worker_id, release=args.release)
+    w = Worker(args.preset, device=args.device, tp=args.tp, worker_id=args.worker_id, release=args.release,
+               flip=args.flip)
     if args.metrics_port is not None:
         from worker.metrics import WorkerMetrics, serve
 
@@ -113,25 +121,10 @@ def cmd_run(args) -> int:
         s = w.run_session(seconds=args.seconds, steps=args.steps, collector_url=args.collector, token=args.token,
                           switches=switches, switch_source=args.switch_source, cond_tokens=args.cond_tokens,
                           realtime=not args.no_realtime, client_kwargs=client_kwargs(args),
-                          turns=_turns(args, w), playout_policy=args.playout_policy, preroll=args.preroll)
+                          turns=turns_of(args, w), playout_policy=args.playout_policy, preroll=args.preroll)
         _print_session(s, args.json)
         switches = Switches.decode(s.switches)  # the next session starts where the control plane left it
     return 0
-
-
-def warm_up(w, switches, args, say: bool = True) -> None:
-    """``Worker.warm`` for the initial switches unless ``--no-warm`` (worker/session.py says what it does)."""
-    if args.no_warm:
-        return
-    warm = w.warm(switches)
-    if say:
-        print(f"warm: {warm.runner.n_graphs} CUDA graphs for prompt buckets {list(warm.buckets)} in "
-              f"{warm.seconds:.1f} s", flush=True)
-
-
-def client_kwargs(args) -> dict | None:
-    """The session's shipping client's options from the command line (``--telemetry-file``)."""
-    return {"telemetry_file": args.telemetry_file} if args.telemetry_file else None
 
 
 def _print_session(s, as_json: bool) -> None:
@@ -146,22 +139,6 @@ def _print_session(s, as_json: bool) -> None:
           + (f"filed {s.telemetry_filed} " if s.telemetry_filed else "") + f"dropped {s.telemetry_dropped}"
           + (f", FP8 inputs at +-448 at most {s.max_fp8_saturated:.2e} over {s.probed_steps} probed steps"
              if s.max_fp8_saturated is not None else ""))
-
-
-def _turns(args, w):
-    """A conversation for one session (``--turns-every``), or None."""
-    if not args.turns_every:
-        return None
-    import random
-
-    from worker.turns import TurnSchedule, conversation
-
-    try:
-        lo, hi = (float(x) for x in args.turns_every.split(","))
-    except ValueError:
-        raise SystemExit(f"--turns-every {args.turns_every!r}: write LO,HI seconds, e.g. 2,5") from None
-    seconds = args.seconds if args.steps is None else args.steps / 6
-    return TurnSchedule(conversation(seconds, random.Random(), (lo, hi), w.shape.cond_tokens))
 
 
 def cmd_bench(args) -> int:

@@ -205,6 +205,9 @@ class Switches:
     turn_drop_unplayed: bool = False
     turn_trim: bool = False
     turn_cover: bool = False
+    # the FP8 attention kernel's all-FP8 precision pair (kernels/fp8_attention.py FAST) over its
+    # band-safe DEFAULT: faster, outside the quality band (off in production); acts with triton_kernels
+    attention_fp8_dots: bool = False
 
     def __post_init__(self) -> None:
         for f in fields(self):

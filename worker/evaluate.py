@@ -17,7 +17,8 @@ configuration passes when the teacher-forced and the free-running judge ran and 
 latents equal the plain path's on this device is ``no_effect``, never a pass. The result states the
 plain arm's numerics (``numerics``) and what its series hold (``measured``: the records' steps, seeds and
 band runs, never the header's). Skipped: ``fused_allreduce`` at world size 1 (it needs a TP group), and
-on the CPU ``compile`` (inductor runs on CUDA only here) and ``triton_kernels`` unless ``TRITON_INTERPRET=1``.
+on the CPU ``compile`` (inductor runs on CUDA only here), ``attention_fp8_dots`` (the worker's FP8
+attention kernel: CUDA only) and ``triton_kernels`` unless ``TRITON_INTERPRET=1``.
 
 Results print as a table; ``--out`` writes them as JSON, after every finished judge of every seed too
 (a run cut short by a timeout keeps what it finished: judge it with ``--from``). The GPU machine has no
@@ -55,6 +56,8 @@ CONFIGURATIONS: dict[str, dict[str, bool]] = {
     "static_scales": {"static_scales": True},
     "triton_kernels": {"triton_kernels": True, "static_scales": True, "ring_cache": True, "rope_at_write": True,
                        "fp8_cache": True},
+    "attention_fp8_dots": {"attention_fp8_dots": True, "triton_kernels": True, "static_scales": True,
+                           "ring_cache": True, "rope_at_write": True, "fp8_cache": True},
     "compile": {"compile": True},
     "fused_allreduce": {"fused_allreduce": True},
 }
@@ -145,7 +148,8 @@ def evaluate(preset: str = "tiny", device: str = "cpu", switches: list[str] | No
     if dev.type == "cpu":  # what does nothing here would measure its configuration's other switches
         import os
 
-        off_cpu = {"compile": "inductor compiles the model only on CUDA"}
+        off_cpu = {"compile": "inductor compiles the model only on CUDA",
+                   "attention_fp8_dots": "the worker runs the FP8 attention kernel on CUDA only"}
         if os.environ.get("TRITON_INTERPRET") != "1":
             off_cpu["triton_kernels"] = "Triton runs on CUDA, or on the CPU under TRITON_INTERPRET=1"
         skipped.update({n: why for n, why in off_cpu.items() if n in cands})

@@ -32,6 +32,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from collector.build_info import build_info
+
 # seconds, dense around the 166.7 ms chunk deadline (the collector's fleet histogram has the same edges)
 STEP_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.125, 0.15, 0.16, 0.1667, 0.175, 0.2, 0.25, 0.3333, 0.5, 1.0, 2.5)
 
@@ -66,7 +68,10 @@ class WorkerMetrics(Collector):
         self._cursor = 0  # steps of the current session already in the histograms
         self._session_ms = 0.0  # the current session's summed step periods (its streamed time)
         self._period, self._diffusion = _Hist(), _Hist()
-        self._done = {"sessions": 0, "late": 0, "stall_s": 0.0, "dropped": 0}  # finished sessions' totals
+        self._done = {"sessions": 0, "late": 0, "stall_s": 0.0, "dropped": 0, "poll_failures": 0}  # finished sessions' totals
+        # switch flips (worker/readiness.py): per mode, their count, late chunks and stall; seconds out of service
+        self._flips: dict[str, list[float]] = {}  # mode -> [flips, late chunks, stall s, to new config s]
+        self._out_of_service_s = 0.0
         self._started = 0
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
@@ -89,6 +94,14 @@ class WorkerMetrics(Collector):
             self._done["late"] += pl.late_chunks
             self._done["stall_s"] += pl.stall_s
             self._done["dropped"] += self._dropped(session)
+            self._done["poll_failures"] += self._poll_failures(session)
+            for f in getattr(summary, "flips", None) or []:
+                acc = self._flips.setdefault(f["mode"], [0, 0, 0.0, 0.0])
+                acc[0] += 1
+                acc[1] += f["late_chunks"]
+                acc[2] += f["stall_ms"] / 1e3
+                acc[3] += (f["to_new_config_ms"] or 0.0) / 1e3
+            self._out_of_service_s += getattr(summary, "out_of_service_s", 0.0) or 0.0
             self._session = None
 
     # -- reading ------------------------------------------------------------------------------------
@@ -103,6 +116,10 @@ class WorkerMetrics(Collector):
             self._cursor = n
 
     @staticmethod
+    def _poll_failures(s) -> int:
+        return int(getattr(s.source, "errors", 0) or 0)
+
+    @staticmethod
     def _dropped(s) -> int:
         return int(s.tel.dropped) + int(getattr(s.sink, "dropped", 0) or 0)
 
@@ -115,7 +132,9 @@ class WorkerMetrics(Collector):
             period, diffusion = self._period.buckets(), self._diffusion.buckets()
             psum, dsum = self._period.sum, self._diffusion.sum
             started = self._started
+            flips, oos = {m: list(v) for m, v in self._flips.items()}, self._out_of_service_s
         w = self.worker
+        yield build_info()
         yield InfoMetricFamily("livestep_worker", "The worker's identity",
                                value={"worker_id": w.worker_id, "release": w.release, "gpu_kind": w.gpu_kind,
                                       "shape": w.shape.name})
@@ -127,10 +146,11 @@ class WorkerMetrics(Collector):
         f = HistogramMetricFamily("livestep_worker_step_diffusion_seconds", "Denoising time of one chunk (GPU time)")
         f.add_metric([], diffusion, dsum)
         yield f
-        late, stall, dropped = done["late"], done["stall_s"], done["dropped"]
+        late, stall, dropped, polls = done["late"], done["stall_s"], done["dropped"], done["poll_failures"]
         running = s is not None and s.playout.delivered < s.n_steps
         if s is not None:
             late, stall, dropped = late + s.playout.late_chunks, stall + s.playout.stall_s, dropped + self._dropped(s)
+            polls += self._poll_failures(s)
         yield CounterMetricFamily("livestep_worker_late_chunks", "Chunks delivered after their playout deadline",
                                   value=late)
         yield CounterMetricFamily("livestep_worker_stall_seconds", "Playback stalled waiting for late chunks",
@@ -138,7 +158,10 @@ class WorkerMetrics(Collector):
         yield CounterMetricFamily("livestep_worker_sessions", "Sessions started on this worker", value=started)
         yield CounterMetricFamily("livestep_worker_telemetry_records_dropped",
                                   "Telemetry records lost (worker side and shipping client)", value=dropped)
+        yield CounterMetricFamily("livestep_worker_switch_poll_failures",
+                                  "Switch polls of the control plane that failed (refused, unreachable)", value=polls)
         yield GaugeMetricFamily("livestep_worker_session_running", "1 while a session streams", value=int(running))
+        yield from _flip_families(flips, oos, w)
         if s is None:
             return
         yield from self._session_families(s, running)
@@ -149,12 +172,22 @@ class WorkerMetrics(Collector):
         depth = pl.delivered - pl.started(now, pl.delivered) if running else 0
         yield GaugeMetricFamily("livestep_worker_playout_depth_chunks", "Chunks buffered ahead of the player",
                                 value=max(0, depth))
+        if getattr(s.source, "failing", False) is not False:  # an HTTP control plane (worker/switches.py)
+            yield GaugeMetricFamily("livestep_worker_switch_source_up",
+                                    "1 while the control plane's switch polls succeed, 0 while they fail",
+                                    value=int(s.source.failing is None))
         streamed_ms = self._session_ms
         frames = pl.delivered * s.w.shape.frames_per_chunk
         if streamed_ms > 0:
-            yield GaugeMetricFamily("livestep_worker_session_fps",
-                                    "Frames per streamed second of the current (or last) session",
+            yield GaugeMetricFamily("livestep_worker_session_sustainable_fps",
+                                    "Frames per second of the worker's own generation time in the current (or last) "
+                                    "session: what it could sustain (above 24 when paced by the player)",
                                     value=frames / (streamed_ms / 1e3))
+        if pl.streamed_s > 0:
+            yield GaugeMetricFamily("livestep_worker_session_delivered_fps",
+                                    "Frames per second the viewer got in the current (or last) session: frames "
+                                    "delivered over playback time, stalls included (24 at most when paced)",
+                                    value=frames / pl.streamed_s)
         yield InfoMetricFamily("livestep_worker_switches", "The current session's switch state (on/off)",
                                value={k: "on" if v else "off" for k, v in s.switches.as_dict().items()})
         alloc, reserved = tel.memory()  # the caching allocator's host-side counters: no sync
@@ -165,6 +198,25 @@ class WorkerMetrics(Collector):
         latest = dict(getattr(tel.power, "latest", None) or {}) if tel.power is not None else {}
         if latest:
             yield from _gpu_families(latest)
+
+
+def _flip_families(flips: dict[str, list[float]], out_of_service_s: float, w):
+    """Switch flips of finished sessions (their ``flip_cost`` events), by how they were applied."""
+    names = (("livestep_worker_flips", "Switch flips applied (mode: background, session_start, inline)"),
+             ("livestep_worker_flip_late_chunks", "Late chunks from a flip's poll to 24 chunks after it took effect"),
+             ("livestep_worker_flip_stall_seconds", "Playback stall over the same chunks"),
+             ("livestep_worker_flip_to_new_config_seconds", "Poll to the first step on the new configuration, summed"))
+    for j, (name, doc) in enumerate(names):
+        f = CounterMetricFamily(name, doc, labels=["mode"])
+        for mode, acc in sorted(flips.items()):
+            f.add_metric([mode], acc[j])
+        yield f
+    yield CounterMetricFamily("livestep_worker_out_of_service_seconds",
+                              "Time the worker blocked between sessions for a switch change (a re-warm)",
+                              value=out_of_service_s)
+    rd = getattr(w, "readiness", None)
+    yield GaugeMetricFamily("livestep_worker_flip_building", "1 while a flip's target is built in the background",
+                            value=int(bool(rd is not None and rd.building())))
 
 
 # livestep name, help, gpu_sample field, scale, DCGM-exporter counterpart (docs/METRICS.md)

@@ -37,6 +37,7 @@ from kernels.gemm_allreduce import _operands, fp8_gemm, fused_gemm_allreduce
 from worker.buffers import BufferRegistry, registry_for
 from worker.config import SWITCH_NAMES, ModelShape, Switches, tp_rank_of
 from worker.decoder import DecodeJob
+from worker.run_args import client_kwargs, turns_of, warm_up
 from worker.session import Session, Worker
 from worker.turns import POLICIES, TurnInbox, TurnRequest
 
@@ -416,7 +417,6 @@ def run_cli(args) -> int:
     if not launched_by_torchrun():
         cmd = launch_command(args.tp, sys.argv[1:])
         os.execv(cmd[0], cmd)
-    from worker.cli import _turns, client_kwargs, warm_up
     from worker.config import parse_switch_args
 
     sw = parse_switch_args(args.switch)
@@ -437,7 +437,7 @@ def run_cli(args) -> int:
                               token=args.token, switches=sw, switch_source=args.switch_source,
                               cond_tokens=args.cond_tokens, realtime=not args.no_realtime,
                               client_kwargs=client_kwargs(args), preroll=args.preroll,
-                              turns=_turns(args, w) if place.decodes else None,
+                              turns=turns_of(args, w) if place.decodes else None,
                               playout_policy=args.playout_policy)  # fmt: skip
             if place.decodes:
                 print(f"session {s.session_id} tp={place.tp}: {s.steps} steps, {s.frames} frames, "

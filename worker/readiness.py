@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import itertools
 import logging
 import math
 import sys
@@ -34,6 +35,7 @@ from typing import Any
 
 import torch
 
+from collector.flip_fields import FLIP_COST_FIELDS, FLIP_MODES
 from collector.switch_names import PLAYOUT_SWITCHES, SWITCH_NAMES
 from worker.cache import KVCache, make_cache
 from worker.config import SwitchError, Switches
@@ -44,12 +46,12 @@ from worker.model import DiT, NullTimer
 
 log = logging.getLogger("livestep.worker.readiness")
 
-FLIP_MODES = ("background", "inline")
 # the switches the control plane flips at runtime (the fault switch and the playout policies change no step's
 # kernels: a policy applies at once, see Session._apply)
 RUNTIME_SWITCHES: tuple[str, ...] = tuple(n for n in SWITCH_NAMES
                                           if n not in PLAYOUT_SWITCHES and n != "buffer_per_shape")
 FLIP_COST_STEPS = 24  # the chunks after a flip's swap (4 s) over which its stall and late chunks count
+PACE_WAIT_S = 1.0  # a build waits at most this long for the live session's slack before each of its steps
 BUILD_SWITCH_INTERVAL_S = 0.0005  # the GIL hand-over while a build runs (Python's default 5 ms would
 # let a compiling thread hold the step loop off for that long at each hand-over)
 
@@ -110,12 +112,13 @@ def _as_build_worker(worker, model: DiT, probe: SaturationProbe | None, warm: Wa
 
 def build_warm(worker, sw: Switches, buckets: tuple[int, ...], *, model: DiT, probe: SaturationProbe | None,
                run=None, reset_run: bool = True, first: int | None = None, graph_mode: str = "global",
-               graphs: bool | None = None) -> WarmState:
+               graphs: bool | None = None, pace=None) -> WarmState:
     """Capture every graph sessions with ``sw`` need (``Worker.warm``'s work): one synthetic session per
     conditioning bucket (``first`` first), not real time, no telemetry; with ``reset_run`` the first runs
     through a position reset (its ops compile on first use: 980 ms for the first Triton delta rotation on
     the H200), else a reset at its second step. ``run(**session kwargs)`` runs one (default: a Session on
-    the worker as a build sees it); ``graphs`` False: no graphs (neighbour preparation)."""
+    the worker as a build sees it); ``graphs`` False: no graphs (neighbour preparation); ``pace(step)`` is
+    asked before each synthetic step (it may wait: ``Readiness.pace``)."""
     from worker.session import Session  # session.py imports this module
 
     t0 = time.perf_counter()
@@ -141,7 +144,9 @@ def build_warm(worker, sw: Switches, buckets: tuple[int, ...], *, model: DiT, pr
             else:
                 reset_every = 2
         run(steps=steps, switches=sw, cond_tokens=b, realtime=False, telemetry=False, seed=b,
-            session_id=f"warm-{b}", reset_every=reset_every)
+            session_id=f"warm-{b}", reset_every=reset_every, **({"switch_source": pace} if pace else {}))
+    if run is None:  # a flip's swap loads the live window into this cache: its write path compiled now, here
+        carry_cache(cache, cache)
     runner.capture = "never"
     warm.seconds = time.perf_counter() - t0
     return warm
@@ -161,6 +166,25 @@ def _build_context(device: torch.device):
             yield
     finally:
         sys.setswitchinterval(old)
+
+
+def neighbour(base: Switches, name: str) -> Switches:
+    """``base`` with ``name`` flipped; where that alone is invalid (``ring_cache`` off under delta_rotation,
+    ``rope_at_write`` off under ring_cache), with the fewest other runtime switches turned off with it that
+    make it valid (Switches' own validation decides). Raises SwitchError when none does."""
+    flip = {name: not getattr(base, name)}
+    try:
+        return base.with_(**flip)
+    except SwitchError as e:
+        first = e
+    others = [n for n in RUNTIME_SWITCHES if n != name and getattr(base, n)]
+    for k in (1, 2, 3):
+        for extra in itertools.combinations(others, k):
+            try:
+                return base.with_(**flip, **dict.fromkeys(extra, False))
+            except SwitchError:
+                continue
+    raise first
 
 
 def _key(sw: Switches) -> str:
@@ -196,25 +220,39 @@ class Readiness:
         self._build: _Build | None = None  # running or finished
         self._wanted: _Build | None = None  # waiting for the running build to end
         self.builds: list[dict[str, Any]] = []  # per finished build: switches, seconds, error
+        # set while the live session has slack (its playout buffer nearly full, or nothing to keep up with):
+        # a build launches its next step only then (the GPU is shared), or after PACE_WAIT_S
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def pace(self, step: int) -> None:
+        """A build's synthetic step may start: the live session has slack (``Flips.boundary`` sets the gate)."""
+        self.gate.wait(PACE_WAIT_S)
 
     # -- at warm time ----------------------------------------------------------------------------
 
     def prepare_neighbours(self, base: Switches, names=RUNTIME_SWITCHES, buckets: tuple[int, ...] | None = None) -> None:
-        """Each one-switch neighbour of ``base`` runs once on a model view (no graphs): its compiles and
-        autotuning are done before any flip needs them; nothing of it stays on the GPU."""
-        buckets = tuple(buckets or self.w.cond_buckets)
+        """Each one-switch neighbour of ``base`` runs once on a model view (no graphs; by default at the
+        longest bucket only, through a position reset and into the full window): its compiles and autotuning
+        are done before any flip needs them, and its decoder placement exists and has decoded once. Nothing
+        of it stays on the GPU but the decoder (the one a flip of ``decoder_own_gpu`` swaps to)."""
+        buckets = tuple(buckets or self.w.cond_buckets[-1:])
         for name in names:
             try:
-                sw = base.with_(**{name: not getattr(base, name)})
-            except SwitchError as e:  # e.g. rope_at_write off under ring_cache
+                sw = neighbour(base, name)
+            except SwitchError as e:
                 self.skipped[name] = str(e).split(";")[0]
                 continue
             t0 = time.perf_counter()
             view = model_view(self.w.model)
             build_warm(self.w, sw, buckets, model=view, probe=None, reset_run=False, graphs=False)
+            shape = self.w.shape
+            self.w.decoder(sw.decoder_own_gpu).submit(
+                torch.zeros(shape.new_tokens, shape.latent_channels, device=self.w.device), 0)
             self.prepared[_key(sw)] = time.perf_counter() - t0
             log.info("neighbour %s=%s prepared in %.1f s", name, getattr(sw, name), self.prepared[_key(sw)])
         if self.w.device.type == "cuda":
+            torch.cuda.synchronize()
             torch.cuda.empty_cache()  # the neighbours' caches and activations: not held
 
     # -- a build -----------------------------------------------------------------------------------
@@ -244,7 +282,8 @@ class Readiness:
                 view = model_view(w.model)
                 probe = SaturationProbe(w.device)
                 warm = build_warm(w, b.switches, w.cond_buckets, model=view, probe=probe, first=b.first,
-                                  reset_run=_key(b.switches) not in self.prepared, graph_mode="thread_local")
+                                  reset_run=_key(b.switches) not in self.prepared, graph_mode="thread_local",
+                                  pace=self.pace)
                 if w.device.type == "cuda":
                     torch.cuda.current_stream().synchronize()  # this thread's stream only: ready to replay
             b.warm = warm
@@ -340,14 +379,16 @@ class FlipCost:
     detail: dict[str, Any] = field(default_factory=dict)
 
     def record(self, late: int, stall_s: float, steps_observed: int, out_of_service_ms: float | None) -> dict[str, Any]:
-        """The ``flip_cost`` event's detail (collector/records.py FLIP_COST_FIELDS)."""
+        """The ``flip_cost`` event's detail (collector/flip_fields.py ``FLIP_COST_FIELDS``)."""
         to_new = None if self.t_applied is None else (self.t_applied - self.t_poll) * 1e3
-        return {"step": self.polled_step, "applied_step": self.applied_step, "changed": self.changed,
+        out = {"step": self.polled_step, "applied_step": self.applied_step, "changed": self.changed,
                 "switches": self.switches, "mode": self.mode, "late_chunks": late - self.late0,
                 "stall_ms": (stall_s - self.stall0_s) * 1e3, "steps_observed": steps_observed,
                 "to_new_config_ms": to_new, "apply_ms": self.apply_ms, "build_ms":
                 None if self.build_s is None else self.build_s * 1e3, "out_of_service_ms": out_of_service_ms,
                 "error": self.error}
+        assert out.keys() == FLIP_COST_FIELDS.keys(), sorted(out.keys() ^ FLIP_COST_FIELDS.keys())
+        return out
 
 
 class Flips:
@@ -389,6 +430,11 @@ class Flips:
         if self.pending is None:
             return cond_kv
         rd = s.w.readiness
+        ahead = step - pl.started(time.perf_counter(), step)  # chunks made and not yet playing
+        if not s.realtime or s.warm_state is None or ahead >= pl.capacity - 1:
+            rd.gate.set()  # slack (or an eager session that cannot keep up anyway: build at full speed)
+        else:
+            rd.gate.clear()
         warm = rd.take(self.wanted)
         if warm is None:
             err = rd.failed(self.wanted)
@@ -415,6 +461,8 @@ class Flips:
 
     def records(self, s, out_of_service_ms: float | None) -> list[dict[str, Any]]:
         """Every flip of the session (applied or still building at its end), as ``flip_cost`` details."""
+        if not getattr(s.w, "building", False):
+            s.w.readiness.gate.set()  # between sessions a build runs at full speed
         pl = s.playout
         out = []
         for c in [*self.costs, *([self.pending] if self.pending is not None else [])]:

@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from collector.flip_fields import FLIP_COST_KIND
 from collector.gpu_kinds import canonical_gpu_kind
 from collector.switch_names import PLAYOUT_SWITCHES, SWITCH_NAMES
 from worker.buffers import BufferRegistry
@@ -661,7 +662,7 @@ class Session:
         self.out_of_service_s = self.w.settle(self)  # the worker's switches for the next session
         self.flip_records = self.flips.records(self, self.out_of_service_s * 1e3)
         for rec in self.flip_records:
-            tel.event("flip_cost", **rec)
+            tel.event(FLIP_COST_KIND, **rec)
         frames = pl.delivered * self.w.shape.frames_per_chunk
         # streamed seconds and fps as the store computes them (session_stats): from the worker's own
         # chunk periods (telemetry._period_ms), so fps says what the worker can sustain; the player's

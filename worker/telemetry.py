@@ -220,6 +220,7 @@ class PowerSampler:
         self.available = False
         self.error: str | None = None
         self._hist: deque[tuple[float, float]] = deque(maxlen=4096)  # (perf_counter, energy mJ summed)
+        self._clocks: deque[tuple[float, float]] = deque(maxlen=4096)  # (perf_counter, mean SM clock MHz)
         self.latest: dict[int, dict] = {}  # GPU index -> its last gpu_sample row (worker/metrics.py reads it)
         self._emit = emit  # weak_method(Telemetry._put): the sampler never keeps its telemetry alive
         self.interval_s = interval_s
@@ -243,11 +244,16 @@ class PowerSampler:
             except Exception as e:  # noqa: BLE001 - a failing reading never ends the thread
                 log.debug("GPU reading failed: %s", e)
                 readings = []
+            clocks = []
             for idx, fields in readings:
                 total += float(fields.get("energy_mj") or 0)
+                if fields.get("sm_clock_mhz") is not None:
+                    clocks.append(float(fields["sm_clock_mhz"]))
                 self.latest[idx] = row = {"gpu_index": idx, **fields}
                 self._emit("gpu_sample", row)
             self._hist.append((t, total))
+            if clocks:
+                self._clocks.append((t, sum(clocks) / len(clocks)))
             self._stop.wait(self.interval_s)
 
     def energy_between(self, t0: float, t1: float) -> float | None:
@@ -260,6 +266,16 @@ class PowerSampler:
         if not self.available or len(h) < 2 or t1 < t0 or t0 < h[0][0] or t1 > h[-1][0] + 2 * self.interval_s:
             return None
         return max(0.0, _interp(h, t1) - _interp(h, t0))
+
+    def clock_between(self, t0: float, t1: float) -> float | None:
+        """Mean SM clock (MHz) of the GPUs over [t0, t1]: of the samples taken in it, else the last one
+        before t1 when at most two sample intervals old (a step shorter than the interval); else None."""
+        h = list(self._clocks)
+        inside = [c for t, c in h if t0 <= t <= t1]
+        if inside:
+            return sum(inside) / len(inside)
+        i = bisect.bisect_right(h, (t1, float("inf"))) - 1
+        return h[i][1] if i >= 0 and t1 - h[i][0] <= 2 * self.interval_s else None
 
     def close(self) -> None:
         self._stop.set()
@@ -591,6 +607,7 @@ class Telemetry:
         upkeep = sums.get("upkeep", 0.0) if timed else None
         attention = sums.get("attention", 0.0) if timed else None
         energy = self.power.energy_between(t_start, t_done) if self.power else None
+        sm_clock = self.power.clock_between(t_start, t_done) if self.power else None  # host-side samples
         saturated = None
         if p.saturation is not None and p.saturation[1] > 0:  # pinned host memory, written: no sync
             saturated = min(1.0, int(p.saturation[0]) / p.saturation[1])
@@ -630,6 +647,7 @@ class Telemetry:
             "buffers_registered": p.buffers,
             "switches": p.switches,
             "fp8_saturated": saturated,
+            "sm_clock_mhz": sm_clock,
         })
 
     def memory(self) -> tuple[int, int]:

@@ -23,13 +23,16 @@ import polars as pl
 from fastapi import APIRouter, Depends, HTTPException, Path, Query
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse
 
+from analytics import queries as aq
+from analytics import regressions
 from api import dashboard as d
+from api import views as qr
 from api.deps import SettingsDep, StoreDep, require_reader
-from api.routes import queries as qr
 from api.routes._common import Label, TimeRange, TimeRangeDep
-from api.routes.turns import mark_turns, session_turns
 from api.switchboard import DEFAULTS, get_switchboard
 from collector.records import SWITCH_NAMES
+
+MIN_JUDGED = regressions.MIN_SAMPLES
 
 router = APIRouter(tags=["dashboard pages"], dependencies=[Depends(require_reader)])
 
@@ -101,7 +104,7 @@ def fp8_saturation_section(store, tr: TimeRange, gpu_kind: str | None) -> str:
             f"No session{on} was sampled with static FP8 scales between {tr.start:%Y-%m-%d %H:%M} and "
             f"{tr.end:%Y-%m-%d %H:%M} UTC: nothing to judge. Workers send fp8_saturated on about one step in 64, "
             "only with the static_scales switch on.") + "</p>")
-    fnd = qr.finding_rows(qr.findings_frame(store, kind="fp8_saturation", status="open", start=tr.start, end=tr.end,
+    fnd = qr.finding_rows(aq.findings_frame(store, kind="fp8_saturation", status="open", start=tr.start, end=tr.end,
                                             limit=100))
     open_by_scope: dict[str, str] = {}
     for f in fnd:  # newest window first
@@ -121,6 +124,14 @@ def fp8_saturation_section(store, tr: TimeRange, gpu_kind: str | None) -> str:
                           "saturating sessions on several workers) turns static_scales off for its scope")
 
 
+def judged_releases(df) -> list[str]:
+    """Releases with enough sessions in the frame to be judged (``analytics.regressions.MIN_SAMPLES``)."""
+    if not df.height:
+        return []
+    counts = df.group_by("release").len()
+    return sorted(r for r, n in counts.iter_rows() if n >= MIN_JUDGED)
+
+
 @router.get("/dashboard/releases", response_class=HTMLResponse)
 def releases_page(store: StoreDep, tr: TimeRangeDep, gpu_kind: Label = None, baseline: Label = None,
                   candidate: Label = None) -> str:
@@ -128,7 +139,8 @@ def releases_page(store: StoreDep, tr: TimeRangeDep, gpu_kind: Label = None, bas
 
     df = qr.sessions_in(store, tr.start, tr.end, gpu_kind=gpu_kind)
     seen = sorted(set(df["release"].to_list())) if df.height else []
-    by_rollout = default_pair(store, tr.end, seen)  # the newest release and the one rolled out before it
+    judged = judged_releases(df)  # a dev worker's one-session release is no default side of a comparison
+    by_rollout = default_pair(store, tr.end, judged if len(judged) >= 2 else seen)  # newest + the one before it
     cand = candidate or by_rollout[1]
     base = baseline or (by_rollout[0] if cand == by_rollout[1] else None)
     compare_rows = []
@@ -143,13 +155,14 @@ def releases_page(store: StoreDep, tr: TimeRangeDep, gpu_kind: Label = None, bas
                 d.section(f"{cand} against {base}" if base and cand else "Comparison",
                           d.table(compare_rows, empty="needs two releases with sessions in the range"),
                           note="choose with ?baseline=&candidate=; by default the newest release against the "
-                               "one rolled out before it; medians of per-session values"),
+                               f"one rolled out before it, among releases with at least {MIN_JUDGED} sessions in the "
+                               "range (what the regression detector needs); medians of per-session values"),
                 *timeseries_sections(store, tr, gpu_kind, [r for r in (base, cand) if r] or None, "release")]
     for i, m in enumerate(qr.Metric):
         qrows = list(per_metric[m.value].values())
         sections.append(d.section(m.value, d.chart(d.fig_quantiles(qrows, m.value), f"dist-{i}", 320)
                                   + d.table(qrows, ["release", "sessions", "p5", "p50", "p95", "p99", "mean"])))
-    reg = qr.finding_rows(qr.findings_frame(store, kind="regression", start=tr.start, end=tr.end, limit=100))
+    reg = qr.finding_rows(aq.findings_frame(store, kind="regression", start=tr.start, end=tr.end, limit=100))
     sections.append(d.section("Regression findings", d.table(
         reg, ["scope", "summary", "metric", "baseline", "value", "effect", "confidence", "severity",
               "attribution"])))
@@ -175,8 +188,8 @@ def sessions_page(store: StoreDep, tr: TimeRangeDep, release: Label = None, gpu_
 
 @router.get("/dashboard/sessions/{session_id:path}", response_class=HTMLResponse)
 def session_page(store: StoreDep, session_id: Annotated[str, Path(min_length=1, max_length=128)]) -> str:
-    steps = qr.session_steps(store, session_id)
-    events = qr.session_events(store, session_id)
+    steps = aq.session_steps(store, session_id)
+    events = aq.session_events(store, session_id)
     if steps.height == 0 and events.height == 0:
         raise HTTPException(404, detail=f"no session {session_id!r} in the store")
     x = steps["step"].to_list() if steps.height else []
@@ -192,7 +205,7 @@ def session_page(store: StoreDep, session_id: Annotated[str, Path(min_length=1, 
     changes = ts.session_switch_changes(steps)
     d.add_marks(times, [(step, "switch", f"switches {what}") for step, what in changes])
     times.update_layout(yaxis={"ticksuffix": " ms", "rangemode": "tozero"})
-    times = mark_turns(times, session_turns(store, session_id))  # conversational turns (api/routes/turns.py)
+    times = d.mark_turns(times, aq.session_turns(store, session_id))  # conversational turns
     mem = d.fig_series(x, {"reserved": [v / 2**30 for v in col("mem_reserved_bytes")],
                            "allocated": [v / 2**30 for v in col("mem_allocated_bytes")]}, "memory", "GiB")
     return d.page(f"Session {session_id}", [
@@ -212,7 +225,7 @@ def session_gpu_section(store, session_id: str) -> str:
     from api import timeseries as ts
 
     title = "GPU (NVML samples)"
-    df = ts.session_gpu_samples(store, session_id)
+    df = aq.session_gpu_samples(store, session_id)
     if df.height == 0:
         return d.section(title, '<p class="muted">No GPU samples for this session: it ran on a CPU, without NVML '
                                 "(no driver), or its worker sent none.</p>")
@@ -256,7 +269,7 @@ def session_fp8_section(steps: pl.DataFrame) -> str:
 @router.get("/dashboard/memory", response_class=HTMLResponse)
 def memory_page(store: StoreDep, tr: TimeRangeDep, release: Label = None, gpu_kind: Label = None) -> str:
     df = qr.memory_growth_frame(store, tr.start, tr.end, release=release, gpu_kind=gpu_kind)
-    fnd = qr.finding_rows(qr.findings_frame(store, kind="memory_growth", start=tr.start, end=tr.end, limit=100))
+    fnd = qr.finding_rows(aq.findings_frame(store, kind="memory_growth", start=tr.start, end=tr.end, limit=100))
     top = []
     if df.height:
         top = d.session_links(qr.rows(df.sort("mem_reserved_max", descending=True).head(20)))
@@ -275,7 +288,7 @@ def memory_page(store: StoreDep, tr: TimeRangeDep, release: Label = None, gpu_ki
 @router.get("/dashboard/findings", response_class=HTMLResponse)
 def findings_page(store: StoreDep, tr: TimeRangeDep,
                   kind: Annotated[str | None, Query(max_length=64)] = None) -> str:
-    df = qr.findings_frame(store, kind=kind, start=tr.start, end=tr.end, limit=500)
+    df = aq.findings_frame(store, kind=kind, start=tr.start, end=tr.end, limit=500)
     counts = df.group_by("kind", "severity").len().sort("kind") if df.height else pl.DataFrame()
     labels = [f"{k}/{s}" for k, s in zip(counts["kind"], counts["severity"], strict=True)] if counts.height else []
     fig = d.fig_counts(labels, counts["len"].to_list() if counts.height else [], "findings by kind and severity")
@@ -310,9 +323,7 @@ def switches_page(store: StoreDep) -> str:
               "buckets": f"[{r.bucket_lo}, {r.bucket_hi})", "who": r.actor, "why": r.reason,
               "when": r.updated_at.isoformat()} for r in board.rules()]
     hist = board.history(limit=200)
-    canaries = qr.rows(store.query_df(
-        "SELECT id, name, scope, fraction, status, started_at, decided_at, actor, reason FROM canaries FINAL "
-        "ORDER BY started_at DESC LIMIT 100"))
+    canaries = qr.rows(aq.canaries_frame(store, limit=100))
     decisions = pl.DataFrame(hist) if hist else pl.DataFrame()
     per = decisions.group_by("action").len().sort("action") if decisions.height else pl.DataFrame()
     fig = d.fig_counts(per["action"].to_list() if per.height else [], per["len"].to_list() if per.height else [],

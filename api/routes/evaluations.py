@@ -21,44 +21,21 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, HTTPException, Query
 
+from analytics import queries as aq
 from api import evaluation_gate
 from api.deps import Authorization, ReaderDep, SettingsDep, StoreDep
 from api.routes._common import Label, OptionalRangeDep, PageDep
 from api.switchboard import get_switchboard
 from collector.auth import bearer_token
 from collector.records import EVALUATED, EVALUATION_METRICS, EVALUATION_VERDICTS
-from collector.where import Where
 
 router = APIRouter(prefix="/v1/evaluations", tags=["evaluations"])
-_COLS = ("session_id", "ts", "release", "gpu_kind", "worker_id", "switch", "configuration", "preset", "metric",
-         "value", "band_lo", "band_hi", "verdict", "n", "step")
+
 
 
 def _one_of(name: str, value: str | None, valid: tuple[str, ...]) -> None:
     if value is not None and value not in valid:
         raise HTTPException(422, detail=f"unknown {name} {value!r}; valid: {', '.join(valid)}")
-
-
-def query(store, *, switch=None, gpu_kind=None, release=None, metric=None, verdict=None, evaluation_id=None,
-          start=None, end=None, metrics: tuple[str, ...] = (), limit: int = 100, offset: int = 0) -> list[dict[str, Any]]:
-    """Evaluation rows, newest first then by step (the dashboard and the weekly report read these);
-    ``metrics``: only these."""
-    w = Where(limit=limit, offset=offset).any_of("metric", metrics)
-    for col, v in (("switch", switch), ("gpu_kind", gpu_kind), ("release", release), ("metric", metric),
-                   ("verdict", verdict), ("session_id", evaluation_id)):
-        w.eq(col, v)
-    w.since("ts", start).until("ts", end)
-    rows = store.query_rows(
-        f"SELECT {', '.join(_COLS)} FROM evaluations WHERE {w} "
-        "ORDER BY ts DESC, switch, metric, step LIMIT {limit:UInt32} OFFSET {offset:UInt32}",
-        w.params)
-    out = []
-    for r in rows:
-        d = dict(zip(_COLS, r, strict=True))
-        d["evaluation_id"] = d.pop("session_id")
-        d["ts"] = d["ts"].isoformat()
-        out.append(d)
-    return out
 
 
 @router.get("")
@@ -77,7 +54,7 @@ def list_evaluations(
     _one_of("switch", switch, EVALUATED)
     _one_of("metric", metric, EVALUATION_METRICS)
     _one_of("verdict", verdict, EVALUATION_VERDICTS)
-    rows = query(store, switch=switch, gpu_kind=gpu_kind, release=release, metric=metric, verdict=verdict,
+    rows = aq.evaluation_rows(store, switch=switch, gpu_kind=gpu_kind, release=release, metric=metric, verdict=verdict,
                  evaluation_id=evaluation_id, start=tr.start, end=tr.end, limit=page.limit, offset=page.offset)
     return {"evaluations": rows, "limit": page.limit, "offset": page.offset}
 

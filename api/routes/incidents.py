@@ -2,7 +2,8 @@
 
     GET /v1/incidents[?state=open|opened|escalated|mitigated|resolved|reopened&kind=memory_growth]
         incidents, not resolved first, newest first; each with its evidence (the findings grouped in it)
-    GET /v1/incidents/{id}       one incident and its log (state changes, flips, notifications)
+    GET /v1/incidents/{id}       one incident, its log (state changes, flips, notifications) and what its flip
+                                 cost the workers' live sessions (``flip_cost``)
     GET /dashboard/incidents     the page: open incidents first, then the resolved, then the log
 """
 
@@ -37,7 +38,8 @@ def get_incident(incident_id: IncidentId, store: StoreDep, _auth: ReaderDep) -> 
     found = [i for i in inc.list_incidents(store, limit=100_000) if i["id"] == incident_id]
     if not found:
         raise HTTPException(404, detail=f"no incident {incident_id!r} (list them at GET /v1/incidents)")
-    return {**found[0], "log": inc.incident_log(store, incident_id)}
+    return {**found[0], "log": inc.incident_log(store, incident_id),
+            "flip_cost": inc.flip_cost(store, found[0])}  # what its flip cost the live sessions
 
 
 _COLUMNS = ["state", "severity", "kind", "scope", "switch", "summary", "opened_at", "updated_at", "flips",
@@ -47,14 +49,16 @@ _COLUMNS = ["state", "severity", "kind", "scope", "switch", "summary", "opened_a
 @router.get("/dashboard/incidents", response_class=HTMLResponse, dependencies=[Depends(require_reader)])
 def incidents_page(store: StoreDep) -> str:
     rows = inc.list_incidents(store, limit=500)
-    live = [{**r, "switch": r["switch"] or "none explains it", "id": d.Link(f"/v1/incidents/{r['id']}", r["id"])}
+    live = [{**r, "switch": r["switch"] or "none explains it", "id": d.Link(f"/v1/incidents/{r['id']}", r["id"]),
+             "flip_cost": inc.flip_cost_brief(inc.flip_cost(store, r)) if r["flips"] else ""}
             for r in rows if r["state"] != "resolved"]
     done = [{**r, "id": d.Link(f"/v1/incidents/{r['id']}", r["id"])} for r in rows if r["state"] == "resolved"]
     log = inc.incident_log(store, limit=300)[-300:][::-1]
     return d.page("Incidents", [
-        d.section("Open incidents", d.table(live, ["id", *_COLUMNS], empty="no open incident"), note=(
+        d.section("Open incidents", d.table(live, ["id", *_COLUMNS, "flip_cost"], empty="no open incident"), note=(
             "one incident per root cause (finding kind x scope x attributed switch); per-process findings are its "
-            "evidence; a critical incident with a switch turns it off once, at its scope")),
+            "evidence; a critical incident with a switch turns it off once, at its scope; flip_cost: what that flip "
+            "cost the workers' live sessions (their flip_cost events)")),
         d.section("Resolved", d.table(done, ["id", *_COLUMNS, "resolved_at"], empty="none resolved yet")),
         d.section("Log (newest first)", d.table([{**e, "detail": str(e["detail"])[:200]} for e in log],
                                                ["ts", "incident_id", "event", "state", "detail"], empty="empty")),

@@ -16,11 +16,12 @@ from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query
-from pydantic import BaseModel
+from pydantic import BaseModel, create_model
 
-from analytics.queries import FRAMES_PER_STEP, session_list
+from analytics.queries import FRAMES_PER_STEP, session_list, session_step_page
 from api.deps import StoreDep, require_reader
 from api.routes._common import utc_in_range
+from collector import catalog
 
 router = APIRouter(tags=["sessions"], dependencies=[Depends(require_reader)])
 
@@ -30,7 +31,7 @@ MAX_OFFSET = 10_000_000
 LabelQ = Annotated[str | None, Query(min_length=1, max_length=128)]
 
 
-class SessionSummary(BaseModel):
+class _SessionSummary(BaseModel):
     session_id: str
     release: str
     gpu_kind: str
@@ -53,6 +54,12 @@ class SessionSummary(BaseModel):
     mem_reserved_max: int
     buffers_max: int
     switches: str
+
+
+# ... and the catalogue's per-session columns served as they are (collector/catalog.py, ``summary=True``)
+SessionSummary = create_model(  # type: ignore[call-overload]
+    "SessionSummary", __base__=_SessionSummary, __doc__="One session's figures (GET /v1/sessions).",
+    **{c.name: (float | None, None) for c in catalog.SUMMARY_COLUMNS})
 
 
 class SessionPage(BaseModel):
@@ -109,6 +116,7 @@ def list_sessions(
             step_period_ms_p50=pq[0], step_period_ms_p95=pq[1], step_period_ms_p99=pq[2],
             diffusion_ms_p50=dq[0], diffusion_ms_p95=dq[1], diffusion_ms_p99=dq[2],
             mem_reserved_max=r["mem_reserved_max"], buffers_max=r["buffers_max"], switches=r["switch_state"],
+            **{c.name: _finite(r[c.name]) for c in catalog.SUMMARY_COLUMNS},
         ))
     return SessionPage(sessions=out, total=total, limit=limit, offset=offset)
 
@@ -120,13 +128,8 @@ def session_steps(
     limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = 100,
     offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
 ) -> StepPage:
-    params = {"sid": session_id, "limit": limit, "offset": offset}
-    total = store.query_rows("SELECT count() FROM steps WHERE session_id = {sid:String}", params)[0][0]
+    rows, total = session_step_page(store, session_id, limit, offset)
     if total == 0:
         raise HTTPException(404, f"no steps recorded for session {session_id!r}; list sessions at GET /v1/sessions")
-    rows = store.query_arrow(
-        "SELECT * FROM steps WHERE session_id = {sid:String} ORDER BY step, ts "
-        "LIMIT {limit:UInt32} OFFSET {offset:UInt64}", params
-    ).to_pylist()
     steps = [{k: _finite(v) for k, v in r.items()} for r in rows]
     return StepPage(session_id=session_id, steps=steps, total=total, limit=limit, offset=offset)

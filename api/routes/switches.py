@@ -95,7 +95,7 @@ def get_switches(
     if_none_match: Annotated[str | None, Header(max_length=1000)] = None,
 ) -> Response:
     board = get_switchboard(store, settings.switch_cache_s)
-    switches, version = board.resolve(worker_id, release, gpu_kind)
+    switches, version = board.resolve(worker_id, release, gpu_kind, settings.flip_waves, settings.flip_wave_s)
     body = orjson.dumps({"switches": switches, "version": version, "poll_interval_s": settings.switch_poll_s})
     etag = _etag(body)
     headers = {"ETag": etag, "Cache-Control": "no-cache"}

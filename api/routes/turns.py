@@ -1,6 +1,6 @@
 """Conversational turns: ``GET /v1/turns`` (latency per release x GPU kind with intervals, per-stage
-medians), the ``/dashboard/turns`` page (the per-stage median bars as the paper draws them, the table,
-the turn-latency findings) and the turn marks on a session page's step chart (``mark_turns``).
+medians), the ``/dashboard/turns`` page (per-stage bars of the parts' means, which add up to the mean latency, the table,
+the turn-latency findings); the turn marks on a session page's step chart are api/dashboard.py's ``mark_turns``.
 The numbers come from analytics/turns.py; the worker side is worker/turns.py.
 """
 
@@ -13,10 +13,11 @@ import polars as pl
 from fastapi import APIRouter, Depends, HTTPException
 from fastapi.responses import HTMLResponse
 
+from analytics import queries as aq
 from analytics import turns
 from api import dashboard as d
+from api import views as qr
 from api.deps import StoreDep, require_reader
-from api.routes import queries as qr
 from api.routes._common import Label, TimeRangeDep
 
 router = APIRouter(tags=["turns"], dependencies=[Depends(require_reader)])
@@ -33,13 +34,13 @@ def _filters(release: str | None, gpu_kind: str | None) -> dict[str, str]:
 def _known(store, release: str | None) -> None:
     if release is None:
         return
-    known = qr.releases_seen(store)
+    known = sorted(set(aq.releases_seen(store)) | set(aq.turn_releases(store)))  # turns-only releases too
     if release not in known:
         raise HTTPException(404, detail=f"unknown release {release!r}; known releases: {', '.join(known) or 'none'}")
 
 
 def _findings(store, tr, release: str | None, gpu_kind: str | None) -> list[dict[str, Any]]:
-    df = qr.findings_frame(store, kind="regression", scope_labels={"release": release, "gpu_kind": gpu_kind},
+    df = aq.findings_frame(store, kind="regression", scope_labels={"release": release, "gpu_kind": gpu_kind},
                            start=tr.start, end=tr.end, limit=1000)
     if df.height:
         df = df.filter(pl.col("metric").str.starts_with("turn_"))
@@ -57,25 +58,34 @@ def turns_summary(store: StoreDep, tr: TimeRangeDep, release: Label = None, gpu_
     f = _filters(release, gpu_kind)
     table = turns.latency_table(store, tr.start, tr.end, f)
     stages = turns.stage_medians(store, tr.start, tr.end)
+    means = turns.stage_means(store, tr.start, tr.end)
     for k, v in f.items():
         stages = stages.filter(pl.col(k) == v) if stages.height else stages
+        means = means.filter(pl.col(k) == v) if means.height else means
     return {"start": tr.start.isoformat(), "end": tr.end.isoformat(), "parts": list(turns.PARTS),
-            "rows": qr.rows(table), "stages": qr.rows(stages), "findings": _findings(store, tr, release, gpu_kind)}
+            "rows": qr.rows(table), "stages": qr.rows(stages), "stage_means": qr.rows(means),
+            "findings": _findings(store, tr, release, gpu_kind)}
 
 
-def fig_stages(stages: list[dict[str, Any]]) -> go.Figure:
-    """One horizontal bar per release x GPU kind x policy: the parts' medians stacked (the paper's drawing)."""
-    labels = [f"{r['release']} · {r['gpu_kind']} · {r['policy']}" for r in stages]
+def fig_stages(means: list[dict[str, Any]]) -> go.Figure:
+    """One horizontal bar per release x GPU kind x policy: the parts' means stacked, which add up to the
+    mean turn latency (medians of parts do not add up to the median latency, so they are not stacked);
+    the median latency is a marker beside the bar."""
+    labels = [f"{r['release']} · {r['gpu_kind']} · {r['policy']}" for r in means]
     fig = go.Figure()
     for part in turns.PARTS:
         fig.add_trace(go.Bar(
-            y=labels, x=[r[f"{part}_ms"] for r in stages], name=f"{part}: {PART_NOTES[part]}", orientation="h",
-            marker_color=PART_COLORS[part], customdata=[[r["turns"], r["latency_ms"]] for r in stages],
-            hovertemplate="%{y}<br>" + part + " median %{x:.0f} ms (turn latency median %{customdata[1]:.0f} ms, "
+            y=labels, x=[r[f"{part}_ms"] for r in means], name=f"{part}: {PART_NOTES[part]}", orientation="h",
+            marker_color=PART_COLORS[part], customdata=[[r["turns"], r["latency_ms"]] for r in means],
+            hovertemplate="%{y}<br>" + part + " mean %{x:.0f} ms (of a mean turn latency of %{customdata[1]:.0f} ms, "
                           "%{customdata[0]} turns)<extra></extra>"))
-    fig.update_layout(title="turn latency: median of each stage (conditioning arrived -> first frame played)",
+    fig.add_trace(go.Scatter(y=labels, x=[r["latency_p50_ms"] for r in means], mode="markers", name="median latency",
+                             marker={"symbol": "line-ns-open", "size": 18, "color": "#1d2330", "line": {"width": 2}},
+                             hovertemplate="%{y}<br>median turn latency %{x:.0f} ms<extra></extra>"))
+    fig.update_layout(title="turn latency: mean of each stage, adding up to the mean latency (conditioning arrived "
+                            "-> first frame played); | the median latency",
                       barmode="stack", xaxis_title="ms", yaxis={"type": "category", "autorange": "reversed"},
-                      legend={"orientation": "h", "y": -0.2}, height=max(300, 60 + 34 * len(stages)))
+                      legend={"orientation": "h", "y": -0.2}, height=max(300, 60 + 34 * len(means)))
     return fig
 
 
@@ -92,8 +102,9 @@ def turns_page(store: StoreDep, tr: TimeRangeDep, release: Label = None, gpu_kin
             f"{q}{s}" for q in ("p50", "p95", "p99") for s in ("", "_lo", "_hi")]
         shown = [{k: (round(v, 1) if isinstance(v, float) else v) for k, v in r.items()} for r in body["rows"]]
         sections = [
-            d.section("Per-stage medians", d.chart(fig_stages(body["stages"]), "turn-stages",
-                                                   max(300, 60 + 34 * len(body["stages"]))), note=note),
+            d.section("Where a turn's time goes (means of the parts)", d.chart(
+                fig_stages(body["stage_means"]), "turn-stages", max(300, 60 + 34 * len(body["stage_means"]))),
+                note=note + "; the medians of the parts are in the table below (they do not add up)"),
             d.section("Turn latency and its parts: p50 / p95 / p99 (95% interval, bootstrap over sessions)",
                       d.table(shown, cols)),
         ]
@@ -101,27 +112,3 @@ def turns_page(store: StoreDep, tr: TimeRangeDep, release: Label = None, gpu_kin
         [{k: r.get(k) for k in ("scope", "metric", "value", "baseline", "effect", "severity", "summary")}
          for r in body["findings"]], empty="none")))
     return d.page("Turns", sections)
-
-
-def session_turns(store, session_id: str) -> pl.DataFrame:
-    return store.query_df(
-        "SELECT turn, step, ts, speaking, cond_tokens, policy, latency_ms, queue_ms, dropped_chunks, stall_ms "
-        "FROM turns WHERE session_id = {sid:String} ORDER BY turn LIMIT 10000", {"sid": session_id})
-
-
-def mark_turns(fig: go.Figure, marks: pl.DataFrame) -> go.Figure:
-    """A session's turns on its step chart: a dotted line (``dashboard.add_marks``, kind "turn") at the
-    first step that used each turn's conditioning, and a marker per turn with its latency on hover."""
-    if not marks.height:
-        return fig
-    rows = list(marks.iter_rows(named=True))
-    d.add_marks(fig, [(r["step"], "turn", f"turn {r['turn']}: {r['latency_ms']:.0f} ms") for r in rows])
-    fig.add_trace(go.Scatter(
-        x=[r["step"] for r in rows], y=[1.0] * len(rows), yaxis="y2", mode="markers", name="turns",
-        marker={"symbol": "triangle-down", "size": 9, "color": ["#12b76a" if r["speaking"] else "#667085" for r in rows]},
-        customdata=[[r["turn"], "speaking" if r["speaking"] else "listening", r["latency_ms"], r["policy"],
-                     r["cond_tokens"]] for r in rows],
-        hovertemplate="turn %{customdata[0]} (%{customdata[1]}, %{customdata[4]} tokens, %{customdata[3]}): "
-                      "first frame %{customdata[2]:.0f} ms after its conditioning<extra></extra>"))
-    fig.update_layout(yaxis2={"overlaying": "y", "range": [0, 1.05], "visible": False})
-    return fig

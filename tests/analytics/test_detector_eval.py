@@ -46,8 +46,9 @@ def test_the_table_counts_ambiguous_first_findings_and_the_rung_of_the_judged_on
             Outcome("leak_session", 2, found=True, scope_right=True, hours_to_first=24, ambiguous_first=False,
                     hours_to_scope=24)]
     line = next(ln for ln in summarize(outs) if ln.startswith("leak_session")).split()
-    assert line == ["leak_session", "memory", "100.0%", "(3/3)", "66.7%", "(2/3)", "-", "-", "24", "48", "-",
-                    "66.7%", "(2/3)", "-"]  # recall, scope right, h to first, h to scope (median), ambiguous 1st
+    assert line == ["leak_session", "memory", "100.0%", "(3/3)", "66.7%", "(2/3)", "-", "-", "-", "24", "48", "-",
+                    "66.7%", "(2/3)", "-"]  # recall, scope right, (attribution, severity, condition), h to first,
+    # h to scope (median), ambiguous 1st
 
 
 def test_a_seed_outcome_does_not_depend_on_the_hour_the_catalog_runs(monkeypatch, chdb_dir):

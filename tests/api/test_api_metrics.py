@@ -71,9 +71,9 @@ def test_store_families(store, settings):
     assert samples(fams, "livestep_findings_open_critical") == {
         (("gpu_kind", "h200"), ("kind", "memory_growth"), ("release", "v2"), ("switch", "fused_allreduce"),
          ("worker_id", "")): 1}
-    assert samples(fams, "livestep_job_runs") == {(("job", "memory"),): 2, (("job", "regressions"),): 1}
-    assert samples(fams, "livestep_job_failures") == {(("job", "memory"),): 1, (("job", "regressions"),): 1}
-    assert set(samples(fams, "livestep_job_last_success_timestamp_seconds")) == {(("job", "memory"),)}
+    assert samples(fams, "livestep_job_runs") == {(("analytics_job", "memory"),): 2, (("analytics_job", "regressions"),): 1}
+    assert samples(fams, "livestep_job_failures") == {(("analytics_job", "memory"),): 1, (("analytics_job", "regressions"),): 1}
+    assert set(samples(fams, "livestep_job_last_success_timestamp_seconds")) == {(("analytics_job", "memory"),)}
     rules = samples(fams, "livestep_switch_rules")
     assert rules[(("switch", "compile"), ("value", "off"))] == 1
     assert rules[(("switch", "ring_cache"), ("value", "off"))] == 1  # the firing alert's rule
@@ -103,6 +103,44 @@ def test_collector_families_only_on_the_collector_role(store, settings):
         fams = scrape(c)
     assert "livestep_collector_spool_bytes" not in fams and "livestep_findings_open" in fams
     assert "process_cpu_seconds" in fams  # the process collector, on every role
+
+
+def test_build_info_and_http_request_metrics_on_every_role(store, settings):
+    """``livestep_build_info`` and the HTTP requests each role answered (prometheus-fastapi-instrumentator)."""
+    from collector.version import __version__
+
+    for role in ("api", "collector"):
+        with TestClient(real_app(store, settings.model_copy(update={"role": role}))) as c:
+            assert c.get("/v1/health").status_code in (200, 503)
+            fams = scrape(c)
+        assert samples(fams, "livestep_build") == {(("version", __version__),): 1}, role
+        reqs = samples(fams, "livestep_http_requests")
+        assert any(dict(k).get("handler") == "/v1/health" and dict(k).get("method") == "GET" for k in reqs), reqs
+
+
+def test_exposition_passes_promtool_without_a_job_label(store, settings):
+    """``promtool check metrics`` is clean, and no family has a label Prometheus would rename (``job``,
+    ``instance``: they arrive as exported_job / exported_instance)."""
+    import shutil
+    import subprocess
+
+    import pytest
+
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool is not installed: apt-get install prometheus")
+    _record(store, "memory", datetime.now(UTC), "ok", 1, "schedule", datetime.now(UTC), datetime.now(UTC), 1, "")
+    with TestClient(real_app(store, settings.model_copy(update={"role": "all"}))) as c:
+        c.get("/v1/health")
+        text = c.get("/metrics").text
+    r = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=30,
+                       check=False)
+    assert r.returncode == 0 and not r.stdout.strip() and not r.stderr.strip(), r.stdout + r.stderr
+    from prometheus_client.parser import text_string_to_metric_families as text_families
+
+    fams = text_families(text)
+    clashing = {(f.name, k) for f in fams for s in f.samples for k in s.labels if k in ("job", "instance")}
+    assert not clashing
 
 
 _ = pa  # (pyarrow is what records.to_arrow returns)

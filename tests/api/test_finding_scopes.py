@@ -62,3 +62,17 @@ def test_compare_lists_the_candidates_regressions_only(client, lookalikes, basel
     assert r.status_code == 200, r.text
     found = r.json()["findings"]
     assert {f["scope"] for f in found} == _scopes(pairs) and {f["kind"] for f in found} <= {"regression"}
+
+
+def test_findings_list_takes_every_finding_kind(client, store):
+    """GET /v1/findings's kind filter is findings.KINDS (drift and variance were refused with a 422 while
+    the route typed its own list); an unknown kind is a 422 naming the valid ones."""
+    store.client().insert("findings", [
+        ["drift", "gpu_kind=h200,release=v1", "step_period_ms_p50", END - timedelta(days=1), END, 0.0, 1.0, 0.1, 0.99,
+         "critical", "open", "", "{}", "drift", END, END]], column_names=COLUMNS)
+    r = client.get("/v1/findings", params={**RANGE, "kind": "drift"})
+    assert r.status_code == 200, r.text
+    assert [f["kind"] for f in r.json()["findings"]] == ["drift"]
+    assert client.get("/v1/findings", params={**RANGE, "kind": "variance"}).status_code == 200
+    bad = client.get("/v1/findings", params={**RANGE, "kind": "drfit"})
+    assert bad.status_code == 422 and "drift" in bad.text

@@ -186,3 +186,15 @@ def test_incident_routes(client, store):
     assert client.get("/v1/incidents", params={"state": "burning"}).status_code == 422
     page = client.get("/dashboard/incidents")
     assert page.status_code == 200 and "Open incidents" in page.text and "no switch explains it" in page.text
+
+
+def test_every_finding_kind_that_can_be_critical_can_open_an_incident():
+    """findings.INCIDENT_KINDS is the one list: a critical drift finding opens an incident (it never did
+    while api/incidents.py kept its own list), and an info-only kind (variance notes) never does."""
+    from analytics import findings
+
+    fs = [_f("drift", {"release": "v2", "gpu_kind": "h200"}, "step_period_ms_p50", severity="critical"),
+          _f("variance", {"release": "v2", "gpu_kind": "h200"}, "step_period_ms", severity="critical")]
+    keys = [g.key for g in incidents.group_findings(fs)]
+    assert keys == ["drift|gpu_kind=h200,release=v2|"]
+    assert incidents.KINDS == findings.INCIDENT_KINDS and set(findings.INCIDENT_KINDS) <= set(findings.KINDS)

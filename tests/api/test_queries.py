@@ -114,7 +114,7 @@ def test_reads_need_a_token_when_read_tokens_are_set(store, tmp_path):
 
 def test_fleet_fps_equals_a_per_session_computation_after_the_rollup(client, fleet, store):
     from analytics.queries import rollup
-    from api.routes.queries import sessions_in
+    from api.views import sessions_in
 
     rollup(store, END + timedelta(days=1))  # every simulated day closed and rolled up
     got = {r["release"]: r for r in client.get("/v1/fleet/fps", params={**RANGE, "group_by": "release"}).json()["rows"]}

@@ -60,17 +60,46 @@ def test_v1_turns_quantiles_intervals_stages_and_findings(site):
     assert {(s["release"], s["gpu_kind"]) for s in one["stages"]} == {("v1.0", "h100")} and one["findings"] == []
 
 
-def test_turns_page_draws_the_per_stage_medians(site):
-    c, _, sim = site
+def test_turns_page_stacks_parts_that_add_up(site):
+    """The stacked parts are means, and they add up to the mean latency the page states; medians of the
+    parts (which do not add up to the median latency) are not stacked."""
+    c, store, sim = site
     r = c.get("/dashboard/turns", params=_range(sim))
     assert r.status_code == 200 and "Turn-latency regressions" in r.text
     fig = _figure(r.text, "turn-stages")
-    stages = c.get("/v1/turns", params=_range(sim)).json()["stages"]
-    labels = [f"{s['release']} · {s['gpu_kind']} · {s['policy']}" for s in stages]
-    assert [t["name"].split(":")[0] for t in fig["data"]] == list(turns.PARTS)
-    for t, part in zip(fig["data"], turns.PARTS, strict=True):  # t-digest merges in any order: within 1%
-        assert t["y"] == labels and t["x"] == pytest.approx([s[f"{part}_ms"] for s in stages], rel=0.01)
+    means = c.get("/v1/turns", params=_range(sim)).json()["stage_means"]
+    labels = [f"{s['release']} · {s['gpu_kind']} · {s['policy']}" for s in means]
+    bars = [t for t in fig["data"] if t["type"] == "bar"]
+    assert [t["name"].split(":")[0] for t in bars] == list(turns.PARTS)
+    for t, part in zip(bars, turns.PARTS, strict=True):
+        assert t["y"] == labels and t["x"] == pytest.approx([s[f"{part}_ms"] for s in means])
+    stacked = [sum(t["x"][i] for t in bars) for i in range(len(labels))]
+    assert stacked == pytest.approx([s["latency_ms"] for s in means], rel=1e-4)  # parts add up to the whole
+    raw = store.query_df("SELECT avg(latency_ms) AS m FROM turns WHERE release = 'v1.1' AND ts >= {s:DateTime64(3)} "
+                         "AND ts < {e:DateTime64(3)}", {"s": sim.start, "e": sim.end})["m"][0]
+    pooled = [s for s in means if s["release"] == "v1.1"]
+    assert sum(s["latency_ms"] * s["turns"] for s in pooled) / sum(s["turns"] for s in pooled) == pytest.approx(raw)
+    median = next(t for t in fig["data"] if t.get("name") == "median latency")
+    assert median["x"] == pytest.approx([s["latency_p50_ms"] for s in means])
     assert fig["layout"]["barmode"] == "stack"
+
+
+def test_a_release_with_only_turn_records_answers_200(site):
+    """A release whose workers sent turns but no session statistics yet is known (not 404)."""
+    from collector import records
+    from tests.collector.helpers import turn_rows
+
+    c, store, _ = site
+    rows = turn_rows(3, session_id="turn-only-s", release="turn-only")
+    store.insert_arrow("turns", records.to_arrow("turn", rows))
+    from datetime import UTC, datetime, timedelta
+
+    now = datetime.now(UTC)
+    params = {"release": "turn-only", "start": (now - timedelta(days=2)).isoformat(), "end": now.isoformat()}
+    for path in ("/v1/turns", "/dashboard/turns"):
+        r = c.get(path, params=params)
+        assert r.status_code == 200, (path, r.text)
+    assert {s["release"] for s in c.get("/v1/turns", params=params).json()["stage_means"]} == {"turn-only"}
 
 
 def test_session_page_marks_its_turns_on_the_step_chart(site):

@@ -36,7 +36,7 @@ def test_names_and_types(collector):
         "livestep_collector_writer_up": "gauge", "livestep_collector_store_errors": "counter",
         "livestep_collector_writer_block_rows": "histogram", "livestep_fleet_step_period_seconds": "histogram",
         "livestep_fleet_late_chunks": "counter", "livestep_fleet_chunks": "counter",
-        "livestep_fleet_sessions_at_or_below_24fps": "counter", "livestep_collector_degraded": "gauge",
+        "livestep_fleet_slow_sessions": "counter", "livestep_collector_degraded": "gauge",
         "livestep_collector_quarantine_batches": "gauge", "livestep_collector_quarantine_rows": "gauge",
         "livestep_collector_writer_failing_seconds": "gauge",
     }
@@ -111,8 +111,8 @@ def test_ingest_counts_and_fleet_counters(collector):
                  release="v1", le="0.1") == 6
     # the short session is not judged; the other one is at or below 24 fps
     assert value(fams, "livestep_fleet_sessions", "livestep_fleet_sessions_total", release="v2") == 1
-    assert value(fams, "livestep_fleet_sessions_at_or_below_24fps",
-                 "livestep_fleet_sessions_at_or_below_24fps_total", release="v2") == 1
+    assert value(fams, "livestep_fleet_slow_sessions",
+                 "livestep_fleet_slow_sessions_total", release="v2") == 1
     assert value(fams, "livestep_collector_spool_bytes", "livestep_collector_spool_bytes") >= 0
     assert value(fams, "livestep_collector_writer_up", "livestep_collector_writer_up") == 1
     blocks = value(fams, "livestep_collector_writer_block_rows", "livestep_collector_writer_block_rows_count",
@@ -143,3 +143,18 @@ def test_spool_full_counts_429_its_rows_and_store_errors(collector, tmp_path):
              what="a failed insert counted")
     assert value(fams, "livestep_collector_spool_oldest_row_age_seconds",
                  "livestep_collector_spool_oldest_row_age_seconds") > 0
+
+
+def test_fleet_counters_keep_only_the_releases_stored_most_recently():
+    """A fleet rolling through releases does not grow the release label without bound."""
+    from collector import records
+    from collector.metrics import FleetCounters
+
+    fleet = FleetCounters(max_releases=3)
+    for i in range(6):
+        fleet.observe("step", records.to_arrow("step", step_rows(2, release=f"v{i}")))
+    fleet.observe("step", records.to_arrow("step", step_rows(2, release="v3")))  # v3 seen again: kept
+    fleet.observe("step", records.to_arrow("step", step_rows(2, release="v6")))
+    releases = {s.labels["release"] for f in fleet.families() if f.name.startswith("livestep_fleet")
+                for s in f.samples}
+    assert releases == {"v5", "v3", "v6"}

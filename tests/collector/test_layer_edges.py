@@ -28,3 +28,19 @@ def test_no_collector_module_imports_api():
 
 def test_migrations_do_not_import_the_store():
     assert "collector.store" not in _imports(COLLECTOR / "migrations.py")
+
+
+def test_no_collector_module_reaches_into_anothers_private_state():
+    """The spool's queue, storage and sender (and every other collector module) use each other's public
+    names only: no ``other._name`` attribute, no ``from x import _name`` (``writer.py`` once waited on
+    ``spool._cond``)."""
+    bad = []
+    for p in sorted(COLLECTOR.glob("*.py")):
+        for node in ast.walk(ast.parse(p.read_text())):
+            if (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
+                    and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))):
+                bad.append(f"{p.name}:{node.lineno} {ast.unparse(node)}")
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("collector"):
+                bad += [f"{p.name}:{node.lineno} imports {a.name}" for a in node.names
+                        if a.name.startswith("_") and not a.name.startswith("__")]
+    assert bad == []

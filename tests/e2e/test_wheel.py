@@ -54,9 +54,8 @@ def test_the_wheel_ships_the_schema_and_declares_roles(wheel):
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
         meta = z.read(f"livestep-{__version__}.dist-info/METADATA").decode()
-    for cluster in (False, True):
-        for f in schema_files(cluster):
-            assert f"collector/sql/{'cluster/' if cluster else ''}{f.name}" in names
+    for f in schema_files():  # (the cluster form is generated from the same files: collector/cluster_ddl.py)
+        assert f"collector/sql/{f.name}" in names
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     requires = re.findall(r"^Requires-Dist: (.+)$", meta, re.MULTILINE)
     torch = [r for r in requires if r.startswith("torch")]
@@ -64,10 +63,13 @@ def test_the_wheel_ships_the_schema_and_declares_roles(wheel):
     assert all("extra ==" in r for r in requires if r.startswith(("chdb", "fastapi", "polars")))
     assert 'livestep[server,worker]; extra == "dev"' in requires  # ./dev installs .[dev]: every role
     assert not any(n.startswith(("tests/", "bench/", "sql/")) for n in names)
+    for rel in ("prometheus/prometheus.yml", "prometheus/rules.yml", "alertmanager/alertmanager.yml",
+                "grafana/livestep.json", "DEPLOY.md"):  # what `livestep init` writes (api/init.py)
+        assert f"api/deploy/{rel}" in names, rel
 
 
-def _uv_install(venv: Path, spec: str) -> None:
-    base = [UV, "pip", "install", "--python", str(venv / "bin" / "python"), spec]
+def _uv_install(venv: Path, spec: str, *extra: str) -> None:
+    base = [UV, "pip", "install", "--python", str(venv / "bin" / "python"), spec, *extra]
     env = dict(_clean_env(), UV_NO_PROGRESS="1")
     offline = subprocess.run([*base, "--offline"], capture_output=True, text=True, env=env, timeout=300)
     if offline.returncode != 0:  # a cold cache: fetch once
@@ -157,3 +159,130 @@ def test_migrate_serve_ingest_read_back(venv, tmp_path):
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+# -- DEPLOY.md's monitoring steps, from a fresh venv of the wheel with the server and worker extras --------
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def full_venv(wheel, tmp_path_factory) -> Path:
+    """server + worker extras (torch's CPU build from the machine's wheel folder when it has one), and
+    Apache Otava --no-deps as DEPLOY.md says."""
+    venv = tmp_path_factory.mktemp("fullvenv") / "v"
+    subprocess.run([UV, "venv", "-q", "--python", sys.executable, str(venv)], check=True, env=_clean_env(),
+                   capture_output=True, timeout=120)
+    cpu_torch = [str(w) for d in os.environ.get("PIP_FIND_LINKS", "").split() if Path(d).is_dir()
+                 for w in Path(d).glob("torch-*+cpu-*.whl")][:1]  # else the index's (a CUDA build: GBs)
+    _uv_install(venv, f"livestep[server,worker] @ {wheel.as_uri()}", *cpu_torch)
+    _uv_install(venv, "apache-otava>=0.8,<0.9", "--no-deps")
+    return venv
+
+
+def _wait(fn, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            v = fn()
+        except httpx.HTTPError:
+            v = None
+        if v:
+            return v
+        time.sleep(0.3)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def test_init_and_deploy_md_bring_up_serve_a_worker_prometheus_and_alertmanager(full_venv, tmp_path):
+    import yaml
+
+    from tests.deploy.peers import alertmanager, binary, prometheus
+
+    binary("prometheus")
+    binary("alertmanager")
+    bin_ = full_venv / "bin"
+    # 1. files and tokens
+    out = _run(full_venv, "init", str(tmp_path / "etc"), cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    deploy = tmp_path / "etc" / "deploy"
+    assert (deploy / "DEPLOY.md").is_file()
+    tokens = {name: f"{name}-token-0123456789abcdef" for name in ("read", "ingest", "am")}
+    for name, tok in tokens.items():
+        (tmp_path / f"{name}-token").write_text(tok + "\n")
+    rules = subprocess.run([binary("promtool"), "test", "rules", str(deploy / "prometheus/tests/rules_test.yml")],
+                           capture_output=True, text=True, timeout=120, check=False)
+    assert rules.returncode == 0, rules.stdout + rules.stderr
+    port, worker_port = _free_port(), _free_port()
+    base = f"http://127.0.0.1:{port}"
+    # 5. Alertmanager (first: livestep is told its address)
+    am_cfg = yaml.safe_load((deploy / "alertmanager" / "alertmanager.yml").read_text())
+    hook = next(r for r in am_cfg["receivers"] if r["name"] == "livestep")["webhook_configs"][0]
+    hook["url"] = f"{base}/v1/alerts"
+    hook["http_config"]["authorization"]["credentials_file"] = str(tmp_path / "am-token")
+    with alertmanager(yaml.safe_dump(am_cfg), deploy / "alertmanager") as am_url:
+        # 2. livestep
+        env = dict(_clean_env(), LIVESTEP_HOME=str(tmp_path / "home"), LIVESTEP_READ_TOKENS=tokens["read"],
+                   LIVESTEP_INGEST_TOKENS=tokens["ingest"], LIVESTEP_WEBHOOK_BEARER_TOKENS=f"alertmanager={tokens['am']}",
+                   LIVESTEP_ALERTMANAGER_URL=am_url)
+        serve = subprocess.Popen([str(bin_ / "livestep"), "serve", "--port", str(port), "--log-level", "warning"],
+                                 cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        worker = None
+        try:
+            _wait(lambda: httpx.get(f"{base}/v1/health", timeout=2).status_code == 200, 120, "livestep serve")
+            assert (tmp_path / "home" / "chdb").is_dir()  # LIVESTEP_HOME, not site-packages
+            # 3. a worker: token from the environment, base URL of the switch source, metrics served
+            wenv = dict(_clean_env(), LIVESTEP_INGEST_TOKEN=tokens["ingest"])
+            worker = subprocess.Popen([str(bin_ / "livestep"), "worker", "run", "--preset", "tiny", "--device", "cpu",
+                                       "--seconds", "3", "--sessions", "1000", "--collector", base,
+                                       "--switch-source", base, "--metrics-port", str(worker_port),
+                                       "--release", "wheel-e2e"], cwd=tmp_path, env=wenv,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            # 4. Prometheus with the shipped config, its targets and files set as DEPLOY.md says
+            prom_cfg = yaml.safe_load((deploy / "prometheus" / "prometheus.yml").read_text())
+            prom_cfg["global"].update(scrape_interval="1s", evaluation_interval="1s")
+            prom_cfg["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] = [am_url.removeprefix("http://")]
+            jobs = {j["job_name"]: j for j in prom_cfg["scrape_configs"]}
+            jobs["livestep"]["static_configs"][0]["targets"] = [f"127.0.0.1:{port}"]
+            jobs["livestep"]["authorization"]["credentials_file"] = str(tmp_path / "read-token")
+            jobs["livestep-worker"]["static_configs"][0]["targets"] = [f"127.0.0.1:{worker_port}"]
+            del jobs["livestep-worker"]["authorization"]  # a loopback worker's metrics need no token
+            with prometheus(yaml.safe_dump(prom_cfg), deploy / "prometheus") as prom_url:
+                def query(q):
+                    return httpx.get(f"{prom_url}/api/v1/query", params={"query": q}, timeout=5).json()["data"]["result"]
+
+                ups = _wait(lambda: (r := query("up")) and len(r) == 2 and all(x["value"][1] == "1" for x in r) and r,
+                            180, "both targets up")
+                assert {x["metric"]["job"] for x in ups} == {"livestep", "livestep-worker"}
+                builds = _wait(lambda: len(query("livestep_build_info")) == 2 and query("livestep_build_info"), 30,
+                               "livestep_build_info of serve and the worker")
+                assert {b["metric"]["version"] for b in builds} == {__version__}
+                _wait(lambda: query('sum(livestep_fleet_chunks_total{release="wheel-e2e"}) > 0'), 120,
+                      "the worker's chunks stored and counted")
+                ams = httpx.get(f"{prom_url}/api/v1/alertmanagers", timeout=5).json()["data"]["activeAlertmanagers"]
+                assert [a["url"].split("/api")[0] for a in ams] == [am_url]
+                assert query("livestep_worker_switch_source_up") and query("livestep_worker_switch_source_up")[0][
+                    "value"][1] == "1"
+        finally:
+            for p in (worker, serve):
+                if p is not None:
+                    p.terminate()
+                    p.wait(30)
+    assert "Traceback" not in (worker.stdout.read() if worker else "")
+
+
+def test_change_points_run_on_the_light_otava_install(full_venv, tmp_path):
+    """Apache Otava --no-deps (DEPLOY.md): otava.analysis imports and the change-point job runs, and none of
+    the clients its metadata declares (BigQuery, Slack, PostgreSQL) is installed."""
+    py = str(full_venv / "bin" / "python")
+    code = ("import importlib.util as u, otava.analysis; "
+            "print([m for m in ('google.cloud.bigquery', 'slack_sdk', 'pg8000') if u.find_spec(m.split('.')[0])])")
+    probe = subprocess.run([py, "-c", code],
+                           cwd=tmp_path, env=_clean_env(), capture_output=True, text=True, timeout=120, check=False)
+    assert probe.returncode == 0 and probe.stdout.strip() == "[]", probe.stdout + probe.stderr
+    out = _run(full_venv, "analyze", "changepoints", "--dsn", f"chdb://{tmp_path / 'db'}", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]

@@ -12,6 +12,7 @@ import torch
 
 from kernels.fp8_attention import (
     DEFAULT,
+    GPU_PV_MODES,
     REL_ERR_BOUND,
     fp8_attention,
     fp8_attention_lowp_ref,
@@ -24,7 +25,9 @@ from kernels.fp8_attention import (
 from tests.kernels.helpers import NAN_FP8, max_err, random_fp8_window, random_scale
 from worker.rope import apply_rope_tables, rope_tables
 
-MODES = REL_ERR_BOUND  # (qk, pv) -> relative-error bound: e4m3 Q or P costs ~2.5% on random data
+# (qk, pv) -> relative-error bound (e4m3 Q or P costs ~2.5% on random data): every pair in the interpreter,
+# the GPU's pairs (GPU_PV_MODES) on CUDA
+MODES = {m: b for m, b in REL_ERR_BOUND.items() if not torch.cuda.is_available() or m[1] in GPU_PV_MODES}
 
 
 def _inputs(H, Tq, S, D, n_valid, g, device, v_keys=False):
@@ -84,7 +87,9 @@ def _cfg(bm=16, bn=32, tma=False):
         (2, 21, 200, 64, 181, _cfg(bn=64, tma=True)),
     ],
 )
-@pytest.mark.parametrize("mode", [DEFAULT, ("fp8", "fp8"), ("bf16", "split"), ("split", "bf16")])
+@pytest.mark.parametrize(
+    "mode", [m for m in (DEFAULT, ("fp8", "fp8"), ("bf16", "split"), ("split", "split")) if m in MODES]
+)
 @pytest.mark.parametrize("v_keys", [False, True], ids=["v_dims", "v_keys"])
 def test_launch_variants_match_reference(H, Tq, S, D, n_valid, cfg, mode, v_keys, rng, device):
     check_attention(H, Tq, S, D, n_valid, *mode, rng, device, MODES[mode], v_keys=v_keys, cfg=cfg)
@@ -131,9 +136,9 @@ def test_split_e4m3_keeps_about_eight_bits(rng, device):
 
 
 def test_precision_model_default_within_bound_and_far_below_all_fp8(rng, device):
-    """The reference's precision model (CPU, a slice of the rank shape: 128 keys-per-head dims, 2,000
-    slots): the default pair's error vs the fp64 truth stays within its bound, at bf16's level (the
-    all-bf16 pair's error x 1.5), and 10x below the old all-FP8 pair's."""
+    """The reference's precision model (a slice of the rank shape: head_dim 128, 2,000 slots): the default
+    pair's error vs the fp64 truth stays within its bound, at bf16's level (the all-bf16 pair's error x
+    1.5), and 10x below the old all-FP8 pair's."""
     g, seed = rng
     H, Tq, S, D = 2, 96, 2000, 128
     q, k, v, ks, vs = _inputs(H, Tq, S, D, S, g, device)
@@ -212,3 +217,14 @@ def check_fp8_output(H, Tq, S, D, n_valid, v_keys, rng, device):
 @pytest.mark.parametrize("v_keys", [False, True], ids=["v_dims", "v_keys"])
 def test_fp8_output_is_the_bf16_output_quantized_token_major(v_keys, rng, device):
     check_fp8_output(3, 37, 50, 32, 41, v_keys, rng, device)
+
+
+def test_each_pair_launches_with_its_sweep_tiles():
+    """On the GPU the launch takes a pair's own measured tiles (``TUNED_PAIRS``: the attention_fp8_dots
+    switch's FAST pair ran fastest at 64x128) and ``TUNED`` for the others, per V layout."""
+    import kernels.fp8_attention as fa
+
+    keys, dims = fa.v_layout(2, 64, 128), torch.zeros(2, 64, 128, dtype=torch.float8_e4m3fn)
+    assert fa._tuned(keys, fa.FAST) == fa.TUNED_PAIRS[fa.FAST]["keys"] != fa.TUNED["keys"]
+    assert fa._tuned(keys, DEFAULT) == fa._tuned(keys) == fa.TUNED["keys"]
+    assert fa._tuned(dims, fa.FAST) == fa.TUNED["dims"]  # no measured tiles of its own there

@@ -196,3 +196,35 @@ def test_cross_window_is_fp8_only_where_attention_reads_fp8_with_the_kernels():
     plain = attention_torch(q, ops.cross_window(k, v, fp8=False)).float()
     read = attention_torch(q, win).float()  # the torch path over the FP8 window
     assert ((read - plain).norm() / plain.norm()) < 0.05
+
+
+@pytest.mark.parametrize("fast", [False, True], ids=["default", "attention_fp8_dots"])
+def test_attention_fp8_dots_picks_the_kernels_precision_pair(fast):
+    """With the kernels (here Triton's interpreter), the switch sets the FP8 attention kernel's (qk, pv):
+    the output is that pair's precision model's (kernels/fp8_attention.py), far from the other pair's;
+    without the kernels the switch changes nothing (SDPA, the plain path)."""
+    import kernels.fp8_attention as fa
+    from worker.cache import CacheOps, attention_torch
+
+    sw = Switches(triton_kernels=True, attention_fp8_dots=fast)
+    assert CacheOps(sw, torch.device("cpu")).attention_pair is None  # no kernels off CUDA: plain SDPA
+    ops = CacheOps(sw, torch.device("cpu"), kernels=True)
+    pair, other = (fa.FAST, fa.DEFAULT) if fast else (fa.DEFAULT, fa.FAST)
+    assert ops.attention_pair == pair and pair != other
+    g = torch.Generator().manual_seed(11)
+    k, v = (torch.randn(2, 150, 32, generator=g).bfloat16() for _ in range(2))
+    q = (torch.randn(2, 24, 32, generator=g) * 1.5).bfloat16()
+    win = ops.cross_window(k, v, fp8=True)
+    got = ops.attention(q, win).double()
+    args = (q, win.k, win.v, win.k_scale, win.v_scale, win.n)
+    model = {p: fa.fp8_attention_lowp_ref(*args, qk=p[0], pv=p[1]).double() for p in (pair, other)}
+    truth = fa.fp8_attention_ref(*args, compute_dtype=torch.float64).double()
+
+    def rel(a, b):
+        return ((a - b).norm() / b.norm()).item()
+
+    assert rel(got, truth) <= fa.REL_ERR_BOUND[pair]
+    assert rel(got, model[pair]) < 0.5 * rel(got, model[other]), (rel(got, model[pair]), rel(got, model[other]))
+    assert rel(model[fa.FAST], truth) > 4 * rel(model[fa.DEFAULT], truth)  # the price of the fast pair
+    plain = attention_torch(q, win).double()  # the torch path reads the same FP8 window
+    assert rel(plain, truth) < 0.02

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from collector import records
 from worker.session import Worker, run_session
@@ -181,3 +182,33 @@ def test_session_reports_only_the_drops_of_the_worker_path():
     s = run_session("tiny", steps=4, realtime=False, sink=sink)
     assert _drop_events(sink) == [{"where": "worker", "dropped": 2, "reasons": {"put_failed": 2}}]
     assert s.telemetry_dropped == 7 + 2
+
+
+def test_attention_fp8_dots_flips_at_a_step_boundary_like_the_others():
+    """The FP8 attention's precision switch on at step 9 and off at 15 (FP8 ring cache with the kernels'
+    switch): applied at those steps and recorded, the cache rebuilt for it with its window kept. On the CPU
+    the worker runs no Triton attention (CacheOps: CUDA only), so the switch moves nothing but the rebuild:
+    the window's bytes equal those of a session flipping ``compile`` (inert on the CPU too) at the same
+    steps -- the plain path is untouched, the flip is handled as the others are."""
+    from worker.session import Session
+
+    base = ["ring_cache=on", "rope_at_write=on", "fp8_cache=on", "triton_kernels=on"]
+    runs = {}
+    for name in ("attention_fp8_dots", "compile"):
+        sink = ListSink()
+        flips = {9: {name: True}, 15: {name: False}}
+        s = Session(Worker("tiny"), steps=20, realtime=False, sink=sink, switches=base, switch_source=flips.get,
+                    seed=4, cond_tokens=5)
+        s.run()
+        runs[name] = (s, sink)
+    s, sink = runs["attention_fp8_dots"]
+    by_step = {r["step"]: r["switches"].split(",") for r in sink.rows["step"]}
+    assert ["attention_fp8_dots" in by_step[i] for i in (8, 9, 14, 15)] == [False, True, True, False]
+    applied = [e["detail"] for e in sink.rows["event"] if e["kind"] == "switch_applied"]
+    assert [(e["step"], e["changed"]) for e in applied] == [(9, {"attention_fp8_dots": True}),
+                                                            (15, {"attention_fp8_dots": False})]
+    assert not [e for e in sink.rows["event"] if e["kind"] == "error"]
+    assert not s.cache.switches.attention_fp8_dots and s.cache.book.n_valid == s.w.shape.window
+    other = runs["compile"][0]
+    for a, b in zip(s.cache.export_tokens()[:2], other.cache.export_tokens()[:2], strict=True):
+        assert torch.equal(a, b)

@@ -61,6 +61,34 @@ def test_names_types_and_values_after_sessions():
     assert sample(fams, "livestep_worker_session_running") == 0
     total_s = sample(fams, "livestep_worker_step_period_seconds", "livestep_worker_step_period_seconds_sum")
     assert total_s == pytest.approx(s1.streamed_s + s2.streamed_s, rel=1e-6)
+    assert sample(fams, "livestep_worker_switch_poll_failures", "livestep_worker_switch_poll_failures_total") == 0
+
+
+def test_failing_switch_polls_are_counted_and_the_source_reads_down():
+    """A control plane that refuses every poll (nothing listens on the port): counted, and the gauge says down."""
+    from tests.api.live import bound_socket
+
+    sock = bound_socket()  # bound, never listening: every poll's connection is refused
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    w = Worker("tiny", device="cpu")
+    m = WorkerMetrics(w)
+    seen = {}
+
+    def scrape(step):
+        if step == 25:
+            seen.update(families(m.registry))
+
+    from worker.switches import HttpSource
+
+    src = HttpSource(url, "w0", "dev", "cpu", interval_s=0.01)
+    orig_poll = src.poll
+    src.poll = lambda step: (scrape(step), orig_poll(step))[1]
+    w.run_session(steps=30, chunk_period_s=0.02, switch_source=src)
+    sock.close()
+    assert sample(seen, "livestep_worker_switch_source_up") == 0
+    assert sample(seen, "livestep_worker_switch_poll_failures", "livestep_worker_switch_poll_failures_total") >= 1
+    after = families(m.registry)
+    assert sample(after, "livestep_worker_switch_poll_failures", "livestep_worker_switch_poll_failures_total") >= 1
 
 
 def test_warm_sessions_are_not_counted():
@@ -98,7 +126,11 @@ def test_a_running_session_is_read_live_over_http():
         assert sample(f, "livestep_worker_switches", "livestep_worker_switches_info", ring_cache="on",
                       fp8_cache="off") == 1
         assert 0 <= sample(f, "livestep_worker_playout_depth_chunks") <= 4
-        assert sample(f, "livestep_worker_session_fps") > 0
+        assert sample(f, "livestep_worker_session_sustainable_fps") > 0
+        assert 0 < sample(f, "livestep_worker_session_delivered_fps") <= 4 / 0.05 * (1 + 1e-9)  # paced: 80 at most
+        from collector.version import __version__
+
+        assert sample(f, "livestep_build", "livestep_build_info", version=__version__) == 1
         assert sample(f, "livestep_worker_memory_allocated_bytes") > 0
         assert httpx.get(url.replace("/metrics", "/nope")).status_code == 404
     finally:

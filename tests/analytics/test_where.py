@@ -1,10 +1,10 @@
-"""collector/where.py: optional filters as one parameterized WHERE clause."""
+"""analytics/queries.py's Where: optional filters as one parameterized WHERE clause."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from collector.where import Where
+from analytics.queries import Where
 
 
 def test_filters_left_out_when_not_given_and_values_only_as_parameters():

@@ -1,0 +1,53 @@
+"""On a CUDA GPU (marker gpu): a flip built in the background swaps in at a step boundary and the session goes on
+replaying the target's graphs; no capture in the loop; the next session starts warm on the target.
+
+Run on the H200: ``python -m pytest -q -m gpu tests/worker/test_gpu_flip.py``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from worker.config import ModelShape, Switches
+from worker.decoder import Decoder
+from worker.session import Worker
+
+pytestmark = pytest.mark.gpu
+
+PROD = Switches.all_on(fused_allreduce=False)
+SHAPE = ModelShape.from_name("small", n_blocks=2, window=2400, cond_tokens=(256, 600))
+
+
+@pytest.mark.parametrize("switch", ["static_scales", "fp8_cache", "cuda_graphs", "triton_kernels"])
+def test_a_background_flip_swaps_at_a_boundary_and_replays_the_targets_graphs(monkeypatch, switch):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (run on the H200: see docs/PERFORMANCE.md)")
+    w = Worker(SHAPE, device="cuda")
+    w.warm(PROD, neighbours=(switch,))
+    seen: list[torch.Tensor] = []
+    submit = Decoder.submit
+
+    def spy(self, latents, step, after=None):
+        seen.append(latents.float().cpu())
+        return submit(self, latents, step, after=after)
+
+    monkeypatch.setattr(Decoder, "submit", spy)
+
+    def source(step):  # the flip at step 5; at step 6's poll the build has ended: the swap is at step 6
+        if step == 6:
+            assert w.readiness.wait(600)
+        return {switch: False} if step == 5 else None
+
+    s = w.run_session(steps=16, realtime=False, switches=PROD, cond_tokens=300, switch_source=source)
+    (ev,) = s.switch_events
+    assert ev["step"] == 6 and ev["polled_step"] == 5
+    assert s.graph_captures == 0 and all(torch.isfinite(x).all() for x in seen)
+    if switch != "cuda_graphs":
+        assert s.graph_misses == 0 and s.graphed_steps == s.steps  # the target's graphs from the swap on
+    (cost,) = s.flips
+    assert cost["mode"] == "background" and cost["error"] is None and cost["applied_step"] == 6
+    off = PROD.with_(**{switch: False})
+    assert w.warmed.switches.model_switches() == off.model_switches()
+    nxt = w.run_session(steps=8, realtime=False, switches=off, cond_tokens=500)
+    assert nxt.warm and nxt.graph_captures == 0 and (switch == "cuda_graphs" or nxt.graph_misses == 0)
