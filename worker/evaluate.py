@@ -300,6 +300,32 @@ def judge(out: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+SAME = ("preset", "tp", "device_type", "gpu_kind", "release", "truth", "metric", "steps", "configurations")
+
+
+def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """One result from runs of the same evaluation on other seeds (``--seed N --seeds 1`` per device call):
+    their teacher-forced and free-running series side by side. Refused unless they agree on what was
+    measured (``SAME``, the band's members) and their seeds are distinct; drift series are not merged."""
+    first = parts[0]
+    for p in parts[1:]:
+        diff = [k for k in (*SAME, "implementations") if p.get(k) != first.get(k)]
+        if diff:
+            raise EvaluateError(f"cannot merge evaluation {p.get('evaluation_id')} into {first.get('evaluation_id')}: "
+                                f"they differ in {diff}; merge only runs of one evaluation on other seeds")
+    out = {k: v for k, v in first.items() if k not in ("verdicts", "overall", "band", "measured", "drift")}
+    out["series"] = {}
+    for k in ("teacher_forced", "free_running"):
+        got = [p["series"][k] for p in parts if k in p.get("series", {})]
+        if got:
+            out["series"][k] = {"seeds": [s for g in got for s in g["seeds"]], "runs": [r for g in got for r in g["runs"]]}
+            if len(set(out["series"][k]["seeds"])) != len(out["series"][k]["seeds"]):
+                raise EvaluateError(f"cannot merge: seed(s) measured twice in {k} ({out['series'][k]['seeds']})")
+    out["seeds"] = max((len(v["seeds"]) for v in out["series"].values()), default=0)
+    out["merged_from"] = [p.get("evaluation_id") for p in parts]
+    return out
+
+
 def measured(series: dict[str, Any]) -> dict[str, int]:
     """What the series hold -- the fewest steps, seeds and band members of the teacher-forced and
     free-running judges that ran -- never what the result's header claims: the records' ``steps``,
@@ -440,7 +466,9 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0, help="random seed of weights and inputs (default 0)")
     p.add_argument("--release", default="dev", help="release label of the evaluation records (default dev)")
     p.add_argument("--out", default=None, help="write the result as JSON here")
-    p.add_argument("--from", dest="from_", default=None, help="a saved result (JSON) instead of measuring")
+    p.add_argument("--from", dest="from_", action="append", default=None,
+                   help="a saved result (JSON) instead of measuring; repeated: the seeds of several runs of the same "
+                        "evaluation (e.g. one seed per device call) merged into one result")
     p.add_argument("--collector", default=None, help="POST the result to this control plane (/v1/evaluations)")
     p.add_argument("--token", default=None, help="an evaluator token (LIVESTEP_EVALUATOR_TOKENS; not the ingest token)")
     p.set_defaults(func=cmd)
@@ -466,11 +494,14 @@ def _write(path: str, result: dict[str, Any]) -> None:
 
 def cmd(args) -> int:
     if args.from_:
-        try:
-            result = json.loads(Path(args.from_).read_text())
-        except (OSError, ValueError) as e:
-            raise EvaluateError(f"cannot read {args.from_}: {e}") from e
-        if "verdicts" not in result:  # measured where scipy is missing: judge here
+        parts = []
+        for f in args.from_:
+            try:
+                parts.append(json.loads(Path(f).read_text()))
+            except (OSError, ValueError) as e:
+                raise EvaluateError(f"cannot read {f}: {e}") from e
+        result = merge(parts) if len(parts) > 1 else parts[0]
+        if "verdicts" not in result or len(parts) > 1:  # measured where scipy is missing, or merged: judge here
             result = judge(result)
     else:
         from worker.device import check_device

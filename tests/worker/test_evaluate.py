@@ -185,6 +185,28 @@ def test_a_band_member_that_cannot_run_here_is_dropped_with_its_reason_and_the_r
     assert {x["reruns"] for x in records(r)} == {1}
 
 
+def test_seeds_run_in_separate_calls_merge_into_one_evaluation(real, tmp_path, capsys):
+    """One seed per device call: ``--from a --from b`` judges them as one evaluation of both seeds (the
+    gate's minimum); runs of another evaluation, or the same seed twice, are refused."""
+    import json
+
+    from worker.evaluate import main
+
+    for i in (0, 1):
+        (tmp_path / f"s{i}.json").write_text(json.dumps(_seeds(real, [i])))
+    assert main(["--from", str(tmp_path / "s0.json"), "--from", str(tmp_path / "s1.json"),
+                 "--out", str(tmp_path / "both.json")]) == 0
+    both = json.loads((tmp_path / "both.json").read_text())
+    assert both["measured"]["seeds"] == 2 and both["overall"] == _seeds(real, [0, 1])["overall"]
+    with pytest.raises(EvaluateError, match="measured twice"):
+        main(["--from", str(tmp_path / "s0.json"), "--from", str(tmp_path / "s0.json")])
+    other = {**json.loads((tmp_path / "s1.json").read_text()), "preset": "small"}
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    with pytest.raises(EvaluateError, match="differ in \\['preset'\\]"):
+        main(["--from", str(tmp_path / "s0.json"), "--from", str(tmp_path / "other.json")])
+    capsys.readouterr()
+
+
 def test_free_running_of_a_subset_leaves_the_others_without_that_judge():
     r = evaluate("tiny", "cpu", ["fp8_cache", "static_scales"], steps=3, seeds=1, frames=False,
                  implementations=["gemm_ksplit"], free_running_of=["fp8_cache"])
