@@ -83,7 +83,9 @@ _REQUIRED = ("evaluation_id", "date", "release", "gpu_kind", "device_type", "pre
              "reruns", "configurations", "series")
 
 
-@router.post("", status_code=201)
+@router.post("", status_code=201, responses={
+    401: {"description": "no bearer token: an evaluator token is needed (LIVESTEP_EVALUATOR_TOKENS; never open)"},
+    403: {"description": "the token is not an evaluator's (ingest, read and admin tokens cannot post evaluations)"}})
 def post_evaluation(store: StoreDep, evaluator: Annotated[str, Depends(require_evaluator)],
                     body: Annotated[dict[str, Any], Body(description="livestep evaluate --out's JSON")]) -> dict[str, Any]:
     from collector.gpu_kinds import canonical_gpu_kind
