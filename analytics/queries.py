@@ -922,17 +922,19 @@ def evaluation_rows(store, *, switch=None, gpu_kind=None, release=None, metric=N
 _LATEST_VERDICTS_SQL = """
 SELECT switch, gpu_kind, release, argMax(verdict, ts) AS latest_verdict,
        argMax(session_id, ts) AS evaluation_id, max(ts) AS latest_ts, argMax(preset, ts) AS latest_preset,
-       argMax(configuration, ts) AS latest_configuration
+       argMax(configuration, ts) AS latest_configuration, argMax(evaluator, ts), argMax(device_type, ts),
+       argMax(tp, ts), argMax(steps, ts), argMax(seeds, ts), argMax(reruns, ts)
 FROM evaluations
-WHERE metric = 'overall' AND verdict != 'incomplete' AND {where}
+WHERE metric = 'overall' AND verdict != 'incomplete' AND evaluator IS NOT NULL AND evaluator != '' AND {where}
 GROUP BY switch, gpu_kind, release
 ORDER BY switch, gpu_kind, release"""
 
 
 def latest_verdicts(store, switch: str | None = None, gpu_kind: str | None = None,
                     release: str | None = None) -> list[tuple]:
-    """(switch, gpu_kind, release, verdict, evaluation_id, ts, preset, configuration) of the newest complete
-    overall verdict per switch, GPU kind and release, filtered by what is given."""
+    """(switch, gpu_kind, release, verdict, evaluation_id, ts, preset, configuration, evaluator, device_type,
+    tp, steps, seeds, reruns) of the newest complete overall verdict per switch, GPU kind and release that an
+    evaluator posted (rows without one are never evidence), filtered by what is given."""
     w = Where().eq("switch", switch).eq("gpu_kind", gpu_kind).eq("release", release)
     return store.query_rows(_LATEST_VERDICTS_SQL.format(where=w), w.params)
 
@@ -945,6 +947,19 @@ def release_gpu_kinds(store, release: str, days: int = 30) -> list[str]:
         "UNION DISTINCT SELECT DISTINCT gpu_kind FROM evaluations WHERE release = {r:String} AND metric = 'overall'",
         {"r": release, "d": days})
     return sorted(r[0] for r in rows)
+
+
+def fleet_shapes(store, gpu_kind: str, release: str | None = None, days: int = 30) -> list[tuple[str, int]]:
+    """The (preset, TP size) pairs a GPU kind's workers ran sessions with over the last ``days`` (of a
+    release when given): the shapes an evaluation must have been measured on to count for that kind
+    (api/evaluation_gate.py)."""
+    w = "gpu_kind = {k:String} AND ts >= now64(3) - toIntervalDay({d:UInt32})"
+    params: dict = {"k": gpu_kind, "d": days}
+    if release:
+        w += " AND release = {r:String}"
+        params["r"] = release
+    rows = store.query_rows(f"SELECT DISTINCT shape, tp_size FROM sessions WHERE {w} ORDER BY shape, tp_size", params)
+    return [(r[0], int(r[1])) for r in rows]
 
 
 # -- counts the demo and the CLI print -------------------------------------------------------------------

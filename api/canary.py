@@ -88,11 +88,12 @@ def start_canary(store, name: str, scope: str | dict[str, str] | None, *, fracti
     hi = round(fraction * BUCKETS)
     if not (0 < fraction < 1) or not (1 <= hi < BUCKETS):
         raise SwitchError(f"fraction {fraction} must lie in [0.01, 0.99] (cohorts are {BUCKETS} buckets)")
+    board = get_switchboard(store)
     try:  # a numeric switch: only with a passing evaluation for the scope's GPU kinds and release
         evaluated = evaluation_gate.require_for_scope(store, name, parse_scope(scope_s))
-    except evaluation_gate.GateError as e:
+    except evaluation_gate.GateError as e:  # logged and audited as a refused PUT is
+        evaluation_gate.refused(board, name, scope_s, True, actor, reason, str(e), source="canary")
         raise CanaryError(str(e), e.status) from e
-    board = get_switchboard(store)
     with board.lock:
         board.invalidate()
         state = board.effective(name, scope_s)

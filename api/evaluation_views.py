@@ -1,5 +1,6 @@
 """Evaluations on the dashboard and in the weekly report: the verdicts behind numeric switch defaults and
-each configuration's divergence curve against the rerun band (``livestep evaluate``'s records).
+each configuration's free-running curve -- its distance to the truth over the plain path's, per bin of
+steps -- inside the band of correct implementations of the plain path (``livestep evaluate``'s records).
 
     sections(store, start, end)     # HTML sections: the latest verdicts, then the newest run's curves
     week_rows(store, start, end)    # the report's JSON: every summary row of the week's evaluation runs
@@ -15,7 +16,6 @@ import plotly.graph_objects as go
 from analytics.queries import evaluation_rows
 from api import dashboard as d
 from api import evaluation_gate
-from worker.evaluation_judges import K_DIVERGENCE
 
 SUMMARY = ("teacher_forced_ratio", "divergence_ratio", "drift_tau", "drift_error_tau", "overall")
 MAX_POINTS = 50_000  # curve points of one run drawn (a 14,400-step tiny drift has 2,057 reset intervals)
@@ -26,21 +26,20 @@ def week_rows(store, start: datetime, end: datetime) -> list[dict[str, Any]]:
     return evaluation_rows(store, start=start, end=end, metrics=SUMMARY, limit=1000)
 
 
-def fig_divergence(points: list[dict[str, Any]], title: str, k: float = K_DIVERGENCE) -> go.Figure:
-    """The candidate's mean distance per bin of steps over the rerun band (its bootstrap interval), with
-    the gate's bound (k x the band's top)."""
+def fig_divergence(points: list[dict[str, Any]], title: str) -> go.Figure:
+    """Per bin of steps: the candidate's distance to the truth over the plain path's, drawn inside the band
+    the correct implementations span (``band_lo`` = 1, the plain path; ``band_hi`` = the worst of them: the
+    gate's bound for that bin). Below 1: nearer the truth than the plain path."""
     pts = sorted(points, key=lambda p: p["step"])
     x = [p["step"] for p in pts]
     fig = go.Figure()
-    fig.add_scatter(x=x, y=[p["band_hi"] for p in pts], mode="lines", line={"width": 0}, showlegend=False,
-                    hoverinfo="skip")
+    fig.add_scatter(x=x, y=[p["band_hi"] for p in pts], mode="lines", line={"dash": "dot", "color": "#b42318"},
+                    name="gate: the band's top")
     fig.add_scatter(x=x, y=[p["band_lo"] for p in pts], mode="lines", line={"width": 0}, fill="tonexty",
-                    fillcolor="rgba(90,120,200,0.25)", name="rerun band (95 % interval)")
-    fig.add_scatter(x=x, y=[k * p["band_hi"] for p in pts], mode="lines", line={"dash": "dot", "color": "#b42318"},
-                    name=f"gate: {k:g} x band")
-    fig.add_scatter(x=x, y=[p["value"] for p in pts], mode="lines+markers", name="optimization vs plain",
+                    fillcolor="rgba(90,120,200,0.25)", name="band: correct implementations")
+    fig.add_scatter(x=x, y=[p["value"] for p in pts], mode="lines+markers", name="candidate / plain",
                     marker={"color": ["#0a7a2f" if p["verdict"] == "pass" else "#b42318" for p in pts]})
-    fig.update_layout(title=title, xaxis_title="step", yaxis_title="distance to the plain run")
+    fig.update_layout(title=title, xaxis_title="step", yaxis_title="distance to the truth / the plain path's")
     return fig
 
 
@@ -73,14 +72,16 @@ def run_sections(store, evaluation_id: str, prefix: str = "ev") -> list[str]:
     out = [d.section(f"Evaluation {evaluation_id}: {head['preset']} on {head['gpu_kind']}, release {head['release']}",
                      d.table(sorted(summary, key=lambda r: (r["switch"], r["metric"]))),
                      note="teacher_forced_ratio: error against the truth / the plain path's own, same state and "
-                          "inputs (band_hi: k); divergence_ratio: the largest bin's distance to the plain run / a "
-                          "rerun's; drift_tau: Kendall's tau of the error ratio against session age")]
+                          "inputs; divergence_ratio: free-running, the largest bin's distance to the truth / the "
+                          "plain path's; band_hi: the worst correct implementation's (the bound); frame_*, flicker: "
+                          "the decoded frames' view, shown beside the verdict; drift_tau: Kendall's tau of the "
+                          "error ratio against session age")]
     for i, switch in enumerate(sorted({r["switch"] for r in rows})):
         div = [r for r in rows if r["switch"] == switch and r["metric"] == "divergence"]
         drift = [r for r in rows if r["switch"] == switch and r["metric"] == "drift_ratio"]
         body = ""
         if div:
-            body += d.chart(fig_divergence(div, f"{switch}: free-running divergence against the rerun band"),
+            body += d.chart(fig_divergence(div, f"{switch}: free-running distance to the truth, against the band"),
                             f"{prefix}-div-{i}", 300)
         if drift:
             body += d.chart(fig_drift(drift, f"{switch}: error against session age (per reset interval)"),
@@ -112,6 +113,6 @@ def report_sections(store, rows: list[dict[str, Any]]) -> list[str]:
     verdicts = [r for r in rows if r["metric"] == "overall"]
     return [d.section("Evaluations of numeric switches", d.table(
         verdicts, ["ts", "evaluation_id", "switch", "configuration", "gpu_kind", "release", "preset", "verdict"]),
-        note="each configuration against the plain path (livestep evaluate): teacher-forced error, free-running "
-             "divergence against the rerun band, long-session drift"),
+        note="each configuration against the truth, over the plain path (livestep evaluate): teacher-forced "
+             "error and free-running distance against the band of correct implementations, long-session drift"),
         *run_sections(store, rows[0]["evaluation_id"], "r-ev")]

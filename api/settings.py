@@ -105,6 +105,11 @@ class Settings(CollectorSettings):
         "an HMAC signature (Alertmanager's http_config.authorization, Grafana's authorization header): "
         "'name=token' pairs, comma-separated, tokens of >= 16 characters; the name goes into the audit. "
         "Never open: with none set, a bearer delivery is 401 on every bind")
+    evaluator_tokens: Annotated[dict[str, str], NoDecode] = Field(
+        default_factory=dict, max_length=256,
+        description="evaluators that may POST /v1/evaluations (the evidence the numeric-switch gate reads): "
+        "'name=token' pairs, comma-separated, tokens of >= 16 characters; the name is stored with every record. "
+        "Never open and never the ingest token: with none set, posting an evaluation is refused on every bind")
     webhook_urls: str = Field(default="", max_length=8192,
                               description="comma-separated external receivers of incident notifications "
                               "(signed with the webhook secret; api/incidents.py); empty = none (recorded only)")
@@ -152,7 +157,7 @@ class Settings(CollectorSettings):
     def _split_api_tokens(cls, v):
         return split_tokens(v)
 
-    @field_validator("webhook_bearer_tokens", mode="before")
+    @field_validator("webhook_bearer_tokens", "evaluator_tokens", mode="before")
     @classmethod
     def _split_senders(cls, v):
         return split_senders(v)

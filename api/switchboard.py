@@ -26,7 +26,12 @@ The precedence model (docs: README "Control plane and alerts"; tests: tests/api/
 3. **Any write at scope S ends the canaries of that switch inside S** (their cohort rules are
    withdrawn; api/canary.py then reports the canary cancelled): a decision for the whole scope ends the
    experiment.
-4. A switch no rule covers is *undecided*: it is left out of ``resolve`` and the worker keeps the value
+4. **A numeric switch turned on reaches only GPU kinds with evidence.** A rule turning a switch of
+   ``NUMERIC_SWITCHES`` on covers a worker only when the evaluation gate holds a passing evaluation that
+   counts for the worker's GPU kind and release (api/evaluation_gate.py ``evidenced``, read at the poll):
+   a kind that joined after the write was never checked by it. Otherwise the next most recent covering
+   rule decides (a fleet "off" stays off for it), or none does.
+5. A switch no rule covers is *undecided*: it is left out of ``resolve`` and the worker keeps the value
    it started with (a worker reproducing the leak with buffer_per_shape on keeps it; a plain worker
    stays plain). Clearing a scope's own rule lets the next most recent covering rule decide again.
 
@@ -54,7 +59,7 @@ import orjson
 from analytics import queries as aq
 from collector import catalog
 from collector.records import SWITCH_NAMES
-from collector.switch_names import PRODUCTION_OFF
+from collector.switch_names import NUMERIC_SWITCHES, PRODUCTION_OFF
 
 # The production configuration a release's workers start with (every optimization on; the fault switch
 # and the playout policies but the production one off: switch_names.PRODUCTION_OFF). Information for dashboards only (GET /v1/switches/rules ``defaults``): never sent to a worker as
@@ -214,6 +219,7 @@ class Switchboard:
         self.cache_s = cache_s
         self.lock = threading.RLock()
         self._cached: tuple[float, list[Rule], int] | None = None
+        self._evidence: dict[tuple[str, str], tuple[float, frozenset[str]]] = {}  # (kind, release) -> evidenced
         self._last_ts: datetime | None = None
 
     # -- reads -----------------------------------------------------------------------------------
@@ -235,6 +241,7 @@ class Switchboard:
 
     def invalidate(self) -> None:
         self._cached = None
+        self._evidence.clear()
 
     def deciding(self, name: str, labels: dict[str, str]) -> Rule | None:
         """The rule that decides ``name`` for a worker with these labels: the most recent covering it."""
@@ -255,9 +262,34 @@ class Switchboard:
                      if _aware(r.updated_at) + timedelta(seconds=rollout_wave(worker_id, r.name, waves) * wave_s) <= t]
         best: dict[str, Rule] = {}
         for r in rules:
-            if r.matches(labels) and (r.name not in best or r.version > best[r.name].version):
+            if r.matches(labels) and (r.name not in best or r.version > best[r.name].version) and not self._withheld(
+                    r, labels):
                 best[r.name] = r
         return {n: best[n].value for n in SWITCH_NAMES if n in best}, version
+
+    def _withheld(self, r: Rule, labels: dict[str, str]) -> str | None:
+        """Why a rule does not reach this worker though it covers it (None: it does): a numeric switch turned
+        on, and the gate holds no evidence for the worker's GPU kind and release (api/evaluation_gate.py
+        ``evidenced``; cached ``cache_s`` per kind and release)."""
+        if not r.value or r.name not in NUMERIC_SWITCHES:
+            return None
+        kind, release = labels.get("gpu_kind"), labels.get("release")
+        if not kind or not release:
+            return (f"{r.name} changes the model's numerics and is on only for a GPU kind and release with a passing "
+                    "evaluation: this poll names no " + ("gpu_kind" if not kind else "release"))
+        now = time.monotonic()
+        hit = self._evidence.get((kind, release))
+        if hit is None or now - hit[0] > self.cache_s:
+            from api.evaluation_gate import evidenced
+
+            if len(self._evidence) > 1024:  # labels are the workers' own: keep the cache bounded
+                self._evidence.clear()
+            hit = self._evidence[(kind, release)] = (now, frozenset(evidenced(self.store, kind, release)))
+        if r.name in hit[1]:
+            return None
+        return (f"{r.name} changes the model's numerics and the gate holds no passing evaluation of it that counts "
+                f"for gpu_kind={kind}, release={release} (GET /v1/evaluations/latest): the rule reaches that GPU "
+                "kind once one is posted")
 
     def explain(self, worker_id: str | None = None, release: str | None = None,
                 gpu_kind: str | None = None) -> dict[str, dict[str, Any]]:
@@ -269,13 +301,16 @@ class Switchboard:
         for name in SWITCH_NAMES:
             mine = sorted((r for r in rules if r.name == name and covers(r.scope_dict, labels)),
                           key=lambda r: -r.version)
-            covering = [r for r in mine if r.in_cohort(worker_id)]
+            withheld = {id(r): w for r in mine if (w := self._withheld(r, labels))}
+            covering = [r for r in mine if r.in_cohort(worker_id) and id(r) not in withheld]
             top = covering[0] if covering else None
             others = []
             for r in mine:
                 if r is top:
                     continue
-                if r in covering:
+                if id(r) in withheld:
+                    why = withheld[id(r)]
+                elif r in covering:
                     why = f"older (version {r.version} < {top.version}): the most recent covering rule decides"
                 elif worker_id is None:
                     why = "a cohort rule: it covers only workers in its cohort (no worker_id given)"

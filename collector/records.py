@@ -42,7 +42,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model,
 
 from collector.flip_fields import FLIP_COST_FIELDS, FLIP_COST_KIND  # re-exported: part of the contract
 from collector.gpu_kinds import canonical_gpu_kind
-from collector.switch_names import NUMERIC_SWITCHES, SWITCH_NAMES  # re-exported: part of the contract
+from collector.switch_names import FRAME_METRICS, NUMERIC_SWITCHES, SWITCH_NAMES  # re-exported: the contract
 
 SCHEMA_VERSION = 1
 
@@ -65,9 +65,10 @@ EVENT_KINDS: tuple[str, ...] = (
 # ``livestep evaluate``'s judges (worker/evaluate.py): summaries, curve points, and each configuration's
 # overall verdict (the one the control plane's gate on numeric switch defaults reads)
 EVALUATION_METRICS: tuple[str, ...] = (
-    "teacher_forced_ratio",  # mean error / the plain path's own error, same state and inputs
-    "divergence_ratio",  # largest ratio of the free-running distance to the rerun band's
-    "divergence",  # a curve point: mean distance over a bin of steps (band: the reruns' interval)
+    "teacher_forced_ratio",  # mean error against the truth / the plain path's own, same state and inputs
+    "divergence_ratio",  # free-running: the largest bin's distance to the truth / the plain path's
+    "divergence",  # a curve point of it: one bin of steps (band: the correct implementations' ratios)
+    *FRAME_METRICS,  # the decoded frames against the truth's: shown beside the verdict, never part of it
     "drift_tau",  # Kendall's tau of the error ratio vs session age
     "drift_error_tau",  # the same for the error itself
     "drift_ratio",  # a curve point: mean error ratio over one position-reset interval
@@ -127,6 +128,7 @@ class Kind:
     batch_field: str
     doc: str
     columns: tuple[Col, ...]
+    ingested: bool = True  # False: refused by POST /v1/telemetry (evaluations: POST /v1/evaluations, evaluator token)
 
 
 def label(name: str, **kw) -> Col:
@@ -221,12 +223,24 @@ KINDS: tuple[Kind, ...] = (
         label("preset", description="the model preset's name"),
         Col("metric", "enum", values=EVALUATION_METRICS),
         Col("value", "float", description="the judge's statistic (see metric)"),
-        Col("band_lo", "float", nullable=True, description="the rerun band's lower end (divergence)"),
-        Col("band_hi", "float", nullable=True, description="the rerun band's upper end, or the judge's k"),
+        Col("band_lo", "float", nullable=True,
+            description="the band's lower end: the lowest ratio of a correct implementation (1: the plain path)"),
+        Col("band_hi", "float", nullable=True,
+            description="the band's top (the judge's bound): the highest ratio of a correct implementation"),
         Col("verdict", "enum", values=EVALUATION_VERDICTS),
         integer("n", 0, U32, description="runs (free-running), steps (teacher-forced), segments (drift)"),
         integer("step", 0, U32, nullable=True, description="a curve point's last step (null: a summary)"),
-    )),
+        label("evaluator", nullable=True, since="130",
+              description="the evaluator token's name that posted it (POST /v1/evaluations sets it; null: no evidence)"),
+        label("device_type", nullable=True, since="130", description="the device it ran on, read from it: cuda, cpu"),
+        integer("tp", 1, 64, nullable=True, since="130", description="the tensor-parallel size whose rank it ran"),
+        integer("steps", 0, U32, nullable=True, since="130", description="steps of its teacher-forced and free-running runs"),
+        integer("seeds", 0, U32, nullable=True, since="130", description="weight seeds (each its own prompt and noise)"),
+        integer("reruns", 0, U32, nullable=True, since="130",
+                description="the band's runs per seed: correct implementations of the plain path"),
+        integer("nonfinite", 0, U32, nullable=True, since="130",
+                description="non-finite values its judge saw (its value is then the largest Float64)"),
+    ), ingested=False),
     Kind("turn", "turns", "turns", "A conversational turn: new conditioning mid-session (worker/turns.py); ts is its "
          "arrival. latency_ms = wait_ms + recompute_ms + generation_ms + queue_ms.", (
         integer("turn", 0, U32, description="the turn's index in its session"),
@@ -387,6 +401,7 @@ for _c in (c for k in KINDS for c in k.columns):
     assert _c.type in _ARROW, _c
     assert _c.since is None or _c.nullable, f"{_c.name}: a column added later must be nullable"
 RECORD_KINDS: tuple[str, ...] = tuple(_KIND)
+NOT_INGESTED: frozenset[str] = frozenset(k.name for k in KINDS if not k.ingested)  # kinds the ingest refuses
 TABLES: dict[str, str] = {k.name: k.table for k in KINDS}
 MODELS: dict[str, type[_Record]] = {
     k.name: create_model(_model_name(k.name), __base__=_Record, __doc__=k.doc,  # type: ignore[call-overload]

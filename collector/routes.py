@@ -299,6 +299,13 @@ def _validate_fully(table: pa.Table) -> None:
                                      f"as pyarrow.ipc.new_stream writes it") from e
 
 
+def _ingested(kind: str, rows: int = 1) -> None:
+    """403 for a kind the ingest token may not write (evaluations: the gate's evidence, evaluator role)."""
+    if kind in records.NOT_INGESTED and rows:
+        raise BadBatchError(403, f"{kind} records are not accepted here: post an evaluation to POST /v1/evaluations "
+                                 "with an evaluator token (LIVESTEP_EVALUATOR_TOKENS), never the ingest token")
+
+
 def decoded_within(body: bytes, max_bytes: int) -> Decoded:
     """What the Arrow stream ``body`` decodes to, from its metadata (nothing decompressed); 413 when it
     is more than ``records.MAX_BATCH_ROWS`` rows or ``max_bytes`` bytes, 400 when it cannot be read."""
@@ -338,6 +345,7 @@ def parse_arrow(body: bytes, limits: Limits = DEFAULT_LIMITS, max_decoded_bytes:
     if kind not in records.ARROW_SCHEMAS:
         raise BadBatchError(422, f"Arrow schema metadata livestep.kind = {kind!r} is not valid; valid kinds: "
                                  f"{', '.join(records.RECORD_KINDS)} (use collector.records.ARROW_SCHEMAS)")
+    _ingested(kind)
     version = meta.get(b"livestep.schema_version", str(records.SCHEMA_VERSION).encode()).decode(errors="replace")
     if version != str(records.SCHEMA_VERSION):
         raise BadBatchError(422, f"livestep.schema_version {version!r} is not supported; valid: "
@@ -414,6 +422,7 @@ def parse_json(body: bytes, limits: Limits = DEFAULT_LIMITS) -> dict[str, pa.Tab
     for kind, models in batch.by_kind().items():
         if not models:
             continue
+        _ingested(kind)
         schema = records.ARROW_SCHEMAS[kind]
         cols = {name: [getattr(m, name) for m in models] for name in schema.names}
         for c in records.columns(kind):

@@ -1,4 +1,5 @@
-"""The switch names of the wire contract, importable with no dependency at all.
+"""The switch names of the wire contract (and the names of an evaluation of the numeric ones' decoded-frame
+view), importable with no dependency at all.
 
 The worker imports this (its GPU machine has no pydantic); ``collector.records`` re-exports it.
 Each name is an optimization of the paper with its plain path kept; ``buffer_per_shape`` is the fault
@@ -54,3 +55,7 @@ NUMERIC_SWITCHES: tuple[str, ...] = (
 )
 assert set(NUMERIC_SWITCHES) <= set(SWITCH_NAMES)
 assert set(PLAYOUT_SWITCHES) <= set(SWITCH_NAMES) and set(PRODUCTION_OFF) <= set(SWITCH_NAMES)
+
+# ``livestep evaluate``'s view of the decoded frames beside the latents (worker/evaluation_frames.py): the
+# evaluation records' metric names for PSNR, SSIM and temporal flicker against the truth's frames
+FRAME_METRICS: tuple[str, ...] = ("frame_psnr", "frame_ssim", "flicker")

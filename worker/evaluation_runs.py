@@ -1,28 +1,31 @@
-"""The measurements behind ``livestep evaluate``: one configuration's latents against the plain path's.
+"""The measurements behind ``livestep evaluate``: every arm's latents against the truth's, per weight seed.
 
-    models = Models(shape, device)                         # truth, plain and one twin per configuration
-    tf = teacher_forced(models, {"fp8_cache": sw}, steps=100)   # per-step error vs the truth, same state
-    fr = free_running(models, {"fp8_cache": sw}, steps=100, reruns=4)   # trajectory distances
-    dr = drift_session(models, "production", sw, steps=14_400)    # teacher-forced at probes of a long session
+    models = Models(shape, device)                          # truth, plain and one twin per configuration
+    impls = evaluation_implementations.available(device)    # correct implementations of the plain path
+    tf = teacher_forced(models, {"fp8_cache": sw}, steps=100, implementations=impls)  # per-step error, same state
+    fr = free_running(models, {"fp8_cache": sw}, steps=100, implementations=impls)    # trajectories vs the truth's
 
 Three numerics take part. The *truth*: the plain path in fp64 with no FP8 anywhere (``--truth fp64``,
 small presets) or in bf16 without FP8 (``--truth bf16``, prod: a rank's fp64 weights do not fit one
-GPU). The *plain* path: all switches off at the production numerics (FP8 weights where the shape or
-``fp8`` says so, per-row dynamic activation scales, the launch cache). A *candidate*: a configuration
-of switches at the same numerics. Twins share the FP8 weights; each keeps its own calibration (static
-activation scales, per-head cache scales), set once per session as in serving.
+GPU). The *plain* path: all switches off, attention reading as the preset runs it (FP8 re-quantized per
+read on small/prod57b, bf16 on tiny), FP8 weights (production's regime, on every preset), per-row dynamic
+activation scales, the launch cache; ``Models.numerics()`` states it in the result. An *implementation*: the plain
+path computed another correct way (worker/evaluation_implementations.py: SDPA backend, GEMM reduction
+order); their spread is the acceptance band. A *candidate*: a configuration of switches at the same
+numerics. Twins share the FP8 weights; each keeps its own calibration (static activation scales,
+per-head cache scales), set once per session as in serving.
 
-Teacher forcing: before every step, the plain and candidate caches are loaded with the truth's window
-(``KVCache.load_tokens``: RoPE'd and quantized with the cache's own session-calibrated scales), then
-every arm denoises the same noise. The error is the truth's distance to each (``metric``), so the
-trajectory's divergence never enters; the plain path's error is the low-precision reference's own.
+Teacher forcing: before every probed step, the plain, implementation and candidate caches are loaded
+with the truth's window (``KVCache.load_tokens``: RoPE'd and quantized with the cache's own
+session-calibrated scales), then every arm denoises the same noise. The error is the truth's distance
+to each (``metric``), so the trajectory's divergence never enters. The truth runs every step; the
+other arms only at ``probes`` (default: every step; a long run probes each position reset, the steps
+right after it and a stride between: a teacher-forced arm's only state across steps is its calibration).
 
-Free running: every arm runs its own trajectory. Reruns of the plain path and candidate runs carry a
-rerun perturbation (``Perturbation``): on CPU -- deterministic -- each step's noise input is multiplied
-by ``1 + 2**-8 * z`` (z ~ N(0, 1) from the run's seed: one bf16 rounding step, every step, as a
-nondeterministic reduction order gives); on CUDA the kernels' own nondeterminism ("auto"), or, when
-reruns come out bitwise identical, the same input perturbation. Distances are to the unperturbed plain
-run. ``tamper`` (tests only) breaks a candidate on purpose, to show that the judges catch it.
+Free running: every arm runs its own trajectory from the same conditioning and noise; the distance of
+each to the truth's trajectory, per step (so a switch *more* accurate than the plain path is nearer the
+truth, and passes). With ``frames``, the decoded frames too (worker/evaluation_frames.py).
+``tamper`` (tests only) breaks a candidate on purpose, to show that the judges catch it.
 """
 
 from __future__ import annotations
@@ -36,12 +39,12 @@ import torch
 
 from worker.cache import KVCache, make_cache
 from worker.config import ModelShape, Switches
+from worker.evaluation_implementations import Implementation, apply
 from worker.model import DiT
 
 # A metric compares a candidate's latents with the reference's: [tokens, channels] each -> a float
 # (bigger = further). Pluggable: a lip-sync scorer over decoded frames drops in with the same signature.
 Metric = Callable[[torch.Tensor, torch.Tensor], float]
-PERTURB_EPS = 2.0**-8  # the CPU rerun perturbation: one bf16 rounding step on every noise element
 DYNAMIC_SCALES = "row"  # the plain path's activation scales (worker/session.py's DYNAMIC_SCALES)
 
 
@@ -136,16 +139,36 @@ class Models:
 
     def __post_init__(self) -> None:
         self.device = torch.device(self.device)
+        # The plain arm is the switches-off path of the preset as the fleet runs it: its attention reads
+        # (``shape.fp8_attention``: FP8 on small/prod57b, bf16 on tiny) are never changed here. Its weights
+        # are production's regime (``fp8``: FP8 GEMMs, as prod57b, on every preset and device) so that the
+        # switches that act on FP8 GEMMs (static_scales, triton_kernels) act on tiny too.
         self.truth_shape = replace(self.shape, fp8_attention=False, fp8_weights=False)
         # the same weights as the plain path's before FP8 (drawn in its dtype, then widened)
         self.truth = _widen(DiT(self.truth_shape, self.device, dtype=self.dtype, fp8=False), self.truth_dtype)
         self.base = DiT(self.shape, self.device, dtype=self.dtype, fp8=self.fp8)
 
-    def arm(self, sw: Switches) -> DiT:
-        return configure(twin(self.base), sw)
+    def arm(self, sw: Switches, impl: Implementation | None = None) -> DiT:
+        m = configure(twin(self.base), sw)
+        return apply(m, impl) if impl is not None else m
 
-    def cache(self, model: DiT, sw: Switches) -> KVCache:
+    def numerics(self) -> dict[str, str]:
+        """What the plain arm computes in, for the result's JSON (``numerics``)."""
+        return {"weights": "fp8" if self.fp8 else str(self.dtype).removeprefix("torch."),
+                "attention_reads": "fp8" if self.shape.fp8_attention else "bf16",
+                "truth": str(self.truth_dtype).removeprefix("torch.") + ", no FP8",
+                "note": "plain arm: every switch off, attention reads as the preset runs them; weights in "
+                        "production's regime (FP8 GEMMs, as prod57b) on every preset"}
+
+    def run(self, name: str, sw: Switches, impl: Implementation | None = None) -> Run:
+        """An arm: the truth (``name == "truth"``), or a twin with ``sw`` (and ``impl``) and its own cache."""
+        m = self.truth if name == "truth" else self.arm(sw, impl)
+        return Run(name, sw, m, self.cache(m, sw, impl), impl=impl)
+
+    def cache(self, model: DiT, sw: Switches, impl: Implementation | None = None) -> KVCache:
         shape = self.truth_shape if model is self.truth else self.shape
+        if impl is not None and impl.fp8_reads:
+            shape = replace(shape, fp8_attention=True)
         return make_cache(shape, sw, self.device, model.dtype)
 
 
@@ -158,22 +181,23 @@ class Run:
     model: DiT
     cache: KVCache
     cond_kv: list = field(default_factory=list)
-    perturb: int | None = None  # the rerun's seed (None: unperturbed)
-    gen: torch.Generator | None = None
+    impl: Implementation | None = None  # a correct implementation of the plain path (its SDPA backend)
 
     def start(self, cond: torch.Tensor, tamper: Callable | None = None) -> None:
         if tamper is not None:
             tamper(self.model, self.cache)
-        self.cond_kv = self.model.first_forward(cond, self.cache)
-        if self.perturb is not None:
-            self.gen = torch.Generator(device=cond.device).manual_seed(1_000_003 + self.perturb)
+        with self._context():
+            self.cond_kv = self.model.first_forward(cond, self.cache)
+
+    def _context(self):
+        import contextlib
+
+        return self.impl.context() if self.impl is not None else contextlib.nullcontext()
 
     def step(self, noise: torch.Tensor, reset: bool) -> torch.Tensor:
-        if self.gen is not None:
-            z = torch.randn(noise.shape, generator=self.gen, device=noise.device, dtype=noise.dtype)
-            noise = noise * (1 + PERTURB_EPS * z)
         self.cache.begin_step(noise.shape[0], reset=reset)
-        out = self.model.denoise_chunk(noise, self.cache, self.cond_kv)
+        with self._context():
+            out = self.model.denoise_chunk(noise, self.cache, self.cond_kv)
         self.cache.end_step()
         return out
 
@@ -218,178 +242,167 @@ class _Progress:
             self.say(f"step {n}/{self.steps}")
 
 
+def _drop(name: str, e: Exception, arms: dict, series: dict, dropped: dict[str, str], clock: _Progress) -> None:
+    """A band member that cannot run here (an op its implementation needs refused on this device) leaves the
+    band with its reason (``dropped``), instead of ending a run that may be a device call's only one."""
+    dropped[name] = f"{type(e).__name__}: {e}"[:500]
+    arms.pop(name, None)
+    series.pop(name, None)
+    clock.say(f"{name} dropped from the band: {dropped[name][:200]}")
+
+
+def resets_at(steps: int, reset_every: int) -> list[bool]:
+    """Whether step i is a position reset (the session's every ``reset_every``-th step, never the first)."""
+    return [i > 0 and i % reset_every == 0 for i in range(steps)]
+
+
+def probe_steps(steps: int, reset_every: int, tail: int, stride: int) -> list[int]:
+    """The steps a long teacher-forced run measures: each position reset and the ``tail`` steps after it
+    (the reset class), and every ``stride``-th step besides (the steady class)."""
+    resets = resets_at(steps, reset_every)
+    near = {i + j for i in range(steps) if resets[i] for j in range(tail + 1)}
+    return [i for i in range(steps) if i in near or i % max(stride, 1) == 0]
+
+
 @dataclass
 class TeacherForced:
-    """Per step: the plain path's error and each candidate's, against the truth from the same state."""
+    """Per probed step: the plain path's error, each implementation's and each candidate's, against the
+    truth from the same state; ``step`` and ``reset`` say which session step each entry is."""
 
     steps: int
+    step: list[int]
     reset: list[bool]
     plain: list[float]
     candidates: dict[str, list[float]]
     identical: dict[str, bool]  # the candidate's latents equal the plain path's at every step (no effect here)
-    saturated: dict[str, list[float]] = field(default_factory=dict)  # (step, FP8 saturation share): drift_session
+    implementations: dict[str, list[float]] = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return {"steps": self.steps, "step": self.step, "reset": self.reset, "plain": self.plain,
+                "candidates": self.candidates, "identical": self.identical, "implementations": self.implementations}
 
 
 def teacher_forced(models: Models, candidates: dict[str, Switches], steps: int, *, metric: Metric = rel_l2,
-                   seed: int = 0, tamper: dict[str, Callable] | None = None,
-                   log: Callable[[str], None] | None = None) -> TeacherForced:
-    """Each candidate and the plain path stepped from the truth's window and inputs, ``steps`` steps.
-    ``log``: a line per arm started and at a ladder of steps (a prod-sized run takes minutes before its
-    first: the compiled configurations compile then)."""
+                   seed: int = 0, tamper: dict[str, Callable] | None = None, implementations=(),
+                   probes: list[int] | None = None, log: Callable[[str], None] | None = None,
+                   dropped: dict[str, str] | None = None) -> TeacherForced:
+    """The truth for ``steps`` steps; at each of ``probes`` (default every step) the plain path, each
+    implementation and each candidate stepped from the truth's window and inputs. ``log``: a line per arm
+    started and at a ladder of steps (a prod-sized run takes minutes before its first: compiles)."""
     clock = _Progress("teacher-forced", steps, log)
-
     shape, dev = models.shape, models.device
     cond, g = session_inputs(shape, dev, seed)
     plain_sw = Switches()
-    truth = Run("truth", plain_sw, models.truth, models.cache(models.truth, plain_sw))
-    plain = Run("plain", plain_sw, models.arm(plain_sw), None)
-    plain.cache = models.cache(plain.model, plain_sw)
-    cands = {}
-    for name, sw in candidates.items():
-        m = models.arm(sw)
-        cands[name] = Run(name, sw, m, models.cache(m, sw))
-    for r in (truth, plain, *cands.values()):
-        r.start(cond, (tamper or {}).get(r.name))
+    truth = models.run("truth", plain_sw)
+    plain = models.run("plain", plain_sw)
+    dropped = {} if dropped is None else dropped
+    impls = {i.name: models.run(i.name, plain_sw, i) for i in implementations if i.name not in dropped}
+    cands = {name: models.run(name, sw) for name, sw in candidates.items()}
+    out = TeacherForced(steps, [], [], [], {n: [] for n in cands}, {n: True for n in cands}, {n: [] for n in impls})
+    for r in (truth, plain, *impls.values(), *cands.values()):
+        try:
+            r.start(cond, (tamper or {}).get(r.name) if r.name in cands else None)
+        except RuntimeError as e:
+            if r.name not in impls:
+                raise
+            _drop(r.name, e, impls, out.implementations, dropped, clock)
+            continue
         clock.say(f"{r.name} started (first forward)")
-    out = TeacherForced(steps, [], [], {n: [] for n in cands}, {n: True for n in cands},
-                        {n: [] for n in cands})
+    want = set(range(steps) if probes is None else probes)
+    resets = resets_at(steps, shape.reset_every)
     for i in range(steps):
-        reset = i > 0 and i % shape.reset_every == 0
         noise = _noise(shape, g, dev)
-        for r in (plain, *cands.values()):
-            _sync_window(truth.cache, r.cache)
-        ref = truth.step(noise, reset).float()
-        low = plain.step(noise, reset)
-        out.reset.append(reset)
-        out.plain.append(metric(low.float(), ref))
-        for name, r in cands.items():
-            y = r.step(noise, reset)
-            out.candidates[name].append(metric(y.float(), ref))
-            out.identical[name] = out.identical[name] and torch.equal(y, low)
-        clock.step(i)
-    return out
-
-
-def probe_steps(steps: int, reset_every: int, per_interval: int = 2) -> list[int]:
-    """The steps a long session is probed at: each position reset and ``per_interval - 1`` evenly spaced
-    steps between, so every reset interval has the same number of probes (the drift judge's segment)."""
-    offsets = sorted({round(j * reset_every / per_interval) for j in range(per_interval)})
-    return [i for i in range(steps) if i % reset_every in offsets]
-
-
-def drift_session(models: Models, name: str, sw: Switches, steps: int, *, metric: Metric = rel_l2, seed: int = 0,
-                  per_interval: int = 2, tamper: Callable | None = None,
-                  log: Callable[[str], None] | None = None) -> TeacherForced:
-    """``teacher_forced`` over a long session, measured at ``probe_steps`` only. The truth runs every
-    step (its trajectory is the session); at a probe the plain path and the candidate are loaded with
-    its window -- quantized with the candidate's own session-calibrated cache scales -- and denoise the
-    same noise with the calibration they got at the session's start. Between probes nothing of theirs
-    changes (a teacher-forced arm's only state across steps is that calibration), so they are not
-    stepped: a 14,400-step session costs the truth's steps and ~690 probes, not three models' steps."""
-    from worker.fp8 import SaturationProbe
-
-    shape, dev = models.shape, models.device
-    cond, g = session_inputs(shape, dev, seed)
-    plain_sw = Switches()
-    truth = Run("truth", plain_sw, models.truth, models.cache(models.truth, plain_sw))
-    plain_model = models.arm(plain_sw)
-    plain = Run("plain", plain_sw, plain_model, models.cache(plain_model, plain_sw))
-    m = models.arm(sw)
-    cand = Run(name, sw, m, models.cache(m, sw))
-    for r in (truth, plain, cand):
-        r.start(cond, tamper if r is cand else None)
-    probes = set(probe_steps(steps, shape.reset_every, per_interval))
-    out = TeacherForced(len(probes), [], [], {name: []}, {name: True}, {name: []})
-    probe = SaturationProbe(dev)
-    clock = _Progress("drift", steps, log)
-    for i in range(steps):
-        reset = i > 0 and i % shape.reset_every == 0
-        noise = _noise(shape, g, dev)
-        if i in probes:
-            for r in (plain, cand):
+        if i in want:
+            for r in (plain, *impls.values(), *cands.values()):
                 _sync_window(truth.cache, r.cache)
-        ref = truth.step(noise, reset).float()
-        if i in probes:
-            low = plain.step(noise, reset)
-            if m.probe_ready:  # the share of the static scales' FP8 inputs at +-448 (reading it syncs)
-                probe.start()
-                m.set_probe(probe)
-            y = cand.step(noise, reset)
-            if m.probe_ready:
-                m.set_probe(None)
-                out.saturated[name].append((i, float(probe.count) / max(probe.total, 1)))
-            out.reset.append(reset)
+        ref = truth.step(noise, resets[i]).float()
+        if i in want:
+            low = plain.step(noise, resets[i])
+            out.step.append(i)
+            out.reset.append(resets[i])
             out.plain.append(metric(low.float(), ref))
-            out.candidates[name].append(metric(y.float(), ref))
-            out.identical[name] = out.identical[name] and torch.equal(y, low)
+            for name, r in list(impls.items()):
+                try:
+                    out.implementations[name].append(metric(r.step(noise, resets[i]).float(), ref))
+                except RuntimeError as e:
+                    _drop(name, e, impls, out.implementations, dropped, clock)
+            for name, r in cands.items():
+                y = r.step(noise, resets[i])
+                out.candidates[name].append(metric(y.float(), ref))
+                out.identical[name] = out.identical[name] and torch.equal(y, low)
         clock.step(i)
     return out
 
 
 @dataclass
 class FreeRunning:
-    """Per run and step: the distance of a trajectory to the unperturbed plain run's."""
+    """Per step: each trajectory's distance to the truth's (same conditioning and noise); with frames,
+    the decoded frames' scores against the truth's (worker/evaluation_frames.py), per arm and step."""
 
     steps: int
-    perturbation: str  # "input" (PERTURB_EPS on the noise) or "nondeterminism" (the device's own)
-    reruns: list[list[float]]  # [run][step]: plain rerun r vs the unperturbed plain run
-    candidates: dict[str, list[list[float]]]  # per candidate [run][step]: its run r vs plain rerun r
+    plain: list[float]
+    candidates: dict[str, list[float]]
+    implementations: dict[str, list[float]]
+    frames: dict[str, dict[str, list[float]]] = field(default_factory=dict)  # arm -> score -> [step]
+
+    def as_dict(self) -> dict:
+        return {"steps": self.steps, "plain": self.plain, "candidates": self.candidates,
+                "implementations": self.implementations, "frames": self.frames}
 
 
-def _trajectory(models: Models, sw: Switches, steps: int, seed: int, perturb: int | None,
-                tamper: Callable | None = None, clock: _Progress | None = None) -> torch.Tensor:
-    cond, g = session_inputs(models.shape, models.device, seed)
-    m = models.arm(sw)
-    r = Run("run", sw, m, models.cache(m, sw), perturb=perturb)
-    r.start(cond, tamper)
-    out = []
-    for i in range(steps):
-        reset = i > 0 and i % models.shape.reset_every == 0
-        out.append(r.step(_noise(models.shape, g, models.device), reset).float().cpu())
-        if clock is not None:
-            clock.step(i)
-    return torch.stack(out)
-
-
-def free_running(models: Models, candidates: dict[str, Switches], steps: int, reruns: int, *,
-                 metric: Metric = rel_l2, seed: int = 0, perturbation: str = "auto",
-                 tamper: dict[str, Callable] | None = None, log: Callable[[str], None] | None = None) -> FreeRunning:
-    """The unperturbed plain run, ``reruns`` perturbed plain reruns and ``reruns`` perturbed runs of each
-    candidate (perturbation "input", "nondeterminism", or "auto": the device's own on CUDA unless its
-    reruns are bitwise identical to the first run, the input perturbation on CPU)."""
-    if reruns < 2:
-        raise ValueError(f"reruns {reruns}: the rerun band needs at least 2 reruns")
-    if perturbation not in ("auto", "input", "nondeterminism"):
-        raise ValueError(f"perturbation {perturbation!r}; valid: auto, input, nondeterminism")
-    plain_sw = Switches()
+def free_running(models: Models, candidates: dict[str, Switches], steps: int, *, metric: Metric = rel_l2,
+                 seed: int = 0, implementations=(), frames: bool = False, tamper: dict[str, Callable] | None = None,
+                 log: Callable[[str], None] | None = None, dropped: dict[str, str] | None = None) -> FreeRunning:
+    """The truth, the plain path, each implementation and each candidate, each on its own trajectory for
+    ``steps`` steps from the same conditioning and noise; every arm steps in lockstep (nothing is kept but
+    the truth's current latents). ``frames``: decode every arm's chunk and score it against the truth's."""
     clock = _Progress("free-running", steps, log)
-    base = _trajectory(models, plain_sw, steps, seed, None, clock=clock)
-    clock.say("plain run done")
-    mode = perturbation
-    if mode == "auto":
-        mode = "nondeterminism" if models.device.type == "cuda" else "input"
-    runs = []
-    if mode == "nondeterminism":  # one unperturbed rerun says whether the device varies at all
-        first = _trajectory(models, plain_sw, steps, seed, None)
-        if torch.equal(first, base):
-            if perturbation == "nondeterminism":
-                raise RuntimeError("the plain reruns are bitwise identical on this device: no rerun band; "
-                                   "use --perturbation input")
-            mode = "input"
-            clock.say("the device repeats the plain run bit for bit: input perturbation")
-        else:
-            runs.append(first)
-    runs += [_trajectory(models, plain_sw, steps, seed, r if mode == "input" else None)
-             for r in range(len(runs), reruns)]
-    clock.say(f"{reruns} plain reruns done")
+    shape, dev = models.shape, models.device
+    cond, g = session_inputs(shape, dev, seed)
+    plain_sw = Switches()
+    truth = models.run("truth", plain_sw)
+    arms = {"plain": models.run("plain", plain_sw)}
+    dropped = {} if dropped is None else dropped
+    implementations = [i for i in implementations if i.name not in dropped]
+    arms |= {i.name: models.run(i.name, plain_sw, i) for i in implementations}
+    arms |= {name: models.run(name, sw) for name, sw in candidates.items()}
+    members = {i.name for i in implementations}
+    dist: dict[str, list[float]] = {n: [] for n in arms}
+    for r in (truth, *arms.values()):
+        try:
+            r.start(cond, (tamper or {}).get(r.name) if r.name in candidates else None)
+        except RuntimeError as e:
+            if r.name not in members:
+                raise
+            _drop(r.name, e, arms, dist, dropped, clock)
+            continue
+        clock.say(f"{r.name} started (first forward)")
+    view = None
+    if frames:
+        from worker.evaluation_frames import FrameView
 
-    def dist(traj: torch.Tensor, ref: torch.Tensor) -> list[float]:
-        return [metric(traj[i], ref[i]) for i in range(steps)]
-
-    out = FreeRunning(steps, mode, [dist(x, base) for x in runs], {})
-    for name, sw in candidates.items():
-        t = (tamper or {}).get(name)
-        out.candidates[name] = [dist(_trajectory(models, sw, steps, seed, r if mode == "input" else None, t), runs[r])
-                                for r in range(reruns)]
-        clock.say(f"{name}: {reruns} runs done")
-    return out
+        view = FrameView(shape, dev)
+    scores: dict[str, dict[str, list[float]]] = {n: {"psnr": [], "ssim": [], "flicker": []} for n in arms} if frames else {}
+    prev: dict[str, tuple | None] = dict.fromkeys(arms)
+    resets = resets_at(steps, shape.reset_every)
+    for i in range(steps):
+        noise = _noise(shape, g, dev)
+        ref = truth.step(noise, resets[i]).float()
+        for name, r in list(arms.items()):
+            try:
+                y = r.step(noise, resets[i]).float()
+            except RuntimeError as e:
+                if name not in members:
+                    raise
+                _drop(name, e, arms, dist, dropped, clock)
+                scores.pop(name, None)
+                continue
+            dist[name].append(metric(y, ref))
+            if view is not None:
+                got, prev[name] = view.compare(y, ref, prev[name])
+                for k, v in got.items():
+                    scores[name][k].append(v)
+        clock.step(i)
+    impl_names = [i.name for i in implementations if i.name not in dropped]
+    return FreeRunning(steps, dist.pop("plain"), {n: dist[n] for n in candidates},
+                       {n: dist[n] for n in impl_names}, scores)

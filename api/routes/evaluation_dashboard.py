@@ -1,5 +1,5 @@
 """``/dashboard/evaluations``: the verdicts behind the numeric switch defaults and one evaluation run's
-divergence curves against the rerun band (api/evaluation_views.py draws them).
+free-running curves inside the band of correct implementations (api/evaluation_views.py draws them).
 
     /dashboard/evaluations                       the latest verdicts, and the newest run's curves
     /dashboard/evaluations?evaluation_id=<id>    that run

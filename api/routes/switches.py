@@ -154,12 +154,15 @@ def put_switch(name: str, body: SwitchWrite, store: StoreDep, settings: Settings
     _known(name)
     board = get_switchboard(store, settings.switch_cache_s)
     try:
+        evidence = {}
         if body.value:  # on: a numeric switch only with a passing evaluation there; off is always allowed
-            evaluation_gate.require_for_scope(store, name, parse_scope(body.scope))
-        d = board.set(name, body.value, body.scope, actor=body.who, reason=body.why, source="api")
+            evaluated = evaluation_gate.require_for_scope(store, name, parse_scope(body.scope))
+            evidence = {"evaluations": evaluated} if evaluated else {}
+        d = board.set(name, body.value, body.scope, actor=body.who, reason=body.why, source="api", evidence=evidence)
     except SwitchError as e:
         raise HTTPException(422, detail=str(e)) from e
     except evaluation_gate.GateError as e:
+        evaluation_gate.refused(board, name, body.scope, body.value, body.who, body.why, str(e))
         raise HTTPException(e.status, detail=str(e)) from e
     return d.to_dict()
 

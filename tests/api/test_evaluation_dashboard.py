@@ -1,5 +1,5 @@
 """The evaluation page and the weekly report's section, from a real tiny evaluation's records: the latest
-verdicts, each configuration's divergence curve drawn over its rerun band (the same numbers as
+verdicts, each configuration's free-running curve drawn inside its band (the same numbers as
 ``GET /v1/evaluations``), the page rendered in headless Chromium without errors, and no section in a
 week without evaluations."""
 
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.usefixtures("torch_chains_only")  # tests/conftest.py
 def result():
     from worker.evaluate import evaluate
 
-    return evaluate("tiny", "cpu", ["fp8_cache", "static_scales"], steps=12, reruns=2, release="v9", gpu_kind="h200")
+    return evaluate("tiny", "cpu", ["fp8_cache", "static_scales"], steps=12, seeds=2, frames=False, release="v9")
 
 
 @pytest.fixture
@@ -41,7 +41,7 @@ def _figure(html: str, div_id: str) -> dict:
     return {"data": orjson.loads(m.group(1)), "layout": orjson.loads(m.group(2))}
 
 
-def test_the_page_draws_each_divergence_curve_over_its_rerun_band(client, evaluated, result):
+def test_the_page_draws_each_free_running_curve_inside_its_band(client, evaluated, result):
     r = client.get("/dashboard/evaluations")
     assert r.status_code == 200, r.text
     assert result["evaluation_id"] in r.text and "Evaluations behind the numeric switch defaults" in r.text
@@ -49,9 +49,10 @@ def test_the_page_draws_each_divergence_curve_over_its_rerun_band(client, evalua
     rows.sort(key=lambda x: x["step"])
     fig = _figure(r.text, "ev-div-0")  # fp8_cache sorts first
     by_name = {t.get("name"): t for t in fig["data"]}
-    assert by_name["optimization vs plain"]["x"] == [x["step"] for x in rows]
-    assert by_name["optimization vs plain"]["y"] == pytest.approx([x["value"] for x in rows])
-    assert by_name["rerun band (95 % interval)"]["y"] == pytest.approx([x["band_lo"] for x in rows])
+    assert by_name["candidate / plain"]["x"] == [x["step"] for x in rows]
+    assert by_name["candidate / plain"]["y"] == pytest.approx([x["value"] for x in rows])
+    assert by_name["band: correct implementations"]["y"] == pytest.approx([x["band_lo"] for x in rows])
+    assert by_name["gate: the band's top"]["y"] == pytest.approx([x["band_hi"] for x in rows])
     assert client.get("/dashboard/evaluations", params={"evaluation_id": "nope"}).status_code == 200
 
 

@@ -104,11 +104,11 @@ def test_re_enable_after_the_fix_reaches_every_worker_then_the_incident_resolves
     leaking = sim.release("august").name
     run_job("memory", store, now=sim.end)
     incidents.sync(store, now=sim.end)
-    workers = [w.worker_id for w in sim.workers]
+    workers = [(w.worker_id, w.gpu_kind) for w in sim.workers]
 
-    def on(w):
-        return client.get("/v1/switches", params={"worker_id": w, "release": leaking}).json()["switches"].get(
-            "fused_allreduce")
+    def on(w):  # a worker polls with its GPU kind: a numeric switch turned on reaches only evidenced kinds
+        return client.get("/v1/switches", params={"worker_id": w[0], "release": leaking, "gpu_kind": w[1]}
+                          ).json()["switches"].get("fused_allreduce")
 
     assert {on(w) for w in workers} == {False}
     evaluate_release(store, "fused_allreduce", leaking)  # a numeric switch: on only with its evidence

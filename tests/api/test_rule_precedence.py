@@ -138,8 +138,18 @@ def test_explain_names_the_deciding_rule_and_why_the_others_do_not(client, admin
                                                      "who": "op", "why": "fixed"})
     outside = next(w for w in (f"w{i:04d}" for i in range(100)) if bucket(w, S) >= 50)
     inside = next(w for w in (f"w{i:04d}" for i in range(100)) if bucket(w, S) < 50)
-    e_out = client.get("/v1/switches/explain", params={"worker_id": outside, "release": "v1.2"}).json()["switches"][S]
+    def explain(w, **kind):
+        return client.get("/v1/switches/explain", params={"worker_id": w, "release": "v1.2", **kind}
+                          ).json()["switches"][S]
+
+    e_out = explain(outside, gpu_kind="h200")
     assert e_out["value"] is False and "not in its cohort" in e_out["not_deciding"][0]["why_not"]
-    e_in = client.get("/v1/switches/explain", params={"worker_id": inside, "release": "v1.2"}).json()["switches"][S]
+    e_in = explain(inside, gpu_kind="h200")
     assert e_in["value"] is True and e_in["decided_by"]["cohort"].startswith("canary=")
+    # a numeric switch turned on does not reach a worker whose GPU kind the gate has no evidence for
+    e_b200 = explain(inside, gpu_kind="b200")
+    assert e_b200["value"] is False and e_b200["decided_by"]["scope"] == "release=v1.2"
+    assert "no passing evaluation" in e_b200["not_deciding"][0]["why_not"] and "gpu_kind=b200" in e_b200[
+        "not_deciding"][0]["why_not"]
+    assert "names no gpu_kind" in explain(inside)["not_deciding"][0]["why_not"]
     assert client.get("/v1/switches/explain", params={"release": "x" * 300}).status_code == 422

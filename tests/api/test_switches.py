@@ -48,7 +48,7 @@ def test_fleet_off_then_release_on_the_newer_release_rule_decides_it(client, adm
     client.put("/v1/switches/compile", headers=admin,
                json={"value": True, "scope": "release=v8", "who": "a", "why": "fixed in v8"})
     assert client.get("/v1/switches", params={"release": "v7"}).json()["switches"]["compile"] is False
-    assert client.get("/v1/switches", params={"release": "v8"}).json()["switches"]["compile"] is True
+    assert client.get("/v1/switches", params={"release": "v8", "gpu_kind": "h200"}).json()["switches"]["compile"] is True
     rules = client.get("/v1/switches/rules").json()["rules"]
     assert {(r["name"], r["scope"], r["value"]) for r in rules} == {("compile", "", False),
                                                                      ("compile", "release=v8", True)}

@@ -128,9 +128,9 @@ def _story(app, sock, receiver, tmp_path):
         r = httpx.put(f"{base}/v1/switches/fused_allreduce", json={"value": True, "scope": f"release={leaking}",
                                                                    "who": "op", "why": "fixed in place"})
         assert r.status_code == 200 and r.json()["changed"], r.text
-        workers = [w.worker_id for w in sim.workers] + ["live-1"]
-        assert {httpx_get(base, {"worker_id": w, "release": leaking})["switches"]["fused_allreduce"]
-                for w in workers} == {True}
+        workers = [(w.worker_id, w.gpu_kind) for w in sim.workers] + [("live-1", "cpu")]  # each polls with its kind
+        assert {httpx_get(base, {"worker_id": w, "release": leaking, "gpu_kind": k})["switches"]["fused_allreduce"]
+                for w, k in workers} == {True}
         # the evidence goes away (the memory job over a window after the leak): the incident resolves
         run_job("memory", store, start=sim.end + timedelta(days=1), end=sim.end + timedelta(days=2))
         [incident] = httpx.get(f"{base}/v1/incidents").json()["incidents"]
