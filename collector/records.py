@@ -6,7 +6,7 @@ since which migration. Everything else is derived from that declaration:
 
 - the pydantic models (``StepRecord``, ..., ``MODELS``) and ``TelemetryBatch`` (the JSON body);
 - the Arrow schemas (``ARROW_SCHEMAS``, one per kind, for the Arrow IPC body);
-- the ingest checks (``CHECKS``, read by collector/routes.py's column checks);
+- the ingest checks (``CHECKS``, read by collector/ingest_checks.py);
 - ``ADDED_COLUMNS`` (optional columns a body from an older worker may lack: stored as null).
 
 The DDL (sql/) is the one other place a field is written, as a migration.
@@ -313,7 +313,7 @@ def _default(c: Col) -> Any:
     return ...
 
 
-# Arrow type and ingest-check tuple (collector/routes.py's format) per column type
+# Arrow type and ingest-check tuple (collector/ingest_checks.py's format) per column type
 _ARROW = {"float": pa.float64(), "int": pa.int64(), "label": pa.string(), "enum": pa.string(),
           "switches": pa.string(), "json": pa.string(), "bool": pa.bool_(), "ts": pa.timestamp("ms", tz="UTC")}
 TYPES = tuple(_ARROW)
