@@ -1,5 +1,9 @@
 """The wire contract: the only types that cross worker -> collector (DESIGN.md "Records").
 
+One module over ~450 lines on purpose: it is one thing, the declaration of every field (``KINDS``) and
+what derives from it (models, Arrow schemas, ingest checks); split, a field's name, type and bounds
+would be read in one file and turned into a model or a schema in another.
+
 Every field of every record kind is declared ONCE, in ``KINDS`` below: its name, its type (one of
 ``TYPES``), its bounds (those of the ClickHouse column that stores it), whether it may be null and
 since which migration. Everything else is derived from that declaration:
@@ -40,7 +44,7 @@ from typing import Annotated, Any
 import pyarrow as pa
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model, field_validator
 
-from collector.flip_fields import FLIP_COST_FIELDS, FLIP_COST_KIND  # re-exported: part of the contract
+from collector.flip_fields import FLIP_COST_FIELDS, FLIP_COST_KIND  # noqa: F401 (re-exported: part of the contract)
 from collector.gpu_kinds import canonical_gpu_kind
 from collector.switch_names import NUMERIC_SWITCHES, SWITCH_NAMES  # re-exported: part of the contract
 
