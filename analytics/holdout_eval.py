@@ -48,6 +48,7 @@ def run_case(case, seed: int, chdb_dir: str):
     """One hold-out (class, seed): an ``analytics.detector_eval.Outcome``."""
     from analytics import holdout, jobs
     from analytics.detector_eval import COMMITTED, Outcome, _attribution_state, _judge_rows, sim_end
+    from collector.migrations import drop_database
     from collector.store import open_store
 
     t0 = time.perf_counter()
@@ -86,6 +87,6 @@ def run_case(case, seed: int, chdb_dir: str):
                 out.false_alarms += [f"{name}:{r['scope']}:{r['metric']}" for r in rows
                                      if r["severity"] in ("warning", "critical")]
     finally:
-        store.command(f"DROP DATABASE IF EXISTS {store.database}")
+        drop_database(store, store.database)
     out.seconds = time.perf_counter() - t0
     return out

@@ -856,6 +856,12 @@ def series_frame(store, s: Series, start: datetime, end: datetime, gpu_kind: str
     return store.query_df(series_sql(s, source, str(w)), w.params)
 
 
+def series_time_sql(s: Series, source: str, where: str = "", columns: tuple[str, ...] | None = None) -> str:
+    """The series over ``source`` with its day as ``time`` (Grafana's panels, api/grafana.py)."""
+    return (f"SELECT day AS time, release, {', '.join(columns or s.columns)} FROM "
+            f"({series_sql(s, source, where)}) ORDER BY time")
+
+
 def live_source() -> str:
     """The fleet_daily-shaped rows computed live from the session_fleet view, with ``{start:...}`` /
     ``{end:...}`` / ``{min_s:...}`` parameters (what Grafana runs, its macros substituted)."""

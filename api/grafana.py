@@ -50,9 +50,7 @@ def series_query(s: ts.Series, columns: tuple[str, ...] | None = None) -> str:
     if DAY_BUCKET not in source:
         raise ValueError(f"the live source no longer buckets by {DAY_BUCKET!r}: update api/grafana.py")
     source = source.replace(DAY_BUCKET, "$__timeInterval(start_ts) AS day")
-    cols = ", ".join(columns or s.columns)
-    return grafana_sql(f"SELECT day AS time, release, {cols} FROM "
-                       f"({aq.series_sql(s, source, VARIABLE_FILTER)}) ORDER BY time")
+    return grafana_sql(aq.series_time_sql(s, source, VARIABLE_FILTER, columns))
 
 
 def _variable(label: str) -> dict:

@@ -16,8 +16,9 @@ Phases, in one process (one warm worker, ``flip="background"``, worker/readiness
    frame. Prompt lengths cycle over every bucket. A flip session runs until ``--after`` chunks past
    the swap (or ``--max-seconds``).
 Per switch and direction: late chunks and stall from the poll to ``--after`` chunks past the swap, poll
--> first step on the new configuration, the build's time, the next session's TTFF and whether it started
-warm, time out of service, and the reserved memory the build held above the steady level (peak) and
+-> first step on the new configuration, the time of the build swapped in (the quick one), the next session's
+TTFF, whether it started warm, its late chunks and steps run eagerly (it starts on the quick state until the
+complete one is swapped in), time out of service, and the reserved memory the build held above the steady level (peak) and
 after the session. Last line: the steady-step ratio with / without the readiness machinery.
 """
 
@@ -185,7 +186,7 @@ def main() -> int:
             to_on = {k: not v for k, v in to_off.items()}
             a, pk_a, res_a = session(sw, to_off, f"{name}-off")
             b, pk_b, res_b = session(off, to_on, f"{name}-on")  # the next session of the off flip
-            c, _, res_c = session(sw, None, f"{name}-next")  # the next session of the on flip
+            c, _, _ = session(sw, None, f"{name}-next")  # the next session of the on flip
             for direction, s, nxt, pk, res in (("off", a, b, pk_a, res_a), ("on", b, c, pk_b, res_b)):
                 f = next((f for f in s.flips if f["step"] >= 0), {})  # the control plane's flip
                 row = {"switch": name, "dir": direction, "late": f.get("late_chunks"), "stall": f.get("stall_ms"),
@@ -193,7 +194,8 @@ def main() -> int:
                        "mode": f.get("mode"), "ttff": nxt.ttff_ms, "next_warm": nxt.warm,
                        "oos": s.out_of_service_s * 1e3, "held_peak": (pk - res_steady) / 2**20,
                        "held_after": (res - res_steady) / 2**20, "res": res, "session_late": s.late_chunks,
-                       "misses": s.graph_misses, "captures": s.graph_captures}
+                       "misses": s.graph_misses, "captures": s.graph_captures,
+                       "next_late": nxt.late_chunks, "next_misses": nxt.graph_misses}
                 rows.append(row)
                 print(_line(row), flush=True)
     finally:
@@ -202,8 +204,8 @@ def main() -> int:
             client.close(timeout_s=30.0)
 
     print("\n| switch | dir | late chunks | stall ms | poll → new config ms | build ms | swap ms | next TTFF ms | next warm "
-          "| out of service ms | held peak MiB | held after MiB | captures in session |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| next late / eager steps | out of service ms | held peak MiB | held after MiB | captures in session |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(_line(r, md=True))
     late = sum(r["late"] or 0 for r in rows)
@@ -226,7 +228,8 @@ def _line(r: dict, md: bool = False) -> str:
         return "-" if x is None else format(x, spec)
 
     cells = [r["switch"], r["dir"], f(r["late"], "d"), f(r["stall"]), f(r["to_new"], ".0f"), f(r["build"], ".0f"),
-             f(r["apply"]), f(r["ttff"]), "yes" if r["next_warm"] else "no", f(r["oos"]), f(r["held_peak"], ".0f"),
+             f(r["apply"]), f(r["ttff"]), "yes" if r["next_warm"] else "no", f"{r['next_late']} / {r['next_misses']}",
+             f(r["oos"]), f(r["held_peak"], ".0f"),
              f(r["held_after"], ".0f"), f(r["captures"], "d")]
     return "| " + " | ".join(cells) + " |" if md else "  ".join(str(c) for c in cells) + f"  ({r['mode']})"
 

@@ -15,8 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
-FP8_MAX = 448.0  # largest finite float8_e4m3fn
 FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX = float(torch.finfo(FP8_DTYPE).max)  # 448.0: the largest finite float8_e4m3fn
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128, 256)
 
 

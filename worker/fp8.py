@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 FP8 = torch.float8_e4m3fn
-FP8_MAX = 448.0
+FP8_MAX = float(torch.finfo(FP8).max)  # 448.0: the largest finite float8_e4m3fn
 
 
 def quantize(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

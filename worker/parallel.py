@@ -37,11 +37,10 @@ from kernels.gemm_allreduce import _operands, fp8_gemm, fused_gemm_allreduce
 from worker.buffers import BufferRegistry, registry_for
 from worker.config import SWITCH_NAMES, ModelShape, Switches, tp_rank_of
 from worker.decoder import DecodeJob
+from worker.fp8 import FP8_MAX
 from worker.run_args import client_kwargs, turns_of, warm_up
 from worker.session import Session, Worker
 from worker.turns import POLICIES, TurnInbox, TurnRequest
-
-FP8_MAX = 448.0
 
 
 class ParallelError(ValueError):

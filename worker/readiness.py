@@ -2,9 +2,10 @@
 
     w = Worker("prod57b"); w.warm(sw, neighbours=RUNTIME_SWITCHES)   # + each one-switch neighbour's compiles
     # mid-session, a flip polled at step i: Readiness builds the target on a thread (a model view, its own
-    # cache, runner and graphs, on a side stream) while the session steps its current configuration;
-    # the session swaps at the first step boundary after it is ready (``carry``); after the session the
-    # worker keeps the target as its warm state: nothing blocks between sessions.
+    # cache, runner and graphs, on a side stream) while the session steps its current configuration: first
+    # the least a swap needs (build_quick), then the complete warm state (build_warm); the session swaps at
+    # the first step boundary after the quick one is ready (carry_cache, carry_scales); the worker keeps the
+    # target (later sessions swap the complete one in): nothing blocks between sessions.
 
 What is held for readiness: at warm time every runtime switch's one-flip neighbour of the warm set runs
 one short synthetic session (no graphs) on a model view, so inductor's and Triton's caches hold every
@@ -30,16 +31,17 @@ import math
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from collector.flip_fields import FLIP_COST_FIELDS, FLIP_MODES
+from collector.flip_fields import FLIP_MODES
 from collector.switch_names import PLAYOUT_SWITCHES, SWITCH_NAMES
 from worker.cache import KVCache, make_cache
 from worker.config import SwitchError, Switches
 from worker.decoder import DecodeJob
+from worker.flips import carry_cache
 from worker.fp8 import SaturationProbe
 from worker.graphs import ChunkRunner
 from worker.model import DiT, NullTimer
@@ -50,7 +52,6 @@ log = logging.getLogger("livestep.worker.readiness")
 # kernels: a policy applies at once, see Session._apply)
 RUNTIME_SWITCHES: tuple[str, ...] = tuple(n for n in SWITCH_NAMES
                                           if n not in PLAYOUT_SWITCHES and n != "buffer_per_shape")
-FLIP_COST_STEPS = 24  # the chunks after a flip's swap (4 s) over which its stall and late chunks count
 PACE_WAIT_S = 1.0  # a build waits at most this long for the live session's slack before each of its steps
 BUILD_SWITCH_INTERVAL_S = 0.0005  # the GIL hand-over while a build runs (Python's default 5 ms would
 # let a compiling thread hold the step loop off for that long at each hand-over)
@@ -68,6 +69,7 @@ class WarmState:
     model: DiT
     probe: SaturationProbe | None
     seconds: float = 0.0
+    complete: bool = True  # every bucket's graphs (False: ``build_quick``'s, the least a live swap needs)
 
 
 def model_view(model: DiT) -> DiT:
@@ -110,15 +112,20 @@ def _as_build_worker(worker, model: DiT, probe: SaturationProbe | None, warm: Wa
     return bw
 
 
+class BuildSuperseded(Exception):
+    """A newer flip wants another target: the running build stops at its next synthetic step."""
+
+
 def build_warm(worker, sw: Switches, buckets: tuple[int, ...], *, model: DiT, probe: SaturationProbe | None,
                run=None, reset_run: bool = True, first: int | None = None, graph_mode: str = "global",
-               graphs: bool | None = None, pace=None) -> WarmState:
+               graphs: bool | None = None, pace=None, superseded=None) -> WarmState:
     """Capture every graph sessions with ``sw`` need (``Worker.warm``'s work): one synthetic session per
     conditioning bucket (``first`` first), not real time, no telemetry; with ``reset_run`` the first runs
     through a position reset (its ops compile on first use: 980 ms for the first Triton delta rotation on
     the H200), else a reset at its second step. ``run(**session kwargs)`` runs one (default: a Session on
     the worker as a build sees it); ``graphs`` False: no graphs (neighbour preparation); ``pace(step)`` is
-    asked before each synthetic step (it may wait: ``Readiness.pace``)."""
+    asked before each synthetic step (it may wait: ``Readiness.pace``); ``superseded()`` true stops the build
+    at the next step (``BuildSuperseded``)."""
     from worker.session import Session  # session.py imports this module
 
     t0 = time.perf_counter()
@@ -144,12 +151,53 @@ def build_warm(worker, sw: Switches, buckets: tuple[int, ...], *, model: DiT, pr
             else:
                 reset_every = 2
         run(steps=steps, switches=sw, cond_tokens=b, realtime=False, telemetry=False, seed=b,
-            session_id=f"warm-{b}", reset_every=reset_every, **({"switch_source": pace} if pace else {}))
+            session_id=f"warm-{b}", reset_every=reset_every, **({"switch_source": pace} if pace else {}),
+            **({"stop_when": superseded} if superseded else {}))
+        if superseded is not None and superseded():
+            raise BuildSuperseded(f"[{sw.encode()}] superseded by a newer flip")
     if run is None:  # a flip's swap loads the live window into this cache: its write path compiled now, here
         carry_cache(cache, cache)
     runner.capture = "never"
     warm.seconds = time.perf_counter() - t0
     return warm
+
+
+def build_quick(worker, sw: Switches, bucket: int, *, model: DiT, probe: SaturationProbe | None,
+                graph_mode: str = "thread_local", pace=None, superseded=None) -> WarmState:
+    """The least a live session's swap needs: ``bucket``'s first forward and the full window's step (calibrating,
+    then plain and probed) captured on a cache of its own, its window filled with stand-in tokens first (a live
+    window is full by the time a flip arrives, and graphs key on the window size). No fill-step graphs and no
+    other bucket: ``complete`` False; the full state follows (``build_warm``)."""
+    from worker.session import DYNAMIC_SCALES  # session.py imports this module
+
+    t0 = time.perf_counter()
+    shape, dev = worker.shape, worker.device
+    cache = make_cache(shape, sw, dev, model.dtype)
+    runner = ChunkRunner(model, sw.cuda_graphs, probe=probe, capture="any")
+    runner.graph_mode = graph_mode
+    model.act_scales = "static" if sw.static_scales else DYNAMIC_SCALES
+    model.set_compile(sw.compile, triton=sw.triton_kernels)
+    model.reset_act_scales()
+    if probe is not None:
+        probe.compiled = sw.compile
+    gen = torch.Generator(device=dev).manual_seed(bucket)
+    worker.register_forward(bucket, sw)
+    cond_kv = runner.first_forward(torch.randn(bucket, shape.d_model, generator=gen, device=dev), cache)
+    k = torch.randn(shape.n_blocks, shape.heads, shape.window, shape.head_dim, generator=gen, device=dev).to(model.dtype)
+    cache.load_tokens(k, torch.randn_like(k), cache.book.next_pos + shape.window)  # also compiles the swap's write
+    del k
+    T, C = shape.new_tokens, shape.latent_channels
+    for i in range(3):  # calibrating (static scales), then calibrated plain + probed, then one replay
+        if pace is not None:
+            pace(i)
+        if superseded is not None and superseded():
+            raise BuildSuperseded(f"[{sw.encode()}] superseded by a newer flip")
+        cache.begin_step(T)
+        worker.register_forward(T, sw)
+        runner(torch.randn(T, C, generator=gen, device=dev), cache, cond_kv)
+        cache.end_step()
+    runner.capture = "never"
+    return WarmState(sw, cache, runner, (bucket,), model, probe, time.perf_counter() - t0, complete=False)
 
 
 @contextlib.contextmanager
@@ -197,7 +245,10 @@ class _Build:
     first: int | None
     t_request: float
     thread: threading.Thread | None = None
-    warm: WarmState | None = None
+    quick: WarmState | None = None  # build_quick's, for a live swap (taken once)
+    quick_taken: bool = False
+    superseded: bool = False  # a newer request wants other switches: stop at the next step
+    warm: WarmState | None = None  # the complete one
     error: str | None = None
     t_ready: float | None = None
 
@@ -228,6 +279,10 @@ class Readiness:
     def pace(self, step: int) -> None:
         """A build's synthetic step may start: the live session has slack (``Flips.boundary`` sets the gate)."""
         self.gate.wait(PACE_WAIT_S)
+
+    def _superseded(self) -> bool:
+        b = self._build
+        return b is not None and b.superseded
 
     # -- at warm time ----------------------------------------------------------------------------
 
@@ -263,8 +318,9 @@ class Readiness:
             b = self._build
             if b is not None and _key(b.switches) == key:
                 return  # building it, or built
-            if b is not None and b.warm is None and b.error is None:  # another one is running
-                self._wanted = _Build(sw, first, time.perf_counter())
+            if b is not None and b.warm is None and b.error is None:  # another one is running: it stops at its
+                self._wanted = _Build(sw, first, time.perf_counter())  # next step, then this one starts
+                b.superseded = True
                 return
             self._start(_Build(sw, first, time.perf_counter()))
 
@@ -279,15 +335,25 @@ class Readiness:
             with _build_context(w.device):
                 if self.delay_s:
                     time.sleep(self.delay_s)
-                view = model_view(w.model)
+                cuda = w.device.type == "cuda"
+                if b.first is not None:  # a live session waits for it: the least its swap needs, first
+                    quick = build_quick(w, b.switches, b.first, model=model_view(w.model),
+                                        probe=SaturationProbe(w.device), pace=self.pace, superseded=self._superseded)
+                    if cuda:
+                        torch.cuda.current_stream().synchronize()  # this thread's stream only: ready to replay
+                    b.quick = quick
+                view = model_view(w.model)  # the quick state's view may be the live model by now: one of its own
                 probe = SaturationProbe(w.device)
                 warm = build_warm(w, b.switches, w.cond_buckets, model=view, probe=probe, first=b.first,
                                   reset_run=_key(b.switches) not in self.prepared, graph_mode="thread_local",
-                                  pace=self.pace)
-                if w.device.type == "cuda":
-                    torch.cuda.current_stream().synchronize()  # this thread's stream only: ready to replay
+                                  pace=self.pace, superseded=self._superseded)
+                if cuda:
+                    torch.cuda.current_stream().synchronize()
             b.warm = warm
-        except Exception as e:  # noqa: BLE001 - a failed build leaves the session on what it runs
+        except BuildSuperseded as e:
+            log.info("%s", e)
+            b.error = str(e)
+        except Exception as e:  # a failed build leaves the session on what it runs
             log.exception("flip build for [%s] failed", b.switches.encode())
             b.error = f"{type(e).__name__}: {e}"[:300]
         b.t_ready = time.perf_counter()
@@ -302,22 +368,29 @@ class Readiness:
             return b.warm if b is not None and b.warm is not None and _key(b.switches) == _key(sw) else None
 
     def failed(self, sw: Switches) -> str | None:
+        """Why the build for ``sw`` failed before anything could be swapped in (None: it did not)."""
         with self._lock:
             b = self._build
-            return b.error if b is not None and _key(b.switches) == _key(sw) else None
+            return b.error if b is not None and _key(b.switches) == _key(sw) and not b.quick_taken else None
 
     def building(self) -> bool:
         with self._lock:
             return self._wanted is not None or (self._build is not None and self._build.t_ready is None)
 
-    def take(self, sw: Switches) -> WarmState | None:
-        """The ready warm state for ``sw``, handed over (the worker now owns it)."""
+    def take(self, sw: Switches, complete: bool = False) -> WarmState | None:
+        """A ready warm state for ``sw``, handed over (the worker now owns it): the complete one when built,
+        else (``complete`` False) the quick one, once."""
         with self._lock:
             b = self._build
-            if b is None or b.warm is None or _key(b.switches) != _key(sw):
+            if b is None or _key(b.switches) != _key(sw):
                 return None
-            self._build = None
-            return b.warm
+            if b.warm is not None:
+                self._build = None
+                return b.warm
+            if not complete and b.quick is not None and not b.quick_taken:
+                b.quick_taken = True
+                return b.quick
+            return None
 
     def wait(self, timeout_s: float = 600.0) -> bool:
         """Until no build runs (benches and tests between phases); False on timeout."""
@@ -327,147 +400,3 @@ class Readiness:
                 return False
             time.sleep(0.01)
         return True
-
-
-# -- the swap at a step boundary ----------------------------------------------------------------------
-
-def carry_cache(old: KVCache, new: KVCache) -> None:
-    """``new`` (a target's warm cache, whose tensors its graphs read) takes ``old``'s window in place:
-    ``rebuild_cache``'s carry-over without allocating a cache."""
-    k, v, next_pos = old.export_tokens()
-    new.restart()
-    new.load_tokens(k, v, next_pos)
-    new.book.wraps, new.book.resets = old.book.wraps, old.book.resets
-
-
-def carry_scales(old: DiT, new: DiT, passes: int) -> None:
-    """Static activation scales at a swap: calibrated ones carry over (the session's own, in the view's
-    scale tensors its graphs read); with static scales newly on, the view's sites calibrate over the next
-    chunk (the cross K/V site over the swap's cross recompute)."""
-    pairs = [(a.site, b.site) for ba, bb in zip(old.blocks, new.blocks, strict=True)
-             for a, b in zip(ba.linears, bb.linears, strict=True) if b.site is not None]
-    if not pairs:
-        return
-    if all(a is not None for a, _ in pairs):
-        torch._foreach_copy_([b.scale for _, b in pairs], [a.scale for a, _ in pairs])
-        for a, b in pairs:
-            b.left = a.left
-        return
-    for blk in new.blocks:
-        for lin in blk.linears:
-            if lin.site is not None:
-                lin.site.restart(1 if lin is blk.ckv else passes)
-
-
-@dataclass
-class FlipCost:
-    """One applied flip and what it cost the live session: from the poll that brought it to
-    ``FLIP_COST_STEPS`` chunks after the first step on the new configuration."""
-
-    changed: dict[str, bool]
-    switches: str
-    mode: str
-    polled_step: int
-    t_poll: float
-    late0: int
-    stall0_s: float
-    applied_step: int | None = None
-    t_applied: float | None = None
-    apply_ms: float | None = None  # the swap's own time at the boundary (inline: the whole rebuild)
-    build_s: float | None = None
-    error: str | None = None
-    detail: dict[str, Any] = field(default_factory=dict)
-
-    def record(self, late: int, stall_s: float, steps_observed: int, out_of_service_ms: float | None) -> dict[str, Any]:
-        """The ``flip_cost`` event's detail (collector/flip_fields.py ``FLIP_COST_FIELDS``)."""
-        to_new = None if self.t_applied is None else (self.t_applied - self.t_poll) * 1e3
-        out = {"step": self.polled_step, "applied_step": self.applied_step, "changed": self.changed,
-                "switches": self.switches, "mode": self.mode, "late_chunks": late - self.late0,
-                "stall_ms": (stall_s - self.stall0_s) * 1e3, "steps_observed": steps_observed,
-                "to_new_config_ms": to_new, "apply_ms": self.apply_ms, "build_ms":
-                None if self.build_s is None else self.build_s * 1e3, "out_of_service_ms": out_of_service_ms,
-                "error": self.error}
-        assert out.keys() == FLIP_COST_FIELDS.keys(), sorted(out.keys() ^ FLIP_COST_FIELDS.keys())
-        return out
-
-
-class Flips:
-    """A session's flips under ``flip="background"``: the wanted target, the swap at the first step boundary
-    after it is ready, and each flip's cost. Methods take the session (no reference cycle: a session's
-    memory is freed by reference counting, tests/worker/test_lifetime.py)."""
-
-    def __init__(self):
-        self.pending: FlipCost | None = None
-        self.wanted: Switches | None = None
-        self.target: WarmState | None = None  # the last warm state swapped in (the worker adopts it after)
-        self.costs: list[FlipCost] = []
-        self._closed: dict[int, tuple[int, float, int]] = {}  # id(cost) -> (late, stall_s, steps) at its window end
-
-    def want(self, s, new: Switches, step: int, changed: dict[str, bool]) -> None:
-        """A flip polled at ``step`` (-1: the session started on switches the worker is not warm for): the
-        build starts (or the wanted target changes); the session steps on."""
-        if self.pending is None:
-            pl = s.playout
-            self.pending = FlipCost(changed, new.encode(), "background" if step >= 0 else "session_start", step,
-                                    time.perf_counter(), pl.late_chunks, pl.stall_s)
-        else:  # a newer poll before the last target was ready: one flip, to the newest target
-            self.pending.changed = {k: v for k, v in new.as_dict().items() if s.switches.as_dict()[k] != v}
-            self.pending.switches = new.encode()
-        self.wanted = new
-        s.w.readiness.request(new, first=s.w.bucket(s.cond_tokens))
-
-    def drop(self) -> None:
-        """The wanted target is the configuration running (flipped back before it was ready)."""
-        self.pending = self.wanted = None
-
-    def boundary(self, s, step: int, cond_kv):
-        """At a step boundary: swap in the wanted target if ready (-> the cross K/V its graphs read), and close
-        the cost windows that have run ``FLIP_COST_STEPS`` chunks; ``cond_kv`` as is otherwise."""
-        pl = s.playout
-        for c in self.costs:
-            if id(c) not in self._closed and pl.delivered >= c.applied_step + FLIP_COST_STEPS:
-                self._closed[id(c)] = (pl.late_chunks, pl.stall_s, FLIP_COST_STEPS)
-        if self.pending is None:
-            return cond_kv
-        rd = s.w.readiness
-        ahead = step - pl.started(time.perf_counter(), step)  # chunks made and not yet playing
-        if not s.realtime or s.warm_state is None or ahead >= pl.capacity - 1:
-            rd.gate.set()  # slack (or an eager session that cannot keep up anyway: build at full speed)
-        else:
-            rd.gate.clear()
-        warm = rd.take(self.wanted)
-        if warm is None:
-            err = rd.failed(self.wanted)
-            if err is None:
-                return cond_kv
-            c, new = self.pending, self.wanted  # the build failed: the plain path, in the loop
-            self.drop()
-            c.error, c.mode = err, "inline"
-            s._apply_inline(new, step, c)
-            self.costs.append(c)
-            return cond_kv
-        c, new = self.pending, self.wanted
-        self.drop()
-        t0 = time.perf_counter()
-        cond_kv = s._swap(warm, new, step, c)
-        c.applied_step, c.t_applied, c.apply_ms, c.build_s = step, time.perf_counter(), \
-            (time.perf_counter() - t0) * 1e3, warm.seconds
-        self.target = warm
-        self.costs.append(c)
-        return cond_kv
-
-    def add_inline(self, c: FlipCost) -> None:
-        self.costs.append(c)
-
-    def records(self, s, out_of_service_ms: float | None) -> list[dict[str, Any]]:
-        """Every flip of the session (applied or still building at its end), as ``flip_cost`` details."""
-        if not getattr(s.w, "building", False):
-            s.w.readiness.gate.set()  # between sessions a build runs at full speed
-        pl = s.playout
-        out = []
-        for c in [*self.costs, *([self.pending] if self.pending is not None else [])]:
-            late, stall, steps = self._closed.get(id(c), (pl.late_chunks, pl.stall_s, None))
-            if steps is None:
-                steps = 0 if c.applied_step is None else max(0, pl.delivered - c.applied_step)
-            out.append(c.record(late, stall, steps, out_of_service_ms))
-        return out

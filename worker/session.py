@@ -16,6 +16,10 @@ the session (the cache is rebuilt holding the same window), each change reported
 captured once for the worker (worker/graphs.py) on its own cache; an unwarmed session captures the
 step once its window is full (the cache's advance/reset stays eager outside the graph either way).
 What a session made is freed by reference counting when it ends (tests/worker/test_lifetime.py).
+A flip of the step's work on a warm worker is built in the background and swapped in at a step boundary
+(worker/readiness.py, worker/flips.py); the Worker that runs sessions is worker/process.py. This module is
+over 450 lines because the step loop and what it does between steps (switches, turns, the playout wait, the
+end records) share the session's state; each of those that grew a life of its own lives in its own module.
 
 With ``static_scales`` (FP8 activations quantized with per-tensor scales calibrated on the session's
 first forward and chunk; off: per-token dynamic scales), one step in ``saturation_every`` (64 on CUDA,
@@ -28,7 +32,6 @@ that inputs outgrew their calibration.
 from __future__ import annotations
 
 import logging
-import math
 import random
 import time
 import uuid
@@ -37,10 +40,9 @@ from typing import Any
 
 import torch
 
+from collector import catalog
 from collector.flip_fields import FLIP_COST_KIND
-from collector.gpu_kinds import canonical_gpu_kind
 from collector.switch_names import PLAYOUT_SWITCHES, SWITCH_NAMES
-from worker.buffers import BufferRegistry
 from worker.cache import CACHE_SWITCHES, KVCache, make_cache, rebuild_cache
 from worker.config import (
     PREROLL,
@@ -48,21 +50,20 @@ from worker.config import (
     ShapeError,
     SwitchError,
     Switches,
-    parse_switch_args,
-    tp_rank_of,
 )
 from worker.decoder import Decoder
+from worker.flips import FlipCost, Flips, carry_cache, carry_scales
 from worker.fp8 import SaturationProbe
 from worker.graphs import ChunkRunner
-from worker.model import DiT
-from worker.readiness import FlipCost, Flips, Readiness, WarmState, build_warm, carry_cache, carry_scales
+from worker.process import Worker, _as_switches, cond_buckets_of  # noqa: F401 - re-exported: Worker runs Sessions
+from worker.readiness import WarmState
 from worker.switches import SwitchSource, make_source
 from worker.telemetry import ListSink, Playout, Telemetry, rss_bytes, weak_method
 from worker.turns import TurnInbox, TurnPlayer, Turns, check_policy
 
 log = logging.getLogger("livestep.worker.session")
 
-CHUNK_PERIOD_S = 4 / 24  # 166.7 ms: four frames at 24 fps
+CHUNK_PERIOD_S = catalog.CHUNK_DEADLINE_MS / 1000  # 166.7 ms: four frames at 24 fps (collector/catalog.py)
 DYNAMIC_SCALES = "row"  # DiT.act_scales with static_scales off: per-token scales, the plain path
 SATURATION_EVERY = {"cuda": 64, "cpu": 8}  # a saturation probe every N steps (Session's default)
 
@@ -110,164 +111,8 @@ class SessionSummary:
     out_of_service_s: float = 0.0  # the worker blocked after the session for its switches (a re-warm)
 
 
-def _as_switches(sw) -> Switches:
-    if sw is None:
-        return Switches()
-    if isinstance(sw, Switches):
-        return sw
-    if isinstance(sw, dict):
-        return Switches.from_mapping(sw)
-    return parse_switch_args(list(sw))
-
-
 def _mean(xs: list[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
-
-
-def cond_buckets_of(shape: ModelShape) -> tuple[int, ...]:
-    """The first-forward lengths a warm worker pads a prompt to: powers of two over the shape's
-    conditioning range, its maximum last (prod57b: 256, 512, 1024, 2048)."""
-    lo, hi = shape.cond_tokens
-    out, b = [], 1 << max(0, math.ceil(math.log2(lo)))
-    while b < hi:
-        out.append(b)
-        b *= 2
-    return (*out, hi)
-
-
-class Worker:
-    """A model (this rank's shard) and the process-wide buffer registry; runs sessions one by one.
-
-    ``warm(switches)`` captures, once, every CUDA graph a session needs (a first forward per
-    conditioning bucket, the calibrating first chunk, the window's fill steps, the steady step plain
-    and probed) on a cache the worker keeps; a session with those switches then restarts that cache
-    and only replays: its first chunk comes after one graphed first forward and one graphed step.
-    A warm worker pads a prompt to its bucket (``cond_buckets``), so that few shapes exist: the cost
-    is the padding's tokens in the first forward and in the cross-attention (zero rows; a model
-    trained without padding would need a key mask there). A switch flip (the control plane's, in a
-    session, or a session started on other switches) is built in the background and swapped in at a step
-    boundary (``flip="background"``, worker/readiness.py); the worker keeps the target as its warm state
-    and never blocks between sessions. ``flip="inline"`` is the plain path: the flip rebuilds in the loop
-    and the worker re-warms, blocking, after the session. Unwarmed, a session builds its own cache and
-    captures lazily, once the window is full, as before.
-    """
-
-    def __init__(self, shape: str | ModelShape = "tiny", device=None, tp: int = 1, rank: int = 0,
-                 worker_id: str = "w0", release: str = "dev", model: DiT | None = None,
-                 cond_buckets: tuple[int, ...] | None = None, flip: str = "background"):
-        base = ModelShape.from_name(shape) if isinstance(shape, str) else shape
-        self.shape = tp_rank_of(base, tp, rank) if tp > 1 else base
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        self.worker_id, self.release = worker_id, release
-        cuda = self.device.type == "cuda"
-        # the kind rules and detectors key on (NVIDIA H200 -> h200), and the memory a time to OOM is taken of
-        self.gpu_kind = canonical_gpu_kind(torch.cuda.get_device_name(self.device)) if cuda else "cpu"
-        self.gpu_mem_total_bytes = torch.cuda.get_device_properties(self.device).total_memory if cuda else None
-        self.model = model if model is not None else DiT(self.shape, self.device)
-        if self.device.type == "cpu" and self.shape.d_model <= 256:
-            torch.set_num_threads(1)  # a tiny model is 10x slower when two threads contend per op
-        self._registry = BufferRegistry(steady_m=self.shape.new_tokens)
-        self.observers: list = []  # told of each session's start and end, between sessions (worker/metrics.py)
-        self.cond_buckets = tuple(sorted(cond_buckets)) if cond_buckets else cond_buckets_of(self.shape)
-        hi = self.shape.cond_tokens[1]
-        if self.cond_buckets[0] < 1 or self.cond_buckets[-1] != hi:
-            raise ShapeError(f"cond_buckets {self.cond_buckets} must end at the shape's longest "
-                             f"conditioning, {hi}; valid: 1 <= b <= {hi}, the largest == {hi}")
-        # the saturation probe's buffers are what a probed graph counts into: one per worker
-        self.probe = SaturationProbe(self.device)
-        self.warmed: WarmState | None = None
-        self.readiness = Readiness(self, flip)
-        self._decoders: dict[bool, Decoder] = {}
-
-    def decoder(self, own_gpu: bool) -> Decoder:
-        """The worker's decoder for this placement, made once: its weights, and on one GPU its own
-        stream, whose freed blocks the caching allocator reuses only for that stream (a stream per
-        session grew reserved memory by ~290 MB a session on the H200 with allocated flat)."""
-        if own_gpu not in self._decoders:
-            self._decoders[own_gpu] = Decoder(self.shape, self.device, own_gpu=own_gpu)
-        return self._decoders[own_gpu]
-
-    def bucket(self, tokens: int) -> int:
-        """The first-forward length a warm worker runs a prompt of ``tokens`` at (longer than every
-        bucket, only possible when a caller asks for it: as is, eagerly)."""
-        return next((b for b in self.cond_buckets if b >= tokens), tokens)
-
-    def warm(self, switches=None, buckets: tuple[int, ...] | None = None, neighbours=()) -> WarmState:
-        """Capture every graph sessions with ``switches`` need, once: one synthetic session per
-        conditioning bucket, not real time, no telemetry (``readiness.build_warm``). Without CUDA graphs
-        (CPU, or the switch off) the worker still keeps one cache for them and compiles once. Each switch
-        in ``neighbours`` (e.g. ``readiness.RUNTIME_SWITCHES``) then has its one-flip neighbour's compiles
-        done (``Readiness.prepare_neighbours``), so that a flip's background build only captures."""
-        sw = _as_switches(switches)
-        buckets = tuple(buckets or self.cond_buckets)
-        warm = build_warm(self, sw, buckets, model=self.model, probe=self.probe, run=self.run_session)
-        log.info("warm: %d graphs for %d buckets in %.1f s", warm.runner.n_graphs, len(buckets), warm.seconds)
-        if neighbours:
-            self.readiness.prepare_neighbours(sw, neighbours, buckets)
-        return warm
-
-    def adopt(self, warm: WarmState) -> None:
-        """A built warm state (a flip's target) becomes the worker's: its model view and probe too."""
-        self.warmed, self.model, self.probe = warm, warm.model, warm.probe
-
-    def settle(self, s: Session) -> float:
-        """After session ``s``, before its end record: a warm worker whose session ended on other switches
-        takes the target it swapped in, or the finished build, or starts one (the next session attaches
-        to it); on the plain path (``flip="inline"``, tensor parallel) re-warms, blocking. Returns the
-        seconds it blocked."""
-        warm = self.warmed
-        if getattr(self, "building", False) or warm is None or warm.runner.capture != "never":
-            return 0.0  # not warm, or a build's / warm()'s own session
-        final = s.switches.model_switches()
-        if final == warm.switches.model_switches():
-            return 0.0
-        t0 = time.perf_counter()
-        target = s.flips.target
-        if not s.background:
-            log.info("switches changed to [%s]: re-warming", final.encode())
-            self.warm(final, warm.buckets)
-        elif target is not None and target.switches.model_switches() == final:
-            self.adopt(target)
-        elif (ready := self.readiness.take(final)) is not None:
-            self.adopt(ready)
-        else:
-            self.readiness.request(final)
-        return time.perf_counter() - t0
-
-    def warm_for(self, switches: Switches) -> WarmState | None:
-        """The warm state when it was made for these switches (the playout policy aside: it changes no
-        step's work)."""
-        if self.warmed is None or self.warmed.switches.model_switches() != switches.model_switches():
-            return None
-        return self.warmed
-
-    @property
-    def registry(self) -> BufferRegistry:
-        """The fused all-reduce's buffer registry (worker/buffers.py): at world size 1 a local
-        stand-in of the same size, so the fault switch's leak shows without a TP group."""
-        return self._registry
-
-    def register_forward(self, tokens: int, sw: Switches) -> None:
-        """The fused path's buffer for a forward of ``tokens`` (steady shape only; every shape under
-        ``buffer_per_shape``); nothing when neither switch is on."""
-        if sw.fused_allreduce or sw.buffer_per_shape:
-            self.registry.buffer_per_shape = sw.buffer_per_shape
-            self.registry.lookup(tokens, self.shape.d_model, torch.bfloat16, self.device)
-
-    def run_session(self, **kw) -> SessionSummary:
-        return self.observed(Session(self, **kw))
-
-    def observed(self, s: Session) -> SessionSummary:
-        """Run ``s``, telling the observers (worker/metrics.py) of its start and end."""
-        for o in self.observers:
-            o.session_started(s)
-        summary = None
-        try:
-            summary = s.run()
-        finally:
-            for o in self.observers:
-                o.session_ended(s, summary)
-        return summary
 
 
 class Session:
@@ -517,15 +362,17 @@ class Session:
         w, shape, tel = self.w, self.w.shape, self.tel
         dev = w.device
         self.t_start = t_wall0 = time.perf_counter()
-        if self.background and w.warm_for(self.switches) is None:  # built since the last session ended
-            if (ready := w.readiness.take(self.switches)) is not None:
-                w.adopt(ready)
+        if (self.background and not getattr(w.warm_for(self.switches), "complete", False)
+                and (ready := w.readiness.take(self.switches, complete=True)) is not None):  # built since the last one
+            w.adopt(ready)
         warm = w.warm_for(self.switches)
         self.started_warm = warm is not None and warm.runner.capture == "never"
         if warm is not None:  # the worker's cache, restarted in place: its graphs read these tensors
             self.cache = warm.cache
             self.cache.restart()
             self.ff_tokens = w.bucket(self.cond_tokens)
+            if self.background and not warm.complete:  # a flip's quick state: attach to its complete one
+                self.flips.want(self, self.switches, -1, {})
         else:
             self.cache = make_cache(shape, self.switches, dev, w.model.dtype)
             self.ff_tokens = self.cond_tokens

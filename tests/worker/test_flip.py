@@ -10,8 +10,9 @@ from __future__ import annotations
 import torch
 
 from worker.config import ModelShape, Switches
+from worker.flips import FLIP_COST_STEPS, carry_cache
 from worker.model import DiT
-from worker.readiness import FLIP_COST_STEPS, RUNTIME_SWITCHES, carry_cache, model_view, neighbour
+from worker.readiness import RUNTIME_SWITCHES, model_view, neighbour
 from worker.session import Worker
 from worker.telemetry import ListSink
 
@@ -63,11 +64,48 @@ def test_a_slow_build_keeps_the_session_playing_and_swaps_at_a_step_boundary(cpu
     assert cost["step"] == 3 and cost["applied_step"] == ev["step"] and cost["to_new_config_ms"] >= 800
     assert cost["out_of_service_ms"] is not None and cost["error"] is None
     assert s.flips == [cost]
-    # the worker kept the target: the next session starts warm on it, nothing captured or re-warmed
+    # the worker kept the target (the swap's quick state, then the complete one built behind it): the next
+    # session starts warm on it, nothing captured or re-warmed
     assert w.warmed.switches == Switches.from_mapping({**PROD, "delta_rotation": False})
+    assert w.readiness.wait()
     made = cpu_graphs.made
     nxt = w.run_session(steps=8, realtime=False, switches={**PROD, "delta_rotation": False}, cond_tokens=11)
     assert nxt.warm and nxt.graph_captures == 0 and nxt.graph_misses == 0 and cpu_graphs.made == made
+    assert w.warmed.complete
+
+
+def test_a_session_on_a_quick_state_attaches_to_the_complete_one(cpu_graphs, monkeypatch):
+    """The swap runs on the least it needs (its bucket's first forward and full-window step); the worker keeps
+    that quick state while the complete one builds, and a session that starts on it (another bucket: eager
+    meanwhile, no capture) swaps the complete one in at a step boundary once it is ready."""
+    import threading
+
+    import worker.readiness
+
+    release = threading.Event()
+    full = worker.readiness.build_warm
+
+    def held(*a, **k):  # the complete build waits for the test
+        release.wait(60)
+        return full(*a, **k)
+
+    w = _worker()
+    w.warm(PROD)
+    monkeypatch.setattr(worker.readiness, "build_warm", held)
+    flip = _Flip(w, {"delta_rotation": False}, after=2)
+    s = w.run_session(steps=400, switches=PROD, cond_tokens=6, switch_source=flip.poll, stop_when=flip.stop)
+    assert len(s.switch_events) == 1 and not w.warmed.complete and w.warmed.buckets == (8,)  # the quick state
+
+    def source(step):
+        if step == 2:
+            release.set()
+            assert w.readiness.wait()
+
+    off = {**PROD, "delta_rotation": False}
+    s = w.run_session(steps=6, realtime=False, switches=off, cond_tokens=11, switch_source=source)
+    assert s.warm and s.graph_captures == 0 and s.switch_events == []  # no switch changed
+    (cost,) = s.flips
+    assert cost["mode"] == "session_start" and cost["applied_step"] == 2 and w.warmed.complete
 
 
 def test_a_flip_back_before_the_target_is_ready_applies_nothing(cpu_graphs):
@@ -88,6 +126,7 @@ def test_a_failed_build_falls_back_to_the_plain_path(cpu_graphs, monkeypatch):
     w = _worker()
     w.warm(PROD)
     monkeypatch.setattr(worker.readiness, "build_warm", broken)
+    monkeypatch.setattr(worker.readiness, "build_quick", broken)
 
     def source(step):  # the flip at step 2; at step 3 the (failed) build has ended
         if step == 3:
@@ -159,3 +198,55 @@ def test_flip_costs_reach_the_workers_metrics(cpu_graphs):
     text = generate_latest(m.registry).decode()
     assert 'livestep_worker_flips_total{mode="inline"} 1.0' in text
     assert "livestep_worker_out_of_service_seconds_total" in text and "livestep_worker_flip_building 0.0" in text
+
+
+def test_a_newer_flip_supersedes_the_running_build(cpu_graphs):
+    """Flipped off, then on again before the off target is ready: the off build stops at its next step and the
+    build of the newest target starts at once (a flip back never waits for a stale target's build)."""
+    import threading
+
+    w = _worker()
+    w.warm(PROD)
+    gate = threading.Event()
+
+    def pace(step):  # the builds advance when the test lets them
+        gate.wait(60)
+
+    w.readiness.pace = pace
+    off = Switches.from_mapping({**PROD, "delta_rotation": False})
+    w.readiness.request(off, first=8)
+    w.readiness.request(Switches.from_mapping({**PROD, "fp8_cache": False}), first=8)
+    gate.set()
+    assert w.readiness.wait()
+    done = w.readiness.builds
+    assert [b["switches"] for b in done] == [off.encode(), Switches.from_mapping({**PROD, "fp8_cache": False}).encode()]
+    assert "superseded" in done[0]["error"] and done[1]["error"] is None
+
+
+def test_a_flip_while_attached_at_start_is_its_own_flip(cpu_graphs, monkeypatch):
+    """A session that starts on switches still building (attached) and is flipped by the control plane: the
+    control plane's flip is the one recorded, polled at its step, built and swapped in."""
+    import threading
+
+    import worker.readiness
+
+    release = threading.Event()
+    quick = worker.readiness.build_quick
+
+    w = _worker()
+    w.warm(PROD)
+    off = {**PROD, "delta_rotation": False}
+    monkeypatch.setattr(worker.readiness, "build_quick", lambda *a, **k: (release.wait(60), quick(*a, **k))[1])  # held
+
+    def source(step):
+        if step == 2:
+            return {"fp8_cache": False}
+        if step == 3:
+            release.set()
+            assert w.readiness.wait()
+        return None
+
+    s = w.run_session(steps=6, realtime=False, switches=off, cond_tokens=6, switch_source=source)
+    costs = [c for c in s.flips if c["step"] >= 0]
+    assert len(costs) == 1 and costs[0]["step"] == 2 and costs[0]["changed"] == {"fp8_cache": False}
+    assert costs[0]["applied_step"] == 3 and s.switches == Switches.from_mapping({**off, "fp8_cache": False}).encode()
