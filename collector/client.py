@@ -36,7 +36,7 @@ Imports only pyarrow, httpx, orjson, ``collector.records`` and ``collector.telem
 server code): the GPU machine has no fastapi/chdb. ``NullClient`` has the same interface and ships nothing ("no collector").
 This module is the queue and the sender thread (batching, close, the file fallback); one POST and its
 retries are collector/client_http.py's, the counters and the drop event collector/client_ledger.py's
-(their public names are importable from here too). Why it stays one module a little over ~450 lines:
+(their public names are importable from here too). Why it stays one module at ~460 lines:
 ``put``/``flush``/``close`` and the sender thread share one lock and one close protocol (the deadline,
 the final sweep, rows abandoned in flight); apart, that protocol would be spread over two files.
 """
@@ -134,19 +134,13 @@ class TelemetryClient:
         self.batch_rows = batch_rows
         self.flush_interval_s = flush_interval_s
         self.max_queue = max_queue
-        self.timeout_s = timeout_s
-        self.give_up_after_s = give_up_after_s
-        self.max_attempts = max_attempts
-        self.backoff_base_s = backoff_base_s
-        self.backoff_max_s = backoff_max_s
-        self.max_retry_after_s = max_retry_after_s
         self.report_drops_s = report_drops_s
 
         try:
             self._file = TelemetryFileWriter(telemetry_file) if telemetry_file is not None else None
         except (OSError, ValueError) as e:
             raise ClientConfigError(f"telemetry file {telemetry_file}: {e}") from e
-        self._poster = BatchPoster(
+        self._poster = BatchPoster(  # holds the retry policy (timeout_s ... max_retry_after_s)
             self.url, token, timeout_s=timeout_s, give_up_after_s=give_up_after_s, max_attempts=max_attempts,
             backoff_base_s=backoff_base_s, backoff_max_s=backoff_max_s, max_retry_after_s=max_retry_after_s,
             log_once=self._log_once, on_retry=self._count_retry)
