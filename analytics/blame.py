@@ -83,8 +83,10 @@ def memory_blame(procs: list[dict[str, Any]], release: str, min_sessions: int = 
             c.update(share_growing_with=share_w, share_growing_without=share_wo, fisher_p=p_val,
                      explains=share_w - share_wo >= MIN_SHARE_DIFF and g_with >= MIN_CONTRAST)
         else:
-            c.update(explains=False, why="no comparable process without it: no contrast",
-                     waiting=bool(without) or any(not _on(p, name) for p in procs))
+            why = ("no comparable process without it: no contrast" if not without else
+                   f"only {len(without)} comparable process{'es' if len(without) > 1 else ''} without it "
+                   f"({where}; {MIN_CONTRAST} needed): no contrast yet")
+            c.update(explains=False, why=why, waiting=bool(without) or any(not _on(p, name) for p in procs))
         contrasts[name] = c
     cands = [n for n, c in contrasts.items() if c.get("explains")]
     if len(cands) > 1:  # several switches contrast: what does each look like without the other?

@@ -166,7 +166,8 @@ def _judge_rows(case: Case, rel: str, rows: list[dict], all_kinds: set[str]) -> 
             and _scope(r).get("release", rel) == rel]
     if not hits:
         return False, False, []
-    kinds = {_scope(r).get("gpu_kind") for r in hits}
+    # a finding without a GPU kind is the release's, on every kind (one decision at the release's scope)
+    kinds = set().union(*({k} if (k := _scope(r).get("gpu_kind")) else all_kinds for r in hits))
     right = kinds <= want_kinds  # no GPU kind outside the incident's (a cohort need not be on every kind)
     if case.detector == "changepoints":  # no release in a change point's scope: the gaining release names it
         right = right and all(json.loads(r["evidence"]).get("release_gaining") == rel for r in hits)
@@ -426,8 +427,18 @@ def _main(args) -> int:
             json.dump([dataclasses.asdict(o) for o in outcomes], f)
     for line in summarize(outcomes):
         print(line)
+    fleets = []
+    if any(c.generator == "simulate" for c in cases):
+        fleets.append(f"simulated fleet {FLEET['workers']} workers, {FLEET['sessions_per_day']:g} sessions/worker/day, "
+                      f"onset day {ONSET_DAY:g} of {WEEKS * 7:g}, detectors at +{', +'.join(str(h) for h in LADDER_H)} "
+                      f"h; reserved memory jitter {jitter / 2**20:g} MiB sd")
+    if any(c.generator == "holdout" for c in cases):
+        from analytics import holdout
+        from analytics import holdout_eval as he
+
+        fleets.append(f"hold-out fleet {len(holdout.DEVICES) * 3} workers ({', '.join(holdout.DEVICES)}), "
+                      f"{he.SESSIONS_PER_DAY:g} sessions/worker/day, onset day {he.ONSET_DAY:g} of {he.DAYS:g} "
+                      f"(drift: day 1), detectors at +{', +'.join(str(h) for h in he.LADDER_H)} h")
     print(f"\n{len(outcomes)} runs ({len(cases)} classes x {args.seeds} seeds) in {time.perf_counter() - t0:.0f} s; "
-          f"fleet {FLEET['workers']} workers, {FLEET['sessions_per_day']:g} sessions/worker/day, onset day "
-          f"{ONSET_DAY:g} of {WEEKS * 7:g}, detectors at +{', +'.join(str(h) for h in LADDER_H)} h; reserved "
-          f"memory jitter {jitter / 2**20:g} MiB sd")
+          + "; ".join(fleets))
     return 0

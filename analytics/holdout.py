@@ -49,6 +49,7 @@ LONG_PROMPT = 1500
 RESET_EVERY = 16
 SAMPLE_EVERY = 3  # one GPU sample per this many steps (~2 Hz at 6 steps/s: the detectors read minutes)
 PERIOD_MS = 166.7
+BATCH_ROWS = 50_000
 
 
 @dataclass
@@ -75,12 +76,13 @@ def _post(store, kind: str, cols: dict[str, list | np.ndarray], token: str) -> N
     n_rows = len(next(iter(cols.values())))
     table = pa.Table.from_arrays([pa.array(cols[f.name], f.type) if f.name in cols else pa.nulls(n_rows, f.type)
                                   for f in schema], schema=schema)
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, schema) as w:
-        w.write_table(table)
-    parsed = parse_body(ARROW_STREAM, sink.getvalue().to_pybytes())[kind]
-    t = getattr(parsed, "table", None) or parsed
-    store.insert_arrow(records.TABLES[kind], t, dedup_token=token)
+    for i in range(0, n_rows, BATCH_ROWS):  # the worker's batch size, under the collector's per-request bound
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, schema) as w:
+            w.write_table(table.slice(i, BATCH_ROWS))
+        parsed = parse_body(ARROW_STREAM, sink.getvalue().to_pybytes())[kind]
+        t = getattr(parsed, "table", None) or parsed
+        store.insert_arrow(records.TABLES[kind], t, dedup_token=f"{token}-{i}")
 
 
 def generate(store, *, scenario: str, seed: int, end: datetime, days: float = 14.0, onset_day: float = 7.0,

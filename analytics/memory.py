@@ -85,6 +85,8 @@ OVER_TIME = "over time"
 # grows with the tokens of the new values, not their count: its own explanation, of the same key.
 SIZED = "first_forward_tokens, sized by its tokens"
 SIZED_KEY = "first_forward_tokens"
+# joins explanations' names in a process row: never a comma, which SIZED's name holds
+NAMES_SEP = ";"
 # p < MAX_P for the best of up to len(SHAPE_KEYS) + 2 fits per process (a Bonferroni share of 1e-3)
 MAX_P = 1e-3 / (len(SHAPE_KEYS) + 2)
 GROWTH_NOISE_K = 1.0
@@ -488,8 +490,8 @@ def analyze_frame(s: pl.DataFrame, oom_events: pl.DataFrame, start: datetime | N
                 "sessions": len(g),
                 "shapes": int(g["shapes_seen"][-1]),
                 "explained_by": unit,
-                "aliases": ",".join(rel["aliases"] if rel["flagged"] else []),
-                "ambiguous_with": ",".join(ambiguous),
+                "aliases": NAMES_SEP.join(rel["aliases"] if rel["flagged"] else []),
+                "ambiguous_with": NAMES_SEP.join(ambiguous),
                 "units_seen": float(x[-1]),
                 "reserved_first": float(y[0]),
                 "reserved_last": float(y[-1]),
@@ -558,15 +560,17 @@ def _findings(procs: list[dict], releases: dict[str, dict], oom_counts: pl.DataF
                 evidence={
                     "explained_by": unit,
                     "key": key_of(unit),
-                    "aliases": p["aliases"].split(",") if p["aliases"] else [],
-                    "ambiguous_with": p["ambiguous_with"].split(",") if p["ambiguous_with"] else [],
+                    "aliases": p["aliases"].split(NAMES_SEP) if p["aliases"] else [],
+                    "ambiguous_with": p["ambiguous_with"].split(NAMES_SEP) if p["ambiguous_with"] else [],
                     "units_seen": p["units_seen"],
                     "growth_bytes": p["growth_bytes"],
                     "spread_bytes": p["spread_bytes"],
                     "process": p["process"],
                     "gpu_kind": p["gpu_kind"],
                     "sessions": p["sessions"],
-                    "distinct_shapes": p["shapes"],
+                    # the values of the key that explains it (14 resolutions, not the 82 prompt lengths)
+                    "distinct_shapes": int(p["units_seen"]) if unit in SHAPE_KEYS else
+                    (p["shapes"] if unit == SIZED else None),
                     "p_value": p["bytes_p"],
                     "buffers_per_shape": p["buffers_per_shape"],
                     "buffers_p_value": p["buffers_p"],

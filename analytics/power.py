@@ -25,7 +25,7 @@ Per GPU kind, the last ``RECENT`` of the window is compared with the rest of it 
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import polars as pl
@@ -55,6 +55,7 @@ MIN_CLOCK_DROP = 0.05  # relative
 MIN_STEP_EFFECT = 0.05  # relative rise of the median diffusion time that makes it a warning
 BOUND_SHARE = 0.3
 MIN_MINUTES = 30  # busy minutes on each side of a comparison
+MIN_LEVEL_SAMPLES = 100  # samples (10 s at the worker's 10 Hz) for a note of standing throttling
 MAX_P = 1e-3
 
 
@@ -125,7 +126,7 @@ def _level(g: pl.DataFrame) -> dict | None:
     """A kind's standing throttling: the reasons over ``BOUND_SHARE``, and its throttled minutes (half or
     more of their samples slowed) against its unthrottled ones (none slowed)."""
     reasons = [r for r in SLOWING if _share(g, r) >= BOUND_SHARE]
-    if not reasons or g.height < MIN_MINUTES:
+    if not reasons or g["samples"].sum() < MIN_LEVEL_SAMPLES:
         return None
     slowed = g.select(pl.max_horizontal([pl.col(r) for r in reasons]).alias("s"))["s"]
     hot, cool = g.filter(slowed >= 0.5), g.filter(slowed == 0)
@@ -140,15 +141,16 @@ def judge(m: pl.DataFrame, end: datetime, start: datetime | None = None) -> list
     """Findings from busy minutes (``queries.power_minutes``' columns) up to ``end``."""
     if m.is_empty():
         return []
+    end = end.replace(tzinfo=UTC) if end.tzinfo is None else end  # a store's naive timestamps are UTC
     start = start or end - WINDOW
     cut = end - RECENT
     rows = []
     for (kind,), g in m.group_by("gpu_kind", maintain_order=True):
         now, before = g.filter(pl.col("minute") >= cut), g.filter(pl.col("minute") < cut)
-        if now.height < MIN_MINUTES:
+        if now.is_empty():
             continue
         changed = None
-        if before.height >= MIN_MINUTES and (rising := _rising(now, before)):
+        if now.height >= MIN_MINUTES and before.height >= MIN_MINUTES and (rising := _rising(now, before)):
             drop = _clock_drop(now, before)
             if drop is not None and drop[0] >= MIN_CLOCK_DROP and drop[1] < MAX_P:
                 changed = _row({"gpu_kind": kind}, now, before, rising, start, end, "change",

@@ -660,7 +660,7 @@ CANARY_COLUMNS = ["id", "name", "scope", "fraction", "bucket_lo", "bucket_hi", "
                   "decided_at", "actor", "reason", "evidence", "updated_at"]
 INCIDENT_COLUMNS = ["id", "key", "kind", "scope", "release", "gpu_kind", "switch", "state", "severity", "summary",
                     "opened_at", "updated_at", "mitigated_at", "resolved_at", "lifted_at", "notified_at",
-                    "notifications", "flips", "acted", "evidence_keys", "evidence", "version"]
+                    "notifications", "flips", "acted", "evidence_keys", "evidence", "evidence_at", "version"]
 
 
 def switch_rules(store) -> list[tuple]:

@@ -61,6 +61,15 @@ def spread_change(treatment: Sequence[float], control: Sequence[float], *, max_p
     return SpreadChange(len(t), len(c), st, sc, ratio, p, wider)
 
 
+def _median_moved(t: np.ndarray, c: np.ndarray, col: str) -> bool:
+    """The medians differ by the release judge's floor or more (collector/catalog.py's regression_floor)."""
+    floor = catalog.METRICS_BY_NAME[col].regression_floor if col in catalog.METRICS_BY_NAME else None
+    t, c = t[np.isfinite(t)], c[np.isfinite(c)]
+    if floor is None or not len(t) or not len(c) or np.median(c) == 0:
+        return False
+    return abs(float(np.median(t)) / float(np.median(c)) - 1) >= floor
+
+
 def run(store, start: datetime, end: datetime, releases: list[str] | None = None) -> list[dict]:
     """Info findings for each release (per GPU kind) whose per-session times spread wider than its
     baseline release's."""
@@ -80,9 +89,10 @@ def run(store, start: datetime, end: datetime, releases: list[str] | None = None
             t = t_all.filter(pl.col("gpu_kind") == gpu_kind)
             c = c_all.filter(pl.col("gpu_kind") == gpu_kind)
             for metric, col in METRICS.items():
-                j = spread_change(t[col].cast(pl.Float64).to_numpy(), c[col].cast(pl.Float64).to_numpy())
-                if not j.wider:
-                    continue
+                tv, cv = t[col].cast(pl.Float64).to_numpy(), c[col].cast(pl.Float64).to_numpy()
+                j = spread_change(tv, cv)
+                if not j.wider or _median_moved(tv, cv, col):
+                    continue  # a moved median is the regression detector's finding, not a "same median" note
                 rows.append(
                     finding(
                         "variance",

@@ -4,18 +4,22 @@
     report = sync(store, now=..., notifier=...)   # recompute from the open findings, act, notify
     rows = list_incidents(store, state="mitigated")
 
-Grouping (Alertmanager's ``group_by``): an incident is one root cause, the key
-``kind | scope | switch``: the finding's kind (memory_growth, regression, fp8_saturation, changepoint),
-its scope without ``worker_id`` (release, GPU kind: the per-process memory findings of one release and
-its roll-up are one incident), and the switch the analytics attributed it to ('' when none explains it).
-Its evidence is the open warning/critical findings with that key. A change point on a GPU kind where a
-regression incident of a release is open, the release first seen on or before the change's day, is
-explained by that release gaining share: it is evidence of that incident, not a new one (two such
-releases first seen the same day: no explanation, the change point stands alone; never list order).
+Grouping (Alertmanager's ``group_by``): an incident is one cause over its whole life, keyed ``kind | release``
+(``cause_key``): a release's regression on every GPU kind, its per-process memory findings and their roll-up,
+and the switch the analytics blame for it (a day later, say) are one incident; a finding without a release
+(a power cap on a GPU kind, a change point) is keyed by its kind and scope without ``worker_id``. The
+incident's scope (where it acts) is its findings' common scope: the release, and the GPU kind when all of
+its evidence is on one; its switch is the one most of its findings blame ('' when none explains it). A change
+point on a GPU kind where a regression incident of a release is open, the release first seen on or before
+the change's day, is explained by that release gaining share: it is evidence of that incident, not a new one
+(two such releases first seen the same day: no explanation, never list order); one with no such release
+joins the open power incident of its kind (the clocks fell, the step time followed). A drift of a release
+with an open regression incident joins it.
 
 Lifecycle: ``opened`` (first evidence) -> ``escalated`` (severity rose, or new evidence after the switch
 rule was lifted) -> ``mitigated`` (its switch rule is in force: off for every worker of the scope) ->
-``resolved`` (no evidence left) -> ``reopened`` (evidence again). An operator lifting the rule while
+``resolved`` (no evidence left for ``RESOLVE_AFTER``: a daily detector that misses a slow cause one day does
+not resolve and reopen it) -> ``reopened`` (evidence again). An operator lifting the rule while
 evidence remains (a manual re-enable supersedes the incident's rule) puts a mitigated incident back to
 ``opened`` (event ``rule_lifted``); evidence that starts after the lift escalates it and acts again. An
 incident without a switch is never mitigated: it alerts and flips nothing ("no switch explains it").
@@ -27,8 +31,8 @@ lifted the rule, and that started after the lift, acts once more (the re-enable 
 
 Notifications (Alertmanager's ``group_wait`` and ``repeat_interval``): one per incident per hand-off, and
 only when its state changed (a hand-off that opens and mitigates an incident sends one notification with
-the final state: the job's batch is the group wait), or when it is still not resolved
-``repeat_s`` after the last one. They go, signed like any delivery (api/alerts.py ``sign``), to the
+the final state: the job's batch is the group wait), or, while it is not resolved, once a day (``repeat_s``:
+the daily digest). They go, signed like any delivery (api/alerts.py ``sign``), to the
 external receivers ``LIVESTEP_WEBHOOK_URLS`` (none set: recorded in ``incident_log`` only). Nothing is
 posted to this server's own ``/v1/alerts``: the hand-off is a function call.
 
@@ -56,10 +60,16 @@ from api.switchboard import canonical_scope, get_switchboard, parse_scope
 log = logging.getLogger("livestep.incidents")
 
 KINDS: tuple[str, ...] = INCIDENT_KINDS  # analytics/findings.py: the kinds whose findings open incidents
+# kinds that join the incident of the cause that explains them (a change point, a drift) before their own
+JOINING_KINDS = frozenset({"changepoint", "drift"})
 STATES: tuple[str, ...] = ("opened", "escalated", "mitigated", "resolved", "reopened")
 OPEN_STATES = frozenset(STATES) - {"resolved"}
 SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
-DEFAULT_REPEAT_S = 4 * 3600.0  # Alertmanager's default repeat_interval
+DEFAULT_REPEAT_S = 86400.0  # one daily digest of an incident still open (Alertmanager's repeat_interval)
+# an incident whose evidence is gone stays open this long before it resolves (Alertmanager's resolve_timeout):
+# a detector that finds a slow cause on one day and not the next must not resolve and reopen it each time
+RESOLVE_AFTER = timedelta(hours=48)  # two missed daily runs (the server's LIVESTEP_INCIDENT_RESOLVE_AFTER_S)
+EVIDENCE_STAMP = timedelta(hours=1)  # how stale the stored time of an incident's last evidence may get
 NOTIFICATION_VERSION = "livestep-incident/1"
 _COLS = aq.INCIDENT_COLUMNS
 _locks: dict[int, threading.Lock] = {}
@@ -86,21 +96,49 @@ def finding_key(f: dict[str, Any]) -> str:
 
 
 def root_cause(f: dict[str, Any]) -> tuple[str, str, str]:
-    """(kind, scope without worker_id, switch) of a finding: its incident's key parts."""
+    """(kind, scope without worker_id, switch) of a finding."""
     scope = {k: v for k, v in parse_scope(f["scope"] or "").items() if k != "worker_id"}
     return f["kind"], canonical_scope(scope), f.get("attribution") or ""
+
+
+def cause_key(f: dict[str, Any]) -> str:
+    """The incident a finding belongs to over the cause's whole life: its kind and release (a release's
+    regression on every GPU kind, and the switch blamed for it days later, are one cause), or, for a
+    finding without a release (a change point, a power cap), its kind and scope without worker."""
+    kind, scope, _ = root_cause(f)
+    release = parse_scope(scope).get("release")
+    return f"{kind}|release={release}" if release else f"{kind}|{scope}"
 
 
 @dataclass
 class Group:
     kind: str
-    scope: str
-    switch: str
+    cause: str
     findings: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def key(self) -> str:
-        return f"{self.kind}|{self.scope}|{self.switch}"
+        return self.cause
+
+    @property
+    def scope(self) -> str:
+        """Where the incident acts: the release (and the GPU kind when all its evidence is on one), or, for
+        a cause without a release, its findings' common scope."""
+        own = [f for f in self.findings if cause_key(f) == self.cause] or self.findings  # not the joined ones
+        scopes = [parse_scope(root_cause(f)[1]) for f in own]
+        common = {k: v for k, v in scopes[0].items() if all(sc.get(k) == v for sc in scopes[1:])}
+        return canonical_scope(common)
+
+    @property
+    def gpu_kinds(self) -> set[str]:
+        return {k for f in self.findings if (k := parse_scope(f["scope"] or "").get("gpu_kind"))}
+
+    @property
+    def switch(self) -> str:
+        """The switch its findings blame: the one most of them name (the most severe first), '' if none."""
+        named = [f.get("attribution") for f in sorted(self.findings, key=lambda f: -SEVERITY_RANK.get(f["severity"], 0))
+                 if f.get("attribution")]
+        return max(dict.fromkeys(named), key=named.count) if named else ""
 
     @property
     def severity(self) -> str:
@@ -111,29 +149,40 @@ class Group:
         lead = min(self.findings, key=lambda f: ("worker_id=" in f["scope"], -SEVERITY_RANK.get(f["severity"], 0),
                                                  finding_key(f)))
         who = f"switch {self.switch}" if self.switch else "no switch explains it"
-        return f"{describe(lead)} [{who}; {len(self.findings)} finding(s)]"[:1000]
+        kinds = f"; on {', '.join(sorted(self.gpu_kinds))}" if len(self.gpu_kinds) > 1 else ""
+        return f"{describe(lead)} [{who}; {len(self.findings)} finding(s){kinds}]"[:1000]
 
 
 def group_findings(findings: list[dict[str, Any]]) -> list[Group]:
-    """Open warning/critical findings of the incident kinds, grouped by root cause (module docstring)."""
+    """Open warning/critical findings of the incident kinds, grouped by cause (module docstring)."""
     groups: dict[str, Group] = {}
-    points = []
+    later = []
     for f in findings:
         if f["kind"] not in KINDS or f.get("status", "open") != "open" or SEVERITY_RANK.get(f["severity"], 0) < 1:
             continue
-        if f["kind"] == "changepoint":
-            points.append(f)
+        if f["kind"] in JOINING_KINDS:
+            later.append(f)
             continue
-        g = Group(*root_cause(f))
-        groups.setdefault(g.key, g).findings.append(f)
+        key = cause_key(f)
+        groups.setdefault(key, Group(f["kind"], key)).findings.append(f)
     regressions = [g for g in groups.values() if g.kind == "regression"]
-    for f in points:
-        home = _explaining_regression(f, regressions)
+    for f in sorted(later, key=lambda f: f["kind"] != "drift"):  # drift first: a change point may follow it
+        if f["kind"] == "drift":
+            rel = parse_scope(f["scope"] or "").get("release")
+            home = groups.get(f"regression|release={rel}")  # the same release's regression: the same cause
+        else:
+            home = _explaining_regression(f, regressions) or _explaining_power(f, groups)
         if home is None:
-            g = Group(*root_cause(f))
-            home = groups.setdefault(g.key, g)
+            key = cause_key(f)
+            home = groups.setdefault(key, Group(f["kind"], key))
         home.findings.append(f)
     return sorted(groups.values(), key=lambda g: g.key)
+
+
+def _explaining_power(cp: dict[str, Any], groups: dict[str, Group]) -> Group | None:
+    """The open power incident of the change point's GPU kind (its clocks fell: the step time follows)."""
+    gpu = parse_scope(cp["scope"] or "").get("gpu_kind")
+    return groups.get(f"power|gpu_kind={gpu}") if gpu else None
 
 
 def _explaining_regression(cp: dict[str, Any], regressions: list[Group]) -> Group | None:
@@ -143,7 +192,7 @@ def _explaining_regression(cp: dict[str, Any], regressions: list[Group]) -> Grou
     day = _utc(cp["window_start"])
     best: list[tuple[datetime, Group]] = []
     for g in regressions:
-        if gpu is None or parse_scope(g.scope).get("gpu_kind") != gpu:
+        if gpu is None or (g.gpu_kinds and gpu not in g.gpu_kinds):
             continue
         first = min(_utc(f["window_start"]) for f in g.findings)
         if first <= day + timedelta(days=1):
@@ -289,7 +338,7 @@ def _in_force(board, switch: str, scope: str) -> bool:
 
 
 def sync(store, *, now: datetime | None = None, notifier: Notifier | None = None,
-         repeat_s: float = DEFAULT_REPEAT_S) -> SyncReport:
+         repeat_s: float = DEFAULT_REPEAT_S, resolve_after: timedelta = RESOLVE_AFTER) -> SyncReport:
     """Recompute incidents from the open findings, act once per incident, notify on change or repeat.
 
     Idempotent: a second call with nothing new changes nothing, flips nothing and (within ``repeat_s``)
@@ -308,7 +357,10 @@ def sync(store, *, now: datetime | None = None, notifier: Notifier | None = None
                 continue
             before = inc["state"] if inc else None
             events: list[str] = []
-            if g is None:  # no evidence left
+            if g is None:  # no evidence left: resolved once it has stayed away ``resolve_after``
+                last = inc.get("evidence_at") or inc["updated_at"]
+                if now - _utc(last) < resolve_after:
+                    continue
                 inc.update(state="resolved", resolved_at=now, evidence_keys=[], evidence=[])
                 events.append("resolved")
             else:
@@ -317,6 +369,7 @@ def sync(store, *, now: datetime | None = None, notifier: Notifier | None = None
                     inc = {"id": incident_id(key), "key": key, "kind": g.kind, "scope": g.scope,
                            "release": parse_scope(g.scope).get("release", ""),
                            "gpu_kind": parse_scope(g.scope).get("gpu_kind", ""), "switch": g.switch,
+                           "evidence_at": now,
                            "state": "opened", "severity": g.severity, "opened_at": now, "mitigated_at": None,
                            "resolved_at": None, "lifted_at": None, "notified_at": None, "notifications": 0,
                            "flips": 0, "acted": False, "evidence_keys": []}
@@ -327,10 +380,15 @@ def sync(store, *, now: datetime | None = None, notifier: Notifier | None = None
                 if SEVERITY_RANK[g.severity] > SEVERITY_RANK.get(inc["severity"], 0) and before is not None:
                     inc["state"] = "escalated"
                     events.append("escalated")
-                inc.update(severity=g.severity, summary=g.summary(), evidence_keys=keys,
+                inc.update(severity=g.severity, summary=g.summary(), evidence_keys=keys, evidence_at=now,
                            evidence=[_brief(f) for f in sorted(g.findings, key=finding_key)][:50])
-                if g.switch:
-                    in_force = _in_force(board, g.switch, g.scope)
+                if not inc["acted"]:  # until it acts, the cause's scope and switch follow its evidence (blame
+                    # that arrives later joins it); the decision made keeps the scope and switch it was made at
+                    inc.update(scope=g.scope, switch=g.switch, release=parse_scope(g.scope).get("release", ""),
+                               gpu_kind=parse_scope(g.scope).get("gpu_kind", ""))
+                switch, scope = inc["switch"], inc["scope"]
+                if switch:
+                    in_force = _in_force(board, switch, scope)
                     if inc["acted"] and not in_force and inc["state"] == "mitigated":
                         inc.update(state="opened", mitigated_at=None, lifted_at=now)  # an operator re-enabled it
                         events.append("rule_lifted")
@@ -340,16 +398,16 @@ def sync(store, *, now: datetime | None = None, notifier: Notifier | None = None
                         inc.update(acted=False, state="escalated", lifted_at=None)  # it came back after the lift
                         events.append("escalated")
                     if g.severity == "critical" and not inc["acted"]:
-                        d = board.set(g.switch, False, g.scope, actor=f"incident:{inc['id']}", reason=inc["summary"],
+                        d = board.set(switch, False, scope, actor=f"incident:{inc['id']}", reason=inc["summary"],
                                       source="incident", ref=inc["id"],
                                       evidence={"incident": inc["id"], "key": key, "findings": len(keys)})
                         inc["acted"] = True
                         if d.changed:
                             inc["flips"] += 1
                             rep.flips.append({"incident": inc["id"], **d.to_dict()})
-                            logs.append((now, inc["id"], "flip", inc["state"], {"switch": g.switch, "scope": g.scope,
+                            logs.append((now, inc["id"], "flip", inc["state"], {"switch": switch, "scope": scope,
                                                                                 "version": d.version}))
-                        in_force = _in_force(board, g.switch, g.scope)
+                        in_force = _in_force(board, switch, scope)
                     if in_force and inc["acted"] and inc["state"] != "mitigated":
                         inc.update(state="mitigated", mitigated_at=inc["mitigated_at"] or now)
                         events.append("mitigated")
@@ -357,8 +415,10 @@ def sync(store, *, now: datetime | None = None, notifier: Notifier | None = None
             due = (not changed and inc["state"] != "resolved" and inc["notified_at"] is not None
                    and (now - _utc(inc["notified_at"])).total_seconds() >= repeat_s)
             if not changed and not due:
-                if g is not None and inc["evidence_keys"] != (known[key]["evidence_keys"] if key in known else None):
-                    writes.append(inc)  # new evidence of an unchanged incident: stored, nobody notified
+                stored = known.get(key)
+                if g is not None and (stored is None or inc["evidence_keys"] != stored["evidence_keys"]
+                                      or now - _utc(stored.get("evidence_at") or stored["updated_at"]) >= EVIDENCE_STAMP):
+                    writes.append(inc)  # new evidence (or its hourly stamp) of an unchanged incident: nobody notified
                 continue
             inc["updated_at"] = now
             for ev in events:
@@ -395,11 +455,13 @@ class Handoff:
     store: Any
     notifier: Notifier | None
     repeat_s: float = DEFAULT_REPEAT_S
+    resolve_after: timedelta = RESOLVE_AFTER
     reports: list[SyncReport] = field(default_factory=list)
 
     def __call__(self, rows: list[dict[str, Any]]) -> None:
         try:
-            self.reports.append(sync(self.store, notifier=self.notifier, repeat_s=self.repeat_s))
+            self.reports.append(sync(self.store, notifier=self.notifier, repeat_s=self.repeat_s,
+                                     resolve_after=self.resolve_after))
             del self.reports[:-20]
         except Exception:  # an incident failure never breaks the job that wrote the findings
             log.exception("incident hand-off failed")
@@ -413,7 +475,8 @@ def install(settings, store) -> Handoff | None:
         log.info("findings are not handed to incidents: analytics.jobs unavailable (%s)", e)
         return None
     urls = settings.webhook_url_list
-    h = Handoff(store, Notifier(urls, settings.webhook_secret or "") if urls else None, settings.incident_repeat_s)
+    h = Handoff(store, Notifier(urls, settings.webhook_secret or "") if urls else None, settings.incident_repeat_s,
+                timedelta(seconds=settings.incident_resolve_after_s))
     add_findings_listener(h)
     return h
 

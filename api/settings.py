@@ -113,9 +113,13 @@ class Settings(CollectorSettings):
         description="an Alertmanager (http(s)://host:9093): findings are published to it as alerts (its "
         "grouping, silences, inhibition; critical ones with a switch come back to POST /v1/alerts, which "
         "flips it) instead of api/incidents.py grouping them; unset (default): the embedded incidents")
-    incident_repeat_s: float = Field(default=4 * 3600.0, ge=60, le=30 * 86400,
+    incident_repeat_s: float = Field(default=86400.0, ge=60, le=30 * 86400,
                                      description="an incident still not resolved is notified again this long "
-                                     "after its last notification (Alertmanager's repeat_interval)")
+                                     "after its last notification: one daily digest by default (Alertmanager's "
+                                     "repeat_interval)")
+    incident_resolve_after_s: float = Field(default=48 * 3600.0, ge=0, le=30 * 86400,
+                                            description="an incident whose evidence is gone resolves only after this "
+                                            "long without it (a daily detector may miss a slow cause one day)")
     webhook_window_s: int = Field(default=300, ge=1, le=86400,
                                   description="replay window of signed webhook deliveries (seconds)")
     switch_cache_s: float = Field(default=0.5, ge=0, le=60, description="how long resolved switch rules are cached")

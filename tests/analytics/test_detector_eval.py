@@ -71,3 +71,14 @@ def test_a_seed_outcome_does_not_depend_on_the_hour_the_catalog_runs(monkeypatch
     assert de.sim_end(4, datetime(2026, 12, 1, 0, 1, tzinfo=UTC)) == de.sim_end(4, datetime(2026, 12, 1, 23, 59,
                                                                                            tzinfo=UTC))
     assert len({de.sim_end(s).hour for s in range(24)}) == 24  # every phase of the day boundaries, by seed
+
+
+def test_a_release_scoped_finding_is_right_for_an_incident_on_every_kind_only():
+    from analytics.detector_eval import _judge_rows
+
+    every = next(c for c in CATALOG if c.name == "hold_session_age")
+    one = next(c for c in CATALOG if c.name == "sync_h100")
+    row = finding("regression", {"release": "v2"}, "diffusion_ms_per_step", T0, T1, value=0.02, severity="warning")
+    one_row = finding("regression", {"release": "v2"}, "step_period_ms", T0, T1, value=1.0, severity="warning")
+    assert _judge_rows(every, "v2", [row], {"h100", "h200"})[:2] == (True, True)
+    assert _judge_rows(one, "v2", [one_row], {"h100", "h200"})[:2] == (True, False)

@@ -128,6 +128,8 @@ def test_a_leak_keyed_on_decoder_resolution_is_named_for_it_and_bounded():
     assert len(release) == 1
     ev = json.loads(release[0]["evidence"])
     assert ev["explained_by"] == "decoder_resolution"
+    per_process = [json.loads(r["evidence"]) for r in rows if "worker_id=" in r["scope"]]
+    assert per_process and all(e["distinct_shapes"] <= 14 for e in per_process)  # resolutions, not prompts
     assert release[0]["severity"] == "warning" and ev["min_hours_to_oom"] > memory.CRITICAL_HOURS_TO_OOM
 
 
@@ -256,3 +258,4 @@ def test_one_allocator_segment_is_not_a_leak():
     step = (s["session_id"].str.extract(r"-(\d+)$").cast(int) >= 60).cast(int) * memory.MIN_GROWTH
     s = s.with_columns((s["mem_reserved_max"] + step).alias("mem_reserved_max"))
     assert memory.analyze_frame(s, ooms)[1] == []
+

@@ -40,3 +40,16 @@ def test_a_wider_release_gets_an_info_note_and_no_regression(store, small):
 def test_a_benign_release_gets_no_note(store, small):
     sim = simulate_fleet(store, weeks=1, incidents=[("benign", 3)], seed=32, **small)
     assert variance.run(store, sim.start, sim.end) == []
+
+
+def test_no_same_median_note_where_the_median_moved():
+    """A release slower by 20% and wider: the regression detector's finding, never a note saying 'same
+    median' beside it."""
+    import numpy as np
+
+    from analytics import variance
+
+    rng = np.random.default_rng(7)
+    c = 150.0 * np.exp(rng.normal(0, 0.02, 400))
+    assert not variance._median_moved(150.0 * np.exp(rng.normal(0, 0.06, 400)), c, "step_period_ms")
+    assert variance._median_moved(180.0 * np.exp(rng.normal(0, 0.06, 400)), c, "step_period_ms")

@@ -49,7 +49,8 @@ def test_incident_notification_flip_worker_applies_fix_re_enable_resolved(tmp_pa
         settings = Settings(clickhouse_dsn=f"chdb://{chdb_dir}?database=t_{uuid.uuid4().hex[:12]}", role="all",
                             host="127.0.0.1", port=port, spool_dir=tmp_path / "spool",
                             reports_dir=tmp_path / "reports", webhook_secret=SECRET, flush_interval_s=0.2,
-                            webhook_urls=f"{hook_base}/hook")
+                            webhook_urls=f"{hook_base}/hook",
+                            incident_resolve_after_s=0)  # the story's evidence goes at once: resolve without the hold
         _story(create_app(settings), sock, receiver, tmp_path)
 
 
