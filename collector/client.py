@@ -9,10 +9,9 @@
 counted in ``dropped`` (a telemetry failure never stops a step). A daemon thread batches rows per
 record kind by size (``batch_rows``) and age (``flush_interval_s``), encodes each batch as one Arrow
 IPC stream body (``records.to_arrow``, one kind per body) and POSTs it to ``/v1/telemetry`` over a
-keep-alive connection. Each batch gets an ``Idempotency-Key`` before its first attempt; connection
-errors, 5xx and 429 (``Retry-After`` honoured) are retried under that same key with exponential
-backoff and full jitter, until ``give_up_after_s`` or ``max_attempts``; a 4xx other than 429 is never
-retried. Given-up and refused batches count in ``failed_batches`` and their rows in ``dropped``.
+keep-alive connection. Each batch gets an ``Idempotency-Key`` before its first attempt and is
+retried under it (collector/client_http.py: connection errors, 5xx, 429) until ``give_up_after_s``
+or ``max_attempts``; a 4xx other than 429 is never retried. Given-up and refused batches count in ``failed_batches`` and their rows in ``dropped``.
 ``close`` still takes records while it ships the rest (a sampler thread's last samples go out with
 them); only a record put after its final sweep is lost.
 
@@ -35,55 +34,42 @@ thread only: it never blocks or fails a step (a failed write is a loss, reason `
 
 Imports only pyarrow, httpx, orjson, ``collector.records`` and ``collector.telemetry_file`` (no
 server code): the GPU machine has no fastapi/chdb. ``NullClient`` has the same interface and ships nothing ("no collector").
+This module is the queue and the sender thread (batching, close, the file fallback); one POST and its
+retries are collector/client_http.py's, the counters and the drop event collector/client_ledger.py's
+(their public names are importable from here too). Why it stays one module at ~460 lines:
+``put``/``flush``/``close`` and the sender thread share one lock and one close protocol (the deadline,
+the final sweep, rows abandoned in flight); apart, that protocol would be spread over two files.
 """
 
 from __future__ import annotations
 
 import atexit
-import email.utils
 import logging
-import math
-import random
 import threading
 import time
 import uuid
 import weakref
 from collections import deque
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Self
-from urllib.parse import urlsplit, urlunsplit
-
-import httpx
-import pyarrow as pa
 
 from collector import records
+from collector.client_http import (  # noqa: F401 (re-exported: the worker, bench and tests import them here)
+    ARROW_CONTENT_TYPE,
+    INGEST_PATH,
+    BatchPoster,
+    ClientConfigError,
+    encode_arrow,
+    encode_rows,
+    ingest_url,
+    retry_after_s,
+)
+from collector.client_ledger import DROP_REASONS, FILED_INSTEAD, DropReporter, Ledger  # noqa: F401 (as above)
 from collector.telemetry_file import TelemetryFileWriter
 
 log = logging.getLogger("livestep.client")
 
-ARROW_CONTENT_TYPE = "application/vnd.apache.arrow.stream"
-INGEST_PATH = "/v1/telemetry"
 _KINDS = frozenset(records.RECORD_KINDS)
-_LABELS = ("worker_id", "session_id", "release", "gpu_kind")
-
-
-# why a row was lost: the keys of ``stats()["dropped_by"]`` and of a telemetry_dropped event's ``reasons``
-DROP_REASONS: dict[str, str] = {
-    "queue_full": "put while max_queue rows were buffered",
-    "unknown_kind": "not a record kind of the wire contract",
-    "unencodable": "the row does not fit its kind's Arrow schema",
-    "refused": "the collector refused the batch (a 4xx other than 401, 403, 429: not retried)",
-    "unauthorized": "the collector refused the token (401/403: not retried)",
-    "gave_up": "the batch failed after retries (give_up_after_s or max_attempts)",
-    "close_timeout": "still buffered when close() ran out of time",
-    "after_close": "put after close()'s final sweep",
-    "file_error": "the batch could not be written to the telemetry file",
-    "internal": "the client failed on the batch (a bug; logged)",
-}
-# lost on the way to the collector, whole and well-formed: kept in the telemetry file when there is one
-_FILED_INSTEAD = frozenset(("gave_up", "close_timeout", "unauthorized", "no_collector"))
-
 
 _LIVE: weakref.WeakSet[TelemetryClient] = weakref.WeakSet()
 AT_EXIT_TIMEOUT_S = 2.0
@@ -95,49 +81,6 @@ def _close_at_exit() -> None:
     """A process that exits without ``close()`` still ships what it buffered (briefly, bounded)."""
     for client in list(_LIVE):
         client.close(timeout_s=AT_EXIT_TIMEOUT_S)
-
-
-class ClientConfigError(ValueError):
-    """A TelemetryClient argument out of its valid range."""
-
-
-def ingest_url(url: str) -> str:
-    """``http://host:port`` (or ``.../v1/telemetry``) -> the full ingest endpoint."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise ClientConfigError(f"collector URL {url!r} is not valid; valid: http(s)://host[:port][/prefix]")
-    path = parts.path.rstrip("/")
-    if not path.endswith(INGEST_PATH):
-        path += INGEST_PATH
-    return urlunsplit((parts.scheme, parts.netloc, path, "", ""))
-
-
-def encode_arrow(kind: str, rows: list[dict[str, Any]]) -> bytes:
-    """Rows of one kind -> an Arrow IPC stream body (schema metadata names the kind)."""
-    table = records.to_arrow(kind, rows)
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    return sink.getvalue().to_pybytes()
-
-
-def retry_after_s(value: str | None) -> float | None:
-    """A ``Retry-After`` header (seconds or an HTTP date) -> seconds to wait, or None."""
-    if not value:
-        return None
-    value = value.strip()
-    try:
-        s = float(value)
-        return s if math.isfinite(s) and s >= 0 else None
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    return max(0.0, (when - datetime.now(UTC)).total_seconds())
 
 
 class TelemetryClient:
@@ -191,47 +134,27 @@ class TelemetryClient:
         self.batch_rows = batch_rows
         self.flush_interval_s = flush_interval_s
         self.max_queue = max_queue
-        self.timeout_s = timeout_s
-        self.give_up_after_s = give_up_after_s
-        self.max_attempts = max_attempts
-        self.backoff_base_s = backoff_base_s
-        self.backoff_max_s = backoff_max_s
-        self.max_retry_after_s = max_retry_after_s
         self.report_drops_s = report_drops_s
 
         try:
             self._file = TelemetryFileWriter(telemetry_file) if telemetry_file is not None else None
         except (OSError, ValueError) as e:
             raise ClientConfigError(f"telemetry file {telemetry_file}: {e}") from e
-        headers = {"Content-Type": ARROW_CONTENT_TYPE, "User-Agent": "livestep-client/1"}
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
-        self._http = httpx.Client(headers=headers, timeout=timeout_s)
+        self._poster = BatchPoster(  # holds the retry policy (timeout_s ... max_retry_after_s)
+            self.url, token, timeout_s=timeout_s, give_up_after_s=give_up_after_s, max_attempts=max_attempts,
+            backoff_base_s=backoff_base_s, backoff_max_s=backoff_max_s, max_retry_after_s=max_retry_after_s,
+            log_once=self._log_once, on_retry=self._count_retry)
 
-        self._lock = threading.Lock()  # guards the buffer, the counters and the flush waiters
+        self._lock = threading.Lock()  # guards the buffer, the ledger and the flush waiters
         self._queue: deque[tuple[str, dict[str, Any]]] = deque()
-        self._buffered = 0  # rows put and not yet acked/filed/dropped (queued + batched + in flight)
+        self._ledger = Ledger()
         self._flush_waiters: list[threading.Event] = []
         self._wake = threading.Event()  # the sender has work (a full batch, a flush, close)
-        self._interrupt = threading.Event()  # close() cuts a backoff sleep short
         self._closing = False
         self._stopped = False
-        self._deadline = math.inf  # monotonic time by which close() must be done
         self._logged: set[str] = set()
-
-        self._sent = 0
-        self._filed = 0
-        self._dropped = 0
-        self._dropped_by: dict[str, int] = {}  # reason -> rows; sums to _dropped
-        self._reported_by: dict[str, int] = {}  # sender thread only: dropped_by at the last drop event
         self._last_error: str | None = None  # why the latest batch was lost
-        self._abandoned = 0  # rows in flight that close() counted as close_timeout (see close)
-        self._last_response: httpx.Response | None = None  # the latest 2xx (post_batch reads its ack)
-        self._failed_batches = 0
-        self._retries = 0
-        self._reported_dropped = 0  # sender thread only
-        self._last_report = -math.inf
-        self._labels: dict[str, Any] | None = None  # of the latest record: who the drop event is about
+        self._drops = DropReporter(report_drops_s)  # sender thread only
         self._last_ok = True  # the latest batch was acked
 
         self._thread = threading.Thread(target=self._run, name="livestep-telemetry", daemon=True)
@@ -246,12 +169,12 @@ class TelemetryClient:
                 # accepted until the sender's final sweep (``_stopped``): rows put while close() ships
                 # the rest go out with it (the sampler thread's last samples, the session's end)
                 reason = ("after_close" if self._stopped else "unknown_kind" if kind not in _KINDS
-                          else "queue_full" if self._buffered >= self.max_queue else None)
+                          else "queue_full" if self._ledger.buffered >= self.max_queue else None)
                 if reason is not None:
-                    self._count_drop(reason, 1)
+                    self._ledger.count_drop(reason, 1)
                     return
                 self._queue.append((kind, row))
-                self._buffered += 1
+                self._ledger.buffered += 1
                 n = len(self._queue)
             if n % self.batch_rows == 0:
                 self._wake.set()
@@ -260,48 +183,38 @@ class TelemetryClient:
 
     @property
     def sent(self) -> int:
-        return self._sent
+        return self._ledger.sent
 
     @property
     def filed(self) -> int:
         """Rows written to the telemetry file (``livestep replay`` ships them)."""
-        return self._filed
+        return self._ledger.filed
 
     @property
     def dropped(self) -> int:
-        return self._dropped
+        return self._ledger.dropped
 
     @property
     def failed_batches(self) -> int:
-        return self._failed_batches
+        return self._ledger.failed_batches
 
     @property
     def retries(self) -> int:
-        return self._retries
+        return self._ledger.retries
 
     @property
     def buffered(self) -> int:
         """Rows put and not yet acked, filed or dropped."""
-        return self._buffered
+        return self._ledger.buffered
 
     def stats(self) -> dict[str, Any]:
         """The counters; ``dropped_by``: rows lost per reason (``DROP_REASONS``), summing to ``dropped``."""
         with self._lock:
-            return {
-                "sent": self._sent,
-                "filed": self._filed,
-                "dropped": self._dropped,
-                "failed_batches": self._failed_batches,
-                "retries": self._retries,
-                "buffered": self._buffered,
-                "dropped_by": dict(self._dropped_by),
-            }
+            return self._ledger.stats()
 
-    def _count_drop(self, reason: str, n: int) -> None:
-        """Rows lost for ``reason``; the caller holds ``_lock``."""
-        if n > 0:
-            self._dropped += n
-            self._dropped_by[reason] = self._dropped_by.get(reason, 0) + n
+    def _count_retry(self) -> None:
+        with self._lock:
+            self._ledger.retries += 1
 
     # -- shutdown -------------------------------------------------------------------------------
     def flush(self, timeout_s: float = 5.0) -> bool:
@@ -314,13 +227,13 @@ class TelemetryClient:
             done = threading.Event()
             with self._lock:
                 if self._stopped:
-                    return self._buffered == 0
-                failed_before = self._failed_batches
+                    return self._ledger.buffered == 0
+                failed_before = self._ledger.failed_batches
                 self._flush_waiters.append(done)
             self._wake.set()
             ok = done.wait(max(0.0, timeout_s))
             with self._lock:
-                return ok and self._failed_batches == failed_before
+                return ok and self._ledger.failed_batches == failed_before
         except Exception:  # noqa: BLE001
             return False
 
@@ -340,26 +253,26 @@ class TelemetryClient:
             with self._lock:
                 already = self._closing
                 self._closing = True
-                self._deadline = min(self._deadline, time.monotonic() + max(0.0, timeout_s))
+                self._poster.deadline = min(self._poster.deadline, time.monotonic() + max(0.0, timeout_s))
             if not already:
                 self.flush(timeout_s)
             with self._lock:
                 self._stopped = True
-            self._interrupt.set()
+            self._poster.wake()
             self._wake.set()
             # past the deadline the sender only files what is left (local writes): with a file it gets
             # FILE_GRACE_S for them, so a starved CPU does not turn a filed batch into a loss
             grace = FILE_GRACE_S if self._file is not None else 0.5
-            self._thread.join(max(0.0, self._deadline - time.monotonic()) + grace)
+            self._thread.join(max(0.0, self._poster.deadline - time.monotonic()) + grace)
             with self._lock:
-                if self._buffered:
+                if self._ledger.buffered:
                     if self._thread.is_alive():  # a request outlived the deadline: lost unless acked later
-                        self._abandoned = self._buffered
+                        self._ledger.abandoned = self._ledger.buffered
                     else:
                         self._queue.clear()
-                        self._buffered = 0
-                    self._count_drop("close_timeout", self._buffered or self._abandoned)
-                ok = self._buffered == 0 and self._dropped == 0
+                        self._ledger.buffered = 0
+                    self._ledger.count_drop("close_timeout", self._ledger.buffered or self._ledger.abandoned)
+                ok = self._ledger.buffered == 0 and self._ledger.dropped == 0
             return ok
         except Exception:  # noqa: BLE001
             return False
@@ -375,7 +288,7 @@ class TelemetryClient:
         try:
             self._loop()
         finally:  # the sender's own resources: it is the file's only writer
-            self._http.close()
+            self._poster.close()
             if self._file is not None:
                 try:
                     self._file.close()
@@ -399,7 +312,7 @@ class TelemetryClient:
                 pending[kind].append(row)
                 first_at.setdefault(kind, now)
             if taken and self.report_drops_s is not None:
-                self._remember_labels(taken[-1][1])
+                self._drops.remember_labels(taken[-1][1])
             if self._drop_event_due(now, force=stopping):
                 pending["event"].append(self._drop_event())
                 first_at.setdefault("event", now)
@@ -421,42 +334,30 @@ class TelemetryClient:
                 return
 
     # -- dropped records show up in telemetry ------------------------------------------------------
-    def _remember_labels(self, row: Any) -> None:
-        if isinstance(row, dict) and all(isinstance(row.get(k), str) for k in _LABELS):
-            self._labels = {k: row[k] for k in _LABELS}
-            self._labels["simulated"] = bool(row.get("simulated", False))
-
     def _drop_event_due(self, now: float, force: bool) -> bool:  # sender thread
-        if self.report_drops_s is None or self._labels is None or self._dropped <= self._reported_dropped:
-            return False
-        if self._closing and self._file is None and (not self._last_ok or now >= self._deadline):
-            return False  # closing with the collector unreachable: the event would be lost as well
-        return force or now - self._last_report >= self.report_drops_s
+        # closing with the collector unreachable: the event would be lost as well
+        hopeless = self._closing and self._file is None and (not self._last_ok or now >= self._poster.deadline)
+        return self._drops.due(now, self._ledger.dropped, force, hopeless)
 
     def _drop_event(self) -> dict[str, Any]:
         """A ``telemetry_dropped`` event: rows lost since the last one (it rides the same path)."""
         with self._lock:
-            dropped, failed, by = self._dropped, self._failed_batches, dict(self._dropped_by)
-            self._buffered += 1
-        new = dropped - self._reported_dropped
-        reasons = {k: n - self._reported_by.get(k, 0) for k, n in by.items() if n > self._reported_by.get(k, 0)}
-        self._reported_dropped, self._reported_by, self._last_report = dropped, by, time.monotonic()
-        detail = {"where": "client", "dropped": new, "reasons": reasons, "last_error": self._last_error,
-                  "dropped_total": dropped, "failed_batches_total": failed}
-        return {**self._labels, "ts": datetime.now(UTC), "kind": "telemetry_dropped", "detail": detail}
+            dropped, failed, by = self._ledger.dropped, self._ledger.failed_batches, dict(self._ledger.dropped_by)
+            self._ledger.buffered += 1
+        return self._drops.event(dropped, failed, by, self._last_error)
 
     def _ship(self, kind: str, rows: list[dict[str, Any]]) -> None:
         """Send one batch until acked, refused or given up; settle the counters. Never raises."""
         n, settled = len(rows), 0
         key = uuid.uuid4().hex  # the batch's Idempotency-Key, fixed before its first attempt
         try:
-            body, n_ok = self._encode(kind, rows)
+            body, n_ok = encode_rows(kind, rows, self._log_once)
             self._settle(dropped=n - n_ok, reason="unencodable")
             settled = n - n_ok
             if body is None:
                 return
             lost = self._post(kind, body, n_ok, key) if self.url else "no_collector"
-            if lost in _FILED_INSTEAD and self._file is not None:
+            if lost in FILED_INSTEAD and self._file is not None:
                 lost = self._to_file(key, kind, n_ok, body)
                 if lost is None:
                     self._last_ok = True
@@ -478,18 +379,7 @@ class TelemetryClient:
 
     def _settle(self, sent: int = 0, dropped: int = 0, reason: str = "", failed: int = 0, filed: int = 0) -> None:
         with self._lock:
-            if self._abandoned:  # rows close() counted as close_timeout while in flight: their real fate
-                k = min(self._abandoned, sent + filed + dropped)
-                self._abandoned -= k
-                self._dropped -= k
-                self._dropped_by["close_timeout"] -= k
-                if not self._dropped_by["close_timeout"]:
-                    del self._dropped_by["close_timeout"]
-            self._sent += sent
-            self._filed += filed
-            self._count_drop(reason, dropped)
-            self._failed_batches += failed
-            self._buffered -= sent + dropped + filed
+            self._ledger.settle(sent, dropped, reason, failed, filed)
 
     def _to_file(self, key: str, kind: str, n: int, body: bytes) -> str | None:
         """Append the batch to the telemetry file; None once written, else ``file_error``."""
@@ -511,7 +401,7 @@ class TelemetryClient:
         if lost is not None:
             return lost, None
         try:
-            return None, self._last_response.json()
+            return None, self._poster.last_response.json()
         except ValueError:
             return None, {}
 
@@ -519,91 +409,12 @@ class TelemetryClient:
     def last_error(self) -> str | None:
         return self._last_error
 
-    def _encode(self, kind: str, rows: list[dict[str, Any]]) -> tuple[bytes | None, int]:
-        """The batch's Arrow body and its row count; rows that cannot be encoded are left out."""
-        try:
-            return encode_arrow(kind, rows), len(rows)
-        except Exception:  # noqa: BLE001 - find the bad rows, keep the good ones
-            good = []
-            for r in rows:
-                try:
-                    records.to_arrow(kind, [r])
-                    good.append(r)
-                except Exception as e:  # noqa: BLE001
-                    self._log_once(
-                        f"encode:{kind}", "dropping %s row(s) that do not fit the Arrow schema: %r", kind, e
-                    )
-            return (encode_arrow(kind, good), len(good)) if good else (None, 0)
-
     def _post(self, kind: str, body: bytes, n: int, key: str) -> str | None:
-        """POST one body under its idempotency key, retrying; None once acked, else why it was lost
-        (a ``DROP_REASONS`` key; the error itself in ``_last_error``)."""
-        started = time.monotonic()
-        attempt = 0
-        reason = "no attempt"
-        while True:
-            if time.monotonic() >= self._deadline:  # close() ran out of time: not even one more try
-                self._last_error = f"close() ran out of time after {attempt} attempt(s) ({reason})"
-                return "close_timeout"
-            attempt += 1
-            end = min(started + self.give_up_after_s, self._deadline)
-            retry_after = None
-            try:
-                timeout = max(0.05, min(self.timeout_s, self._deadline - time.monotonic()))
-                r = self._http.post(self.url, content=body, headers={"Idempotency-Key": key}, timeout=timeout)
-            except httpx.HTTPError as e:
-                reason = f"{type(e).__name__}: {e}"
-            else:
-                if 200 <= r.status_code < 300:
-                    self._last_response = r
-                    return None
-                if r.status_code == 429 or r.status_code >= 500:
-                    reason = f"HTTP {r.status_code}"
-                    retry_after = retry_after_s(r.headers.get("Retry-After"))
-                    if retry_after is not None:
-                        retry_after = min(retry_after, self.max_retry_after_s)
-                else:
-                    self._log_once(
-                        f"status:{r.status_code}",
-                        "collector refused a %s batch of %d rows with HTTP %d (not retried): %s",
-                        kind,
-                        n,
-                        r.status_code,
-                        r.text[:500],
-                    )
-                    self._last_error = f"HTTP {r.status_code}: {r.text[:200]}"
-                    return "unauthorized" if r.status_code in (401, 403) else "refused"
-            delay = random.uniform(0.0, min(self.backoff_max_s, self.backoff_base_s * 2 ** (attempt - 1)))
-            if retry_after is not None:
-                delay = max(delay, retry_after)
-            if attempt < self.max_attempts and time.monotonic() + delay > end and end == self._deadline:
-                self._last_error = f"close() ran out of time after {attempt} attempt(s) ({reason})"
-                return "close_timeout"  # close()'s deadline came before the give-up time
-            if attempt >= self.max_attempts or time.monotonic() + delay > end:
-                self._log_once(
-                    "give_up",
-                    "giving up on a %s batch of %d rows after %d attempts (%s); later give-ups are counted "
-                    "in failed_batches, not logged",
-                    kind,
-                    n,
-                    attempt,
-                    reason,
-                )
-                self._last_error = f"gave up after {attempt} attempt(s): {reason}"[:300]
-                return "gave_up"
-            with self._lock:
-                self._retries += 1
-            self._sleep(delay)
-
-    def _sleep(self, delay: float) -> None:
-        """Back off for ``delay`` s, or less when close() sets a deadline that comes sooner."""
-        wake_at = time.monotonic() + delay
-        while True:
-            left = min(wake_at, self._deadline) - time.monotonic()
-            if left <= 0:
-                return
-            if self._interrupt.wait(left):
-                self._interrupt.clear()
+        """``BatchPoster.post``: None once acked, else why it was lost (the error in ``_last_error``)."""
+        lost = self._poster.post(kind, body, n, key)
+        if lost is not None:
+            self._last_error = self._poster.last_error
+        return lost
 
     def _log_once(self, key: str, msg: str, *args: object) -> None:
         if key not in self._logged:

@@ -1,12 +1,16 @@
 """The wire contract: the only types that cross worker -> collector (DESIGN.md "Records").
 
+One module over ~450 lines on purpose: it is one thing, the declaration of every field (``KINDS``) and
+what derives from it (models, Arrow schemas, ingest checks); split, a field's name, type and bounds
+would be read in one file and turned into a model or a schema in another.
+
 Every field of every record kind is declared ONCE, in ``KINDS`` below: its name, its type (one of
 ``TYPES``), its bounds (those of the ClickHouse column that stores it), whether it may be null and
 since which migration. Everything else is derived from that declaration:
 
 - the pydantic models (``StepRecord``, ..., ``MODELS``) and ``TelemetryBatch`` (the JSON body);
 - the Arrow schemas (``ARROW_SCHEMAS``, one per kind, for the Arrow IPC body);
-- the ingest checks (``CHECKS``, read by collector/routes.py's column checks);
+- the ingest checks (``CHECKS``, read by collector/ingest_checks.py);
 - ``ADDED_COLUMNS`` (optional columns a body from an older worker may lack: stored as null).
 
 The DDL (sql/) is the one other place a field is written, as a migration.
@@ -40,7 +44,7 @@ from typing import Annotated, Any
 import pyarrow as pa
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model, field_validator
 
-from collector.flip_fields import FLIP_COST_FIELDS, FLIP_COST_KIND  # re-exported: part of the contract
+from collector.flip_fields import FLIP_COST_FIELDS, FLIP_COST_KIND  # noqa: F401 (re-exported: part of the contract)
 from collector.gpu_kinds import canonical_gpu_kind
 from collector.switch_names import FRAME_METRICS, NUMERIC_SWITCHES, SWITCH_NAMES  # re-exported: the contract
 
@@ -327,7 +331,7 @@ def _default(c: Col) -> Any:
     return ...
 
 
-# Arrow type and ingest-check tuple (collector/routes.py's format) per column type
+# Arrow type and ingest-check tuple (collector/ingest_checks.py's format) per column type
 _ARROW = {"float": pa.float64(), "int": pa.int64(), "label": pa.string(), "enum": pa.string(),
           "switches": pa.string(), "json": pa.string(), "bool": pa.bool_(), "ts": pa.timestamp("ms", tz="UTC")}
 TYPES = tuple(_ARROW)

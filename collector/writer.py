@@ -32,6 +32,11 @@ the store) so it cannot hold up the batches behind it; quarantine is never final
 requeue`` (collector/requeue.py) inserts it under the same token once the operator fixed the cause.
 A batch quarantined and then stored after all (a replay after a restart: the crash came before the
 spool commit) has its quarantine files removed again (``unquarantined``).
+
+Why ``_LANDED_SQL`` (a read of the store) lives here and not in the read layer: it is the write path's
+own recovery read, not a figure for api/ or analytics/ (whose read layer, analytics/queries.py, the
+collector must not import), and it must form byte for byte the row key that ``_row_keys`` forms from
+the batch in Arrow: the two forms of one key stay side by side, so a change to one is seen with the other.
 """
 
 from __future__ import annotations
