@@ -101,13 +101,24 @@ def drained(app) -> bool:
 
 @contextmanager
 def store_before(store, migration: str) -> Iterator:
-    """A second database beside ``store``'s, migrated with every file but ``migration`` (a store as an
-    older release left it); its ``migrate()`` then applies ``migration``. Dropped afterwards."""
+    """A second database beside ``store``'s, migrated with every file before ``migration`` (a store as the
+    release before it left it: the later files did not exist either, and they may read its columns); its
+    ``migrate()`` then applies ``migration`` and every later file. Dropped afterwards."""
     from collector.store import Store
 
     old = Store(store.dsn.redacted().replace(store.database, store.database + "_old"))
     files = old.migration_files
-    old.migration_files = lambda cluster=False: [f for f in files(cluster) if f.name != migration]
+    old.migration_files = lambda cluster=False: [f for f in files(cluster) if f.name < migration]
+    insert_arrow = old.insert_arrow
+
+    def insert_as_that_release(table: str, data, **kw):
+        """Rows as that release's workers sent them: the columns its tables have (later fields were not sent)."""
+        have = {r[0] for r in old.query_rows(
+            "SELECT name FROM system.columns WHERE database = {db:String} AND table = {t:String}",
+            {"db": old.database, "t": table})}
+        return insert_arrow(table, data.select([c for c in data.column_names if c in have]), **kw)
+
+    old.insert_arrow = insert_as_that_release
     try:
         old.migrate()
         del old.migration_files  # the class's again: every file
