@@ -220,7 +220,7 @@ def _explain(kind: str, table: pa.Table, limits: Limits) -> None:
                 raise _bad(kind, name, row, col[row].as_py(), f"an integer in [{lo}, {hi}]")
         elif what == "label":
             for v in pc.unique(col).to_pylist():
-                if not check[1] <= len(v) <= check[2]:
+                if v is not None and not check[1] <= len(v) <= check[2]:  # a null: the required check's
                     raise _bad(kind, name, _first_of(col, v), v, f"a string of {check[1]} to {check[2]} characters")
         elif what == "ts":
             a = col.to_numpy().view("int64") if col.num_chunks == 1 else pc.cast(col, pa.int64()).to_numpy()

@@ -16,8 +16,17 @@ REPO = Path(__file__).resolve().parents[2]
 # x is not installed (libraries probing for optional packages, polars for torch, see it so too)
 BLOCK = """
 import sys
-for name in {names!r}:
-    sys.modules[name] = None
+
+
+class _Blocked:  # an import of these fails as if they were not installed (a None in sys.modules would be seen by
+    # libraries that look for them there, such as scipy's array-API checks, and crash them instead)
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {names!r}:
+            raise ModuleNotFoundError(f"blocked in this test: {{name}}", name=name)
+        return None
+
+
+sys.meta_path.insert(0, _Blocked())
 """
 
 

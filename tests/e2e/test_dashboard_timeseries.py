@@ -51,7 +51,7 @@ def site(tmp_path_factory, chdb_dir):
 
     sync(store)  # the critical finding opens an incident (api/incidents.py)
     write_findings(store, "memory", w0, w1, [])  # resolved by the next run
-    sync(store)  # and so is its incident
+    sync(store, resolve_after=timedelta(0))  # and so is its incident (without the hold a daily detector needs)
     # one live session: a switch turned off mid-way, GPU samples with a power-cap throttle
     sid, t0 = "ts-session", now - timedelta(hours=1)
     labels = {"worker_id": "w9", "session_id": sid, "release": leaking, "gpu_kind": "h200"}
