@@ -37,7 +37,7 @@ from datetime import datetime, timedelta
 import numpy as np
 import polars as pl
 
-from analytics import queries
+from analytics import queries, strata
 from analytics.findings import finding
 from collector import catalog
 
@@ -138,16 +138,26 @@ def change_points(
 
 
 def daily_series(store, start: datetime, end: datetime) -> pl.DataFrame:
-    """Per day and GPU kind: session count, the DAILY_METRICS aggregates and the release mix."""
+    """Per day and GPU kind: session count, the DAILY_METRICS aggregates and the release mix. Each metric is
+    compared within strata of session length and prompt (``analytics.strata``: the day's aggregate in each
+    stratum, weighted by the strata's share of the window), so a changed mix of sessions does not move it;
+    ``<metric>_unstratified`` is the plain aggregate over the day's sessions, for the evidence."""
     s = queries.session_frame(store, start, end).filter(pl.col("streamed_s") >= queries.MIN_STREAMED_S)
     if s.is_empty():
         return s
+    s = strata.with_strata(s, queries.session_first_forward(store, start, end))
     s = s.with_columns(pl.col("start_ts").dt.truncate("1d").alias("day"))
-    aggs = [pl.len().alias("sessions")]
-    for metric, (col, how, _) in DAILY_METRICS.items():
-        aggs.append((pl.col(col).median() if how == "median" else pl.col(col).mean()).alias(metric))
-    aggs.append(pl.col("release").alias("releases"))
-    return s.group_by("gpu_kind", "day").agg(aggs).sort("gpu_kind", "day")
+
+    def agg(col: str, how: str) -> pl.Expr:
+        return pl.col(col).median() if how == "median" else pl.col(col).mean()
+
+    cells = s.group_by("gpu_kind", "day", "stratum").agg(
+        pl.len().alias("sessions"), *(agg(col, how).alias(m) for m, (col, how, _) in DAILY_METRICS.items()))
+    daily = strata.standardize(cells, ["gpu_kind"], "day", list(DAILY_METRICS), size="sessions")
+    plain = s.group_by("gpu_kind", "day").agg(
+        *(agg(col, how).alias(f"{m}_unstratified") for m, (col, how, _) in DAILY_METRICS.items()),
+        pl.col("release").alias("releases"))
+    return daily.join(plain, on=["gpu_kind", "day"], how="left").sort("gpu_kind", "day")
 
 
 def run(store, start: datetime, end: datetime) -> list[dict]:
@@ -192,6 +202,8 @@ def run(store, start: datetime, end: datetime) -> list[dict]:
                             "min_segment_days": MIN_SEGMENT_DAYS,
                             "series_days": [d.date().isoformat() for d in days],
                             "series": values.tolist(),
+                            "series_unstratified": g[f"{metric}_unstratified"].to_list(),
+                            "strata": strata.NOTE,
                             "release_share_change": mix,
                             "release_gaining": max(mix, key=mix.get) if mix else "",
                         },

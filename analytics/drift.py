@@ -26,7 +26,7 @@ import numpy as np
 import polars as pl
 from scipy.stats import kendalltau, theilslopes
 
-from analytics import queries
+from analytics import queries, strata
 from analytics.changepoints import DAILY_METRICS
 from analytics.findings import finding
 
@@ -80,16 +80,24 @@ def daily_by_release(store, start: datetime, end: datetime) -> pl.DataFrame:
     """Per release, GPU kind and day: sessions and each DAILY_METRICS column's mean per step (the
     sessions' means weighted by their steps). Not the daily median of session means the change-point
     pass uses: a short session's mean swings with its one or two reset steps, and those swings (~1.5%
-    day to day) would hide a 0.5%/day drift for weeks; a day's mean over all its steps does not swing."""
+    day to day) would hide a 0.5%/day drift for weeks; a day's mean over all its steps does not swing.
+    Compared within strata of session length and prompt (``analytics.strata``: each stratum's per-step mean
+    that day, weighted by the stratum's share of the release's steps in the window): sessions of a release
+    growing longer over the weeks hold more reset steps, which is not a drift of any step."""
     s = queries.session_frame(store, start, end).filter(pl.col("streamed_s") >= queries.MIN_STREAMED_S)
     if s.is_empty():
         return s
+    s = strata.with_strata(s, queries.session_first_forward(store, start, end))
     s = s.with_columns(pl.col("start_ts").dt.truncate("1d").alias("day"), pl.col("steps").cast(pl.Float64).alias("w"))
-    aggs = [pl.len().alias("sessions")]
+    aggs = [pl.len().alias("sessions"), pl.col("w").sum().alias("steps")]
     for metric, (col, _, _) in DAILY_METRICS.items():  # per-step means: every step of the day counts once
         aggs.append(((pl.col(col) * pl.col("w")).sum() / pl.col("w").filter(pl.col(col).is_not_null()).sum())
                     .alias(metric))
-    return s.group_by("release", "gpu_kind", "day").agg(aggs).sort("release", "gpu_kind", "day")
+    cells = s.group_by("release", "gpu_kind", "day", "stratum").agg(aggs)
+    daily = strata.standardize(cells.drop("sessions"), ["release", "gpu_kind"], "day", list(DAILY_METRICS),
+                               size="steps")
+    n = s.group_by("release", "gpu_kind", "day").agg(pl.len().alias("sessions"))
+    return daily.join(n, on=["release", "gpu_kind", "day"], how="left").sort("release", "gpu_kind", "day")
 
 
 def run(store, start: datetime, end: datetime) -> list[dict]:
@@ -130,6 +138,7 @@ def run(store, start: datetime, end: datetime) -> list[dict]:
                         "days": len(days),
                         "series_days": [d.date().isoformat() for d in days],
                         "series": values.tolist(),
+                        "strata": strata.NOTE,
                     },
                 )
             )

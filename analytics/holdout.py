@@ -16,6 +16,8 @@ Scenarios (``SCENARIOS``; release ``v2`` rolls out from ``onset_day`` over a day
 - ``session_age``: v2's diffusion grows 0.02 ms per step within each session (resets every 16 steps);
 - ``long_prompts``: v2's diffusion +15% only in sessions with first_forward_tokens > 1,500;
 - ``longer_sessions``: v2's sessions are twice as long, per-step behaviour unchanged (a trap);
+- ``longer_sessions_slower``: the trap's mix with a real change: v2's sessions twice as long and its
+  diffusion ``SLOWER`` slower on every step;
 - ``drift``: diffusion drifts +0.5% a day from the onset on every kind (no release);
 - ``switch_cause``: v2 is +15% on the workers that run ``SWITCH`` (one per GPU kind), on every kind;
 - ``real_leak``: v2 leaks ``LEAK_BYTES`` of reserved memory per session on every worker; each worker
@@ -34,7 +36,7 @@ from collector import records
 from collector.switch_names import PRODUCTION_OFF
 
 SCENARIOS: tuple[str, ...] = ("healthy", "power_capped", "session_age", "long_prompts", "longer_sessions",
-                              "drift", "switch_cause", "real_leak")
+                              "longer_sessions_slower", "drift", "switch_cause", "real_leak")
 # device name (what torch reports) -> (diffusion ms, SM clock MHz, power W, power cap W, total memory bytes)
 DEVICES: dict[str, tuple[float, float, float, float, int]] = {
     "NVIDIA H100 80GB HBM3": (138.0, 1980.0, 560.0, 700.0, 85_520_809_984),
@@ -46,6 +48,7 @@ SWITCH = "cuda_graphs"  # switch_cause: on for one worker of each kind, off for 
 LEAK_BYTES = 400 * 2**20
 PROMPT_BUCKETS = (512, 768, 1024, 1280, 1536, 1792, 2048)
 LONG_PROMPT = 1500
+SLOWER = 0.04  # longer_sessions_slower: per step
 RESET_EVERY = 16
 SAMPLE_EVERY = 3  # one GPU sample per this many steps (~2 Hz at 6 steps/s: the detectors read minutes)
 PERIOD_MS = 166.7
@@ -117,7 +120,7 @@ def generate(store, *, scenario: str, seed: int, end: datetime, days: float = 14
             while True:
                 rel = "v2" if t >= upgrade else "v1"
                 steps = max(8, int(median_steps * np.exp(rng.normal(0, 0.5))))
-                if rel == "v2" and scenario == "longer_sessions":
+                if rel == "v2" and scenario in ("longer_sessions", "longer_sessions_slower"):
                     steps *= 2
                 ff = int(rng.choice(PROMPT_BUCKETS))
                 n = np.arange(steps)
@@ -136,6 +139,8 @@ def generate(store, *, scenario: str, seed: int, end: datetime, days: float = 14
                         diff = diff + 0.02 * n
                     elif scenario == "long_prompts" and ff > LONG_PROMPT or scenario == "switch_cause" and SWITCH in switches:
                         diff = diff * 1.15
+                    elif scenario == "longer_sessions_slower":
+                        diff = diff * (1 + SLOWER)
                     elif scenario == "real_leak":
                         leaked += LEAK_BYTES
                 if reserved0 + leaked > total - 2 * 2**30:  # out of memory: the process restarts
