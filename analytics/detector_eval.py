@@ -125,6 +125,7 @@ class Outcome:
     hours_to_attribution: float | None = None  # the rung whose findings were judged for attribution
     key_evidence: dict | None = None  # memory, never committed: the key's tests against its rivals
     condition_right: bool | None = None  # holdout: the finding names the class's condition
+    incidents: dict | None = None  # holdout, the incident logic registered: holdout_eval.incident_pass's counts
 
 
 def _detectors():
@@ -366,6 +367,39 @@ def summarize(outcomes: list[Outcome]) -> list[str]:
                  f"false alarm {_pct(sum(bool(o.false_alarms) for o in ben), len(ben))} (goal <= 5%)")
     n_drift = sum(1 for o in outcomes if o.case == "drift")
     lines.append(f"0.5%/day drift flagged within 10 days: {_pct(sum(o.hours_to_first <= 240 for o in drift), n_drift)}")
+    lines += _incident_lines(outcomes, cases)
+    return lines
+
+
+def _incident_lines(outcomes: list[Outcome], cases: dict[str, Case]) -> list[str]:
+    """Per class replayed through the incident logic (holdout_eval.incident_pass): seeds within the goal of
+    incidents per cause (<= 1; a benign class: 0), the incidents' median and most, flips, and notifications per
+    incident-day (all of them over all incident-days; the worst incident-day)."""
+    measured = [o for o in outcomes if o.incidents is not None]
+    if not measured:
+        return []
+    lines = ["", f"{'class':<26} {'incidents <= goal':>18} {'incidents med/max':>18} {'reopened':>9} {'flips max':>9} "
+                 f"{'notif/inc-day':>14} {'worst inc-day':>14}"]
+    by_case: dict[str, list[Outcome]] = {}
+    for o in measured:
+        by_case.setdefault(o.case, []).append(o)
+    within_all = n_all = 0
+    worst_all, notes_all, days_all = 0, 0, 0
+    for name, os_ in by_case.items():
+        goal = 1 if cases[name].detector else 0
+        n_inc = [o.incidents["incidents"] for o in os_]
+        within = sum(n <= goal for n in n_inc)
+        notes = sum(o.incidents["notifications"] for o in os_)
+        days = sum(o.incidents["incident_days"] for o in os_)
+        worst = max(o.incidents["max_notifications_day"] for o in os_)
+        within_all, n_all = within_all + within, n_all + len(os_)
+        worst_all, notes_all, days_all = max(worst_all, worst), notes_all + notes, days_all + days
+        lines.append(f"{name:<26} {_pct(within, len(os_)):>18} {statistics.median(n_inc):>9g}/{max(n_inc):<8d} "
+                     f"{sum(o.incidents['reopened'] for o in os_):>9d} {max(o.incidents['flips'] for o in os_):>9d} "
+                     f"{(notes / days if days else 0):>14.2f} {worst:>14d}")
+    lines.append("")
+    lines.append(f"incidents per cause within the goal (<= 1; benign: 0) {_pct(within_all, n_all)}; notifications per "
+                 f"incident-day {notes_all / days_all if days_all else 0:.2f}, worst incident-day {worst_all} (goal <= 3)")
     return lines
 
 

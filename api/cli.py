@@ -76,6 +76,10 @@ def main(argv: list[str] | None = None) -> int:
             from api.report import install
 
             install()
+        if first == "evaluate-detectors":  # incidents per cause are counted by the api's own incident logic
+            from api.incidents import install_evaluation
+
+            install_evaluation()
         parser = build_parser(only=first)
     except ModuleNotFoundError as e:
         return _missing_extra(first, e)

@@ -489,3 +489,12 @@ def uninstall(h: Handoff | None) -> None:
     except ImportError:
         return
     remove_findings_listener(h)
+
+
+def install_evaluation() -> None:
+    """Register ``sync`` with ``livestep evaluate-detectors`` (analytics/holdout_eval.py ``set_incident_sync``),
+    so its hold-out fleets are replayed through the service's own grouping, actions and notifications (the
+    analytics never import the api)."""
+    from analytics import holdout_eval
+
+    holdout_eval.set_incident_sync(sync)
