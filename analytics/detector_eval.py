@@ -104,6 +104,9 @@ CATALOG: tuple[Case, ...] = (
          ladder_h=(168, 216)),
     Case("hold_real_leak", "real_leak", "memory", key="per session", severity="critical", generator="holdout"),
     Case("hold_trap_longer_sessions", "longer_sessions", None, generator="holdout"),
+    # the trap's longer sessions with a real +4% on every step: the change points (within strata) still see it
+    Case("hold_longer_sessions_slower", "longer_sessions_slower", "changepoints", metric="diffusion_ms_p50",
+         generator="holdout"),
     Case("hold_healthy", "healthy", None, generator="holdout"),
 )
 
