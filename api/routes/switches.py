@@ -7,6 +7,9 @@
     PUT  /v1/switches/{name}   {"value": false, "scope": "release=v7", "who": "...", "why": "..."}  (admin)
     POST /v1/switches/{name}/clear  {"scope": "release=v7", "who": "...", "why": "..."}  (admin): the scope
          inherits again
+    POST /v1/switches/{name}/reenable  {"scope": "release=v7", "who": "...", "why": "..."}  (admin): undo the
+         flips that turned it off in the scope: back on for the workers they turned off (those that ran
+         it), lifted for the rest (api/reenable.py); a PUT with ``value: true`` reaches every worker of the scope
     GET  /v1/switches/rules    the active rules, and ``defaults``: the production configuration a
          release's workers start with (information for dashboards; never applied by the control plane)
     GET  /v1/switches/history  the audit trail
@@ -30,6 +33,7 @@ from fastapi import APIRouter, Header, HTTPException, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from api import evaluation_gate
+from api.reenable import ReenableError, reenable
 from api.deps import AdminDep, ReaderDep, SettingsDep, StoreDep
 from api.routes._common import Label, OptionalRangeDep, PageDep
 from api.switchboard import DEFAULTS, SwitchError, check_name, get_switchboard, parse_scope
@@ -52,6 +56,14 @@ class SwitchClear(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     scope: str = Field(default="", max_length=400, description="the scope whose own rule is removed")
+    who: str = Field(min_length=1, max_length=200)
+    why: str = Field(min_length=1, max_length=2000)
+
+
+class SwitchReenable(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    scope: str = Field(default="", max_length=400, description="the scope whose flips are undone; '' = whole fleet")
     who: str = Field(min_length=1, max_length=200)
     why: str = Field(min_length=1, max_length=2000)
 
@@ -178,3 +190,23 @@ def clear_switch(name: str, body: SwitchClear, store: StoreDep, settings: Settin
     except SwitchError as e:
         raise HTTPException(422, detail=str(e)) from e
     return d.to_dict()
+
+
+@router.post("/{name}/reenable")
+def reenable_switch(name: str, body: SwitchReenable, store: StoreDep, settings: SettingsDep,
+                    _admin: AdminDep) -> dict[str, Any]:
+    """Undo the flips of ``name`` in a scope: on again for the workers they turned off (the workers that ran
+    it), lifted for the others, who keep the value they have (api/reenable.py); 409 when nothing turned it
+    off there. A numeric switch needs the gate's evidence for the scope, as a PUT turning it on."""
+    _known(name)
+    board = get_switchboard(store, settings.switch_cache_s)
+    try:
+        evaluation_gate.require_for_scope(store, name, parse_scope(body.scope))
+        return reenable(store, name, body.scope, actor=body.who, reason=body.why)
+    except SwitchError as e:
+        raise HTTPException(422, detail=str(e)) from e
+    except ReenableError as e:
+        raise HTTPException(409, detail=str(e)) from e
+    except evaluation_gate.GateError as e:
+        evaluation_gate.refused(board, name, body.scope, True, body.who, body.why, str(e))
+        raise HTTPException(e.status, detail=str(e)) from e
