@@ -17,6 +17,11 @@ neither a second noise test:
 - ``min_effect``: the change of the segment means must exceed this, in the metric's own units
   (``DAILY_METRICS``: the smallest change worth a finding, e.g. 1 ms of step time).
 
+The daily series are compared within strata of session length and prompt (``analytics.strata``): each day's
+value is its marginal mean under the window's mix of strata, so a release whose sessions are longer (and
+so hold a larger share of the slow, late reset steps) moves no series; the evidence says so (``strata``)
+and keeps the plain daily aggregate beside it (``series_unstratified``).
+
 (livestep once also required 3 x the spread of individual points: with daily medians of ~56
 sessions that is ~7 x the noise of a segment mean, and it dropped real 2-4% steps that Otava finds
 at p < 0.001.) With ``min_segment=1`` and ``min_effect=0`` the answers are Otava's own.

@@ -103,7 +103,8 @@ def _changepoint(row, ev) -> str:
     else:
         eff = f" ({row['effect']:+.1%})" if row.get("effect") is not None else ""
     gaining = f"; release gaining share: {ev['release_gaining']}" if ev.get("release_gaining") else ""
-    return f"daily {m} moved from {_measure(m, b)} to {_measure(m, v)}{eff}{gaining}"
+    within = " within session-length x prompt strata" if ev.get("strata") else ""  # analytics/strata.py
+    return f"daily {m}{within} moved from {_measure(m, b)} to {_measure(m, v)}{eff}{gaining}"
 
 
 def _canary(row, ev) -> str:

@@ -381,8 +381,9 @@ def _incident_lines(outcomes: list[Outcome], cases: dict[str, Case]) -> list[str
     measured = [o for o in outcomes if o.incidents is not None]
     if not measured:
         return []
-    lines = ["", f"{'class':<26} {'incidents <= goal':>18} {'incidents med/max':>18} {'reopened':>9} {'flips max':>9} "
-                 f"{'notif/inc-day':>14} {'worst inc-day':>14}"]
+    head = (f"{'class':<26} {'incidents <= goal':>18} {'incidents med/max':>18} {'reopened':>9} {'flips max':>9} "
+            f"{'notif/inc-day':>14} {'worst inc-day':>14}")
+    lines = ["", head]
     by_case: dict[str, list[Outcome]] = {}
     for o in measured:
         by_case.setdefault(o.case, []).append(o)

@@ -1,7 +1,7 @@
 """Strata of sessions, so a daily fleet series moves only when like sessions move, not when the mix does.
 
     s = with_strata(sessions, first_forward)                 # adds 'stratum' (length bucket x prompt bucket)
-    daily = standardize(cells, ["gpu_kind"], "day", metrics, size="sessions")
+    daily = standardize(cells, ["gpu_kind"], "day", metrics, size="sessions")   # a row per kind x day
 
 A day's median step time, or its late-chunk rate, is an average over the sessions of that day; when the
 mix of sessions moves (a release whose sessions are twice as long), the average moves with it though no
@@ -10,12 +10,13 @@ slow and late ones; a short session ends before its first), so the fleet's late-
 sessions' length alone. The daily series of the change-point and drift passes are therefore compared
 within strata of the session's length in steps (half-octaves: sessions in one stratum hold about the same
 share of reset steps) and its prompt (octaves of first_forward_tokens, the shape that differs per
-session; null from older workers is a stratum of its own), within each GPU kind, and combined by **direct
-standardization** (the epidemiologists' age adjustment; Fleiss, Levin & Paik, "Statistical Methods for
-Rates and Proportions", 3rd ed. 2003, ch. 19): each day's value is its strata's values weighted by the
-strata's share of the whole window, the same weights every day. A change of the mix alone leaves it where
-it was; a change of every stratum by d moves it by d. A stratum a day lacks drops out of that day and the
-others' weights are renormalized.
+session; null from older workers is a stratum of its own), within each GPU kind. A day's value is its
+marginal mean under the window's mix: the additive model value = day + stratum fitted to the day x stratum cells by weighted least squares, the day's effect plus the
+strata's effects averaged with the strata's share of the whole window (``marginal_means``; the same weights
+every day). A change of the mix alone leaves it where it was; a change of every stratum by d moves it by d.
+Not a plain weighted average of the strata a day has (direct standardization): the strata a day lacks
+are the ones a changed mix made rare (the long sessions before a release that makes them common), and
+dropping them moved the series as much as the mix did; the model fills them from the other days.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ LENGTH_BUCKETS_PER_OCTAVE = 2  # session length in steps: half-octaves
 PROMPT_BUCKETS_PER_OCTAVE = 1  # first_forward_tokens: octaves
 # said in the evidence of every finding whose series is standardized
 NOTE = ("within strata of session length (half-octaves of steps) x prompt (octaves of first_forward_tokens) "
-        "per GPU kind, each day's strata weighted by their share of the window (direct standardization): "
-        "a change of the session mix alone does not move it")
+        "per GPU kind: each day's marginal mean under the window's mix of strata (least-squares day + stratum "
+        "fit), so a change of the session mix alone does not move it")
 
 
 def with_strata(sessions: pl.DataFrame, first_forward: pl.DataFrame | None = None) -> pl.DataFrame:

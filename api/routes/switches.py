@@ -33,8 +33,8 @@ from fastapi import APIRouter, Header, HTTPException, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from api import evaluation_gate
-from api.reenable import ReenableError, reenable
 from api.deps import AdminDep, ReaderDep, SettingsDep, StoreDep
+from api.reenable import ReenableError, reenable
 from api.routes._common import Label, OptionalRangeDep, PageDep
 from api.switchboard import DEFAULTS, SwitchError, check_name, get_switchboard, parse_scope
 from collector.records import SWITCH_NAMES
