@@ -13,8 +13,10 @@ its evidence is on one; its switch is the one most of its findings blame ('' whe
 point on a GPU kind where a regression incident of a release is open, the release first seen on or before
 the change's day, is explained by that release gaining share: it is evidence of that incident, not a new one
 (two such releases first seen the same day: no explanation, never list order); one with no such release
-joins the open power incident of its kind (the clocks fell, the step time followed). A drift of a release
-with an open regression incident joins it.
+joins the open power incident of its kind (the clocks fell, the step time followed), else the open drift
+incident with a drift of the same daily metric on its kind that began on or before it (a trend that crossed
+the change-point threshold: the same cause, not a second incident). A drift of a release with an open
+regression incident joins it.
 
 Lifecycle: ``opened`` (first evidence) -> ``escalated`` (severity rose, or new evidence after the switch
 rule was lifted) -> ``mitigated`` (its switch rule is in force: off for every worker of the scope) ->
@@ -171,7 +173,8 @@ def group_findings(findings: list[dict[str, Any]]) -> list[Group]:
             rel = parse_scope(f["scope"] or "").get("release")
             home = groups.get(f"regression|release={rel}")  # the same release's regression: the same cause
         else:
-            home = _explaining_regression(f, regressions) or _explaining_power(f, groups)
+            home = (_explaining_regression(f, regressions) or _explaining_power(f, groups)
+                    or _explaining_drift(f, groups))
         if home is None:
             key = cause_key(f)
             home = groups.setdefault(key, Group(f["kind"], key))
@@ -183,6 +186,27 @@ def _explaining_power(cp: dict[str, Any], groups: dict[str, Group]) -> Group | N
     """The open power incident of the change point's GPU kind (its clocks fell: the step time follows)."""
     gpu = parse_scope(cp["scope"] or "").get("gpu_kind")
     return groups.get(f"power|gpu_kind={gpu}") if gpu else None
+
+
+def _explaining_drift(cp: dict[str, Any], groups: dict[str, Group]) -> Group | None:
+    """The open drift incident with a drift of the change point's metric on its GPU kind (or on every kind)
+    whose series began on or before the change's day: a trend crossing Otava's threshold reads as a step,
+    the same cause; the latest-begun such incident, None when two tie."""
+    gpu = parse_scope(cp["scope"] or "").get("gpu_kind")
+    day = _utc(cp["window_start"])
+    best: list[tuple[datetime, Group]] = []
+    for g in groups.values():
+        if g.kind != "drift":
+            continue
+        mine = [f for f in g.findings if f["kind"] == "drift" and f["metric"] == cp["metric"]
+                and parse_scope(f["scope"] or "").get("gpu_kind", gpu) == gpu and _utc(f["window_start"]) <= day]
+        if mine:
+            best.append((min(_utc(f["window_start"]) for f in mine), g))
+    if not best:
+        return None
+    latest = max(t for t, _ in best)
+    top = {g.key: g for t, g in best if t == latest}
+    return next(iter(top.values())) if len(top) == 1 else None
 
 
 def _explaining_regression(cp: dict[str, Any], regressions: list[Group]) -> Group | None:

@@ -208,6 +208,16 @@ def test_a_power_cap_and_its_change_point_are_one_incident():
     assert [(g.key, len(g.findings)) for g in incidents.group_findings(fs)] == [("power|gpu_kind=h100", 3)]
 
 
+def test_a_drift_and_the_change_point_it_crosses_are_one_incident():
+    # the hold-out fleet's 0.5%/day drift: a drift of v1 on every kind, then a change point on one kind's series
+    fs = [_f("drift", {"release": "v1", "gpu_kind": k}, "diffusion_ms_p50", severity="warning") for k in ("h100", "h200")]
+    fs += [_f("changepoint", {"gpu_kind": "h200"}, "diffusion_ms_p50", severity="warning", day=2),
+           _f("changepoint", {"gpu_kind": "b200"}, "diffusion_ms_p50", severity="warning", day=2),
+           _f("changepoint", {"gpu_kind": "h100"}, "late_chunk_rate", severity="warning", day=2)]
+    assert [(g.key, len(g.findings)) for g in incidents.group_findings(fs)] == [
+        ("changepoint|gpu_kind=b200", 1), ("changepoint|gpu_kind=h100", 1), ("drift|release=v1", 3)]
+
+
 def test_blame_arriving_later_joins_the_incident_and_a_flapping_cause_stays_one(store):
     """Day 0: a regression of v2 on one kind, nobody blamed. Day 1: the same on a second kind, blamed on a
     switch: the same incident, its switch named (and acted on). Day 2: the detector does not see it; day 3 it
