@@ -12,10 +12,11 @@ incident's scope (where it acts) is its findings' common scope: the release, and
 its evidence is on one; its switch is the one most of its findings blame ('' when none explains it). A change
 point on a GPU kind where a regression incident of a release is open, the release first seen on or before
 the change's day, is explained by that release gaining share: it is evidence of that incident, not a new one
-(two such releases first seen the same day: no explanation, never list order); one with no such release
-joins the open power incident of its kind (the clocks fell, the step time followed), else the open drift
-incident with a drift of the same daily metric on its kind that began on or before it (a trend that crossed
-the change-point threshold: the same cause, not a second incident). A drift of a release with an open
+(two such releases first seen the same day: no explanation, never list order); so is one whose evidence names
+that release as the one gaining share on its kind, though the regression was judged on other kinds only; one
+with no such release joins the open power incident of its kind (the clocks fell, the step time followed), else
+the open drift incident with a drift of the same daily metric (on its kind if one is) that began on or before
+it (a trend that crossed the change-point threshold: the same cause, not a second incident). A drift of a release with an open
 regression incident joins it.
 
 Lifecycle: ``opened`` (first evidence) -> ``escalated`` (severity rose, or new evidence after the switch
@@ -189,19 +190,27 @@ def _explaining_power(cp: dict[str, Any], groups: dict[str, Group]) -> Group | N
 
 
 def _explaining_drift(cp: dict[str, Any], groups: dict[str, Group]) -> Group | None:
-    """The open drift incident with a drift of the change point's metric on its GPU kind (or on every kind)
-    whose series began on or before the change's day: a trend crossing Otava's threshold reads as a step,
-    the same cause; the latest-begun such incident, None when two tie."""
+    """The open drift incident with a drift of the change point's metric whose series began on or before the
+    change's day (a trend that crossed Otava's threshold reads as a step: the same cause), on the change
+    point's GPU kind if one is, else on any kind (the drift job runs after the change points: a kind's drift
+    may be found a run later than its step); the latest-begun such incident, None when two tie."""
     gpu = parse_scope(cp["scope"] or "").get("gpu_kind")
     day = _utc(cp["window_start"])
-    best: list[tuple[datetime, Group]] = []
+    on_kind: list[tuple[datetime, Group]] = []
+    other: list[tuple[datetime, Group]] = []
     for g in groups.values():
         if g.kind != "drift":
             continue
         mine = [f for f in g.findings if f["kind"] == "drift" and f["metric"] == cp["metric"]
-                and parse_scope(f["scope"] or "").get("gpu_kind", gpu) == gpu and _utc(f["window_start"]) <= day]
+                and _utc(f["window_start"]) <= day]
         if mine:
-            best.append((min(_utc(f["window_start"]) for f in mine), g))
+            here = [f for f in mine if parse_scope(f["scope"] or "").get("gpu_kind", gpu) == gpu]
+            (on_kind if here else other).append((min(_utc(f["window_start"]) for f in here or mine), g))
+    return _latest(on_kind or other)
+
+
+def _latest(best: list[tuple[datetime, Group]]) -> Group | None:
+    """The group of the latest time; None when none or when two groups share it (never list order)."""
     if not best:
         return None
     latest = max(t for t, _ in best)
@@ -209,23 +218,33 @@ def _explaining_drift(cp: dict[str, Any], groups: dict[str, Group]) -> Group | N
     return next(iter(top.values())) if len(top) == 1 else None
 
 
+def _gaining(cp: dict[str, Any]) -> str:
+    """The release the change point's evidence says gained share across the change ('' if none)."""
+    ev = cp.get("evidence") or "{}"
+    try:
+        ev = orjson.loads(ev) if isinstance(ev, (str, bytes)) else ev
+    except orjson.JSONDecodeError:
+        return ""
+    return str(ev.get("release_gaining") or "") if isinstance(ev, dict) else ""
+
+
 def _explaining_regression(cp: dict[str, Any], regressions: list[Group]) -> Group | None:
-    """The open regression incident on the change point's GPU kind whose release was first seen latest on
-    or before the change's day; None when none or when two tie."""
+    """The open regression incident whose release was first seen latest on or before the change's day, among
+    those on the change point's GPU kind and those of the release the change point says gained share there
+    (a cause blamed on a switch some workers of each kind run may be judged on one kind and step another's
+    daily series); None when none or when two tie."""
     gpu = parse_scope(cp["scope"] or "").get("gpu_kind")
     day = _utc(cp["window_start"])
+    gaining = _gaining(cp)
     best: list[tuple[datetime, Group]] = []
     for g in regressions:
-        if gpu is None or (g.gpu_kinds and gpu not in g.gpu_kinds):
+        same_kind = gpu is not None and (not g.gpu_kinds or gpu in g.gpu_kinds)
+        if not same_kind and not (gaining and parse_scope(g.scope).get("release") == gaining):
             continue
         first = min(_utc(f["window_start"]) for f in g.findings)
         if first <= day + timedelta(days=1):
             best.append((first, g))
-    if not best:
-        return None
-    latest = max(t for t, _ in best)
-    top = {g.key: g for t, g in best if t == latest}
-    return next(iter(top.values())) if len(top) == 1 else None
+    return _latest(best)
 
 
 # -- storage -------------------------------------------------------------------------------------------

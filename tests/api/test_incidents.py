@@ -214,8 +214,23 @@ def test_a_drift_and_the_change_point_it_crosses_are_one_incident():
     fs += [_f("changepoint", {"gpu_kind": "h200"}, "diffusion_ms_p50", severity="warning", day=2),
            _f("changepoint", {"gpu_kind": "b200"}, "diffusion_ms_p50", severity="warning", day=2),
            _f("changepoint", {"gpu_kind": "h100"}, "late_chunk_rate", severity="warning", day=2)]
+    # b200's step joins too: the drift job runs after the change points, so its drift may come a run later
     assert [(g.key, len(g.findings)) for g in incidents.group_findings(fs)] == [
-        ("changepoint|gpu_kind=b200", 1), ("changepoint|gpu_kind=h100", 1), ("drift|release=v1", 3)]
+        ("changepoint|gpu_kind=h100", 1), ("drift|release=v1", 4)]
+
+
+def test_a_change_point_of_the_release_gaining_share_joins_its_regression_judged_on_other_kinds():
+    # the hold-out switch cause: v2 regressed on h100 and h200 (blamed on the switch), b200's daily series stepped
+    fs = [_f("regression", {"release": "v2", "gpu_kind": k}, "diffusion_ms", attribution="cuda_graphs")
+          for k in ("h100", "h200")]
+    step = _f("changepoint", {"gpu_kind": "b200"}, "diffusion_ms_p50", severity="warning", day=2,
+              evidence={"release_gaining": "v2"})
+    assert [(g.key, g.scope, len(g.findings)) for g in incidents.group_findings([*fs, step])] == [
+        ("regression|release=v2", "release=v2", 3)]
+    other = _f("changepoint", {"gpu_kind": "b200"}, "diffusion_ms_p50", severity="warning", day=2,
+               evidence={"release_gaining": "v3"})
+    assert [g.key for g in incidents.group_findings([*fs, other])] == [
+        "changepoint|gpu_kind=b200", "regression|release=v2"]
 
 
 def test_blame_arriving_later_joins_the_incident_and_a_flapping_cause_stays_one(store):
