@@ -17,7 +17,12 @@ that release as the one gaining share on its kind, though the regression was jud
 with no such release joins the open power incident of its kind (the clocks fell, the step time followed), else
 the open drift incident with a drift of the same daily metric (on its kind if one is) that began on or before
 it (a trend that crossed the change-point threshold: the same cause, not a second incident). A drift of a release with an open
-regression incident joins it.
+regression incident joins it; one on a GPU kind with an open power incident joins that (a step in the series
+reads as a trend over the drift's window).
+
+A cause keeps its incident when the finding that keyed it leaves while the evidence it gathered stays
+(``continued``: a power cap's change point and drift outlive the power detector's "change", which a few days
+of cap make the baseline).
 
 Lifecycle: ``opened`` (first evidence) -> ``escalated`` (severity rose, or new evidence after the switch
 rule was lifted) -> ``mitigated`` (its switch rule is in force: off for every worker of the scope) ->
@@ -172,7 +177,9 @@ def group_findings(findings: list[dict[str, Any]]) -> list[Group]:
     for f in sorted(later, key=lambda f: f["kind"] != "drift"):  # drift first: a change point may follow it
         if f["kind"] == "drift":
             rel = parse_scope(f["scope"] or "").get("release")
-            home = groups.get(f"regression|release={rel}")  # the same release's regression: the same cause
+            # the same release's regression: the same cause; else its GPU kind's power cap (a step in the
+            # series reads as a trend over the drift's window: the clocks fell, the step time followed)
+            home = groups.get(f"regression|release={rel}") or _explaining_power(f, groups)
         else:
             home = (_explaining_regression(f, regressions) or _explaining_power(f, groups)
                     or _explaining_drift(f, groups))
@@ -245,6 +252,26 @@ def _explaining_regression(cp: dict[str, Any], regressions: list[Group]) -> Grou
         if first <= day + timedelta(days=1):
             best.append((first, g))
     return _latest(best)
+
+
+def continued(groups: dict[str, Group], known: dict[str, dict[str, Any]]) -> dict[str, Group]:
+    """A cause keeps its incident when the finding that keyed it is gone but the evidence it gathered is not:
+    a group with no open incident of its own, whose findings were evidence of exactly one open incident that
+    has no group now, continues that incident (a power cap's change is no longer new to the power detector a
+    few days on, while the change points and the drift it explained remain: one incident, not a second)."""
+    owner: dict[str, str] = {}
+    for key, inc in known.items():
+        if inc["state"] != "resolved" and key not in groups:
+            owner.update(dict.fromkeys(inc["evidence_keys"], key))
+    out: dict[str, Group] = {}
+    for key, g in groups.items():
+        inc = known.get(key)
+        heirs = {owner[k] for f in g.findings if (k := finding_key(f)) in owner}
+        if (inc is None or inc["state"] == "resolved") and len(heirs) == 1 and (old := heirs.pop()) not in out:
+            out[old] = Group(g.kind, old, g.findings)
+        else:
+            out[key] = g
+    return out
 
 
 # -- storage -------------------------------------------------------------------------------------------
@@ -390,8 +417,8 @@ def sync(store, *, now: datetime | None = None, notifier: Notifier | None = None
     rep = SyncReport()
     with _lock(store):
         board = get_switchboard(store)
-        groups = {g.key: g for g in group_findings(_open_findings(store))}
         known = _load(store)
+        groups = continued({g.key: g for g in group_findings(_open_findings(store))}, known)
         writes: list[dict[str, Any]] = []
         logs: list[tuple[datetime, str, str, str, dict[str, Any]]] = []
         for key in sorted(set(groups) | set(known)):

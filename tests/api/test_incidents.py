@@ -204,8 +204,10 @@ def test_one_cause_on_every_kind_is_one_incident_at_the_release_scope():
 def test_a_power_cap_and_its_change_point_are_one_incident():
     fs = [_f("power", {"gpu_kind": "h100"}, "sm_clock_mhz", severity="warning"),
           _f("power", {"gpu_kind": "h100", "worker_id": "w1"}, "sm_clock_mhz", severity="warning"),
-          _f("changepoint", {"gpu_kind": "h100"}, "diffusion_ms_p50", severity="warning", day=1)]
-    assert [(g.key, len(g.findings)) for g in incidents.group_findings(fs)] == [("power|gpu_kind=h100", 3)]
+          _f("changepoint", {"gpu_kind": "h100"}, "diffusion_ms_p50", severity="warning", day=1),
+          # the step in the daily series also reads as a trend of the release over the drift's window
+          _f("drift", {"release": "v1", "gpu_kind": "h100"}, "diffusion_ms_p50", severity="warning")]
+    assert [(g.key, len(g.findings)) for g in incidents.group_findings(fs)] == [("power|gpu_kind=h100", 4)]
 
 
 def test_a_drift_and_the_change_point_it_crosses_are_one_incident():
@@ -252,6 +254,27 @@ def test_blame_arriving_later_joins_the_incident_and_a_flapping_cause_stays_one(
     # opened; escalated and mitigated; nothing the day it was missed; the daily digest
     assert [len(r.notifications) for r in reps] == [1, 1, 0, 1] and reps[3].changed == []
     assert all(c["to"] not in ("resolved", "reopened") for r in reps for c in r.changed)
+
+
+def test_a_power_cap_keeps_its_incident_when_its_change_is_no_longer_new(store):
+    """Day 0: a power cap on h100 (the power detector's change), its change point and the drift of its series:
+    one incident. Day 1: the cap is now the power detector's baseline (no change), the change point and the
+    drift remain: the same incident, not a new drift incident."""
+    t = T + timedelta(days=7)
+
+    def day(d, jobs):
+        for job, fs in jobs.items():
+            write_findings(store, job, T, t + timedelta(days=d), fs, now=t + timedelta(days=d), current=True)
+        return incidents.sync(store, now=t + timedelta(days=d, hours=1))
+
+    cap = _f("power", {"gpu_kind": "h100"}, "sm_clock_mhz", severity="warning")
+    step = _f("changepoint", {"gpu_kind": "h100"}, "diffusion_ms_p50", severity="warning")
+    trend = _f("drift", {"release": "v1", "gpu_kind": "h100"}, "diffusion_ms_p50", severity="warning")
+    reps = [day(0, {"power": [cap], "changepoints": [step], "drift": [trend]}),
+            day(1, {"power": [], "changepoints": [step], "drift": [trend]})]
+    listed = incidents.list_incidents(store)
+    assert [(i["key"], i["state"], i["evidence_count"]) for i in listed] == [("power|gpu_kind=h100", "opened", 2)]
+    assert [c["events"] for c in reps[0].changed] == [["opened"]] and reps[1].changed == []
 
 
 def test_every_finding_kind_that_can_be_critical_can_open_an_incident():
