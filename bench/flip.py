@@ -214,6 +214,8 @@ def main() -> int:
         failed.append("interrupted")
     finally:
         gc.enable()
+        if not w.readiness.wait(120):  # a build thread still capturing at exit aborts the interpreter
+            print("# a build was still running 120 s after the last session", flush=True)
         if client is not None:
             client.close(timeout_s=10.0)
 

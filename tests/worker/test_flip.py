@@ -77,8 +77,9 @@ def test_a_slow_build_keeps_the_session_playing_and_swaps_at_a_step_boundary(cpu
 
 def test_a_session_on_a_quick_state_attaches_to_the_complete_one(cpu_graphs, monkeypatch):
     """The swap runs on the least it needs (its bucket's first forward and full-window step); the worker keeps
-    that quick state while the complete one builds, and a session that starts on it (another bucket: eager
-    meanwhile, no capture) swaps the complete one in at a step boundary once it is ready."""
+    that quick state while the complete one builds, and a session on another bucket starts on the last
+    complete state (its graphs: nothing eager, no capture) and swaps the complete target in at a step
+    boundary once it is ready."""
     import threading
 
     import worker.readiness
@@ -104,9 +105,11 @@ def test_a_session_on_a_quick_state_attaches_to_the_complete_one(cpu_graphs, mon
 
     off = {**PROD, "delta_rotation": False}
     s = w.run_session(steps=6, realtime=False, switches=off, cond_tokens=11, switch_source=source)
-    assert s.warm and s.graph_captures == 0 and s.switch_events == []  # no switch changed
+    assert s.warm and s.graph_captures == 0 and s.graph_misses == 0
     (cost,) = s.flips
     assert cost["mode"] == "session_start" and cost["applied_step"] == 2 and w.warmed.complete
+    assert cost["changed"] == {"delta_rotation": False} and s.switches == Switches.from_mapping(off).encode()
+    assert w.previous is None  # the complete target replaced it
 
 
 def test_a_flip_back_before_the_target_is_ready_applies_nothing(cpu_graphs):
@@ -248,8 +251,9 @@ def test_a_flip_while_attached_at_start_is_its_own_flip(cpu_graphs, monkeypatch)
         return None
 
     s = w.run_session(steps=6, realtime=False, switches=off, cond_tokens=6, switch_source=source)
-    costs = [c for c in s.flips if c["step"] >= 0]
-    assert len(costs) == 1 and costs[0]["step"] == 2 and costs[0]["changed"] == {"fp8_cache": False}
+    costs = [c for c in s.flips if c["step"] >= 0]  # it ran PROD (warm) until the swap: both changed then
+    assert len(costs) == 1 and costs[0]["step"] == 2
+    assert costs[0]["changed"] == {"delta_rotation": False, "fp8_cache": False}
     assert costs[0]["applied_step"] == 3 and s.switches == Switches.from_mapping({**off, "fp8_cache": False}).encode()
 
 
