@@ -148,7 +148,7 @@ class Store:
 
         The materialized views fed by ``table`` are deduplicated with it (a retried batch must not
         count twice in ``session_stats``): every MV target table carries the dedup window too. On a
-        cluster (collector/cluster_ddl.py: ``table`` is Distributed) the insert returns once every shard stored
+        cluster (collector/migrations.py: ``table`` is Distributed) the insert returns once every shard stored
         its rows (``insert_distributed_sync``), so the writer's ack means stored, as on one node
         (where the setting does nothing).
         """

@@ -34,26 +34,4 @@ ORDER BY (release, gpu_kind, worker_id, session_id)
 SETTINGS non_replicated_deduplication_window = 10000;
 
 CREATE MATERIALIZED VIEW IF NOT EXISTS session_stats_mv TO session_stats AS
-SELECT
-    release,
-    gpu_kind,
-    worker_id,
-    session_id,
-    max(simulated)                                           AS simulated,
-    min(ts)                                                  AS first_ts,
-    max(ts)                                                  AS last_ts,
-    countState()                                             AS steps,
-    countIfState(toUInt8(late))                              AS late_chunks,
-    countIfState(toUInt8(reset_step))                        AS reset_steps,
-    sumState(toFloat64(step_period_ms))                      AS period_ms_sum,
-    quantilesTDigestState(0.5, 0.95, 0.99)(diffusion_ms)     AS diffusion_ms_q,
-    quantilesTDigestState(0.5, 0.95, 0.99)(step_period_ms)   AS period_ms_q,
-    avgState(diffusion_ms)                                   AS diffusion_ms_avg,
-    avgState(cache_upkeep_ms)                                AS upkeep_ms_avg,
-    avgState(attention_ms)                                   AS attention_ms_avg,
-    sumState(energy_mj)                                      AS energy_mj_sum,
-    max(mem_reserved_bytes)                                  AS mem_reserved_max,
-    max(buffers_registered)                                  AS buffers_max,
-    anyLast(toString(switches))                              AS switches
-FROM steps
-GROUP BY release, gpu_kind, worker_id, session_id;
+{{session_stats_view}};

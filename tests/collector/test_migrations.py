@@ -134,3 +134,24 @@ def test_no_migration_files_refuses_to_start(tmp_path, monkeypatch, chdb_dir):
         assert "steps" not in tables(fresh)
     finally:
         fresh.command(f"DROP DATABASE IF EXISTS {fresh.database}")
+
+
+def test_the_session_stats_view_is_the_catalogue_s_states_up_to_each_migration(store):
+    """One declaration (collector/catalog.py SESSION_STATES): every state is a column of session_stats,
+    every column is filled, and each migration's view holds exactly the states up to its number."""
+    from collector import catalog
+
+    cols = [r[0] for r in store.query_rows("SELECT name FROM system.columns WHERE database = {d:String} AND "
+                                           "table = 'session_stats' ORDER BY position", {"d": store.database})]
+    assert sorted(cols) == sorted([*catalog.SESSION_KEY, *(s.name for s in catalog.SESSION_STATES)])
+    files = {int(f.name[:3]): f for f in schema_files()}
+    for since in sorted({s.since for s in catalog.SESSION_STATES}):  # a state ships with the migration that applies it
+        assert "{{session_stats_view}}" in files[since].read_text(), files[since].name
+    v21, v22 = migrations.session_stats_view(21), migrations.session_stats_view(22)
+    assert "AS switch_last" in v21 and "AS fp8_sat_max" not in v21 and "AS fp8_sat_max" in v22
+    assert "AS sm_clock_avg" not in v22 and "AS sm_clock_avg" in migrations.session_stats_view(120)
+
+
+def test_an_unknown_fragment_is_refused_with_the_valid_names():
+    with pytest.raises(SchemaError, match=r"unknown fragment \{\{nope\}\} in migration 007; valid: session_stats_view"):
+        migrations.expand("SELECT 1;\n{{nope}};", 7)
