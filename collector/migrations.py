@@ -12,8 +12,9 @@ checkout. Finding no file at all is a ``SchemaError`` (a broken install), never 
 A file may name a fragment, ``{{name}}``, that this module writes (``FRAGMENTS``): ``{{session_stats_view}}``
 is the SELECT of the session_stats view as of that file's number, from collector/catalog.py's
 ``SESSION_STATES`` (each state with the migration that added it), so the view is declared once and a
-migration that adds a state names the view instead of restating it; ``livestep migrate --dry-run``
-prints the statements as they run.
+migration that adds a state names the view instead of restating it; ``{{record_columns}}`` and
+``{{session_columns}}`` are the columns every record table and every per-session table starts with.
+``livestep migrate --dry-run`` prints the statements as they run.
 
 Each applied file is one row of ``schema_migrations`` (name, layout): layout ``single`` for ``sql/``,
 ``cluster:<name>`` for the same files in their cluster form (``cluster_form`` below: Replicated +
@@ -142,12 +143,27 @@ def session_stats_view(version: int) -> str:
     return "SELECT\n    " + ",\n    ".join(items) + f"\nFROM steps\nGROUP BY {', '.join(catalog.SESSION_KEY)}"
 
 
-FRAGMENTS = {"session_stats_view": session_stats_view}  # {{name}} in a file -> the text for its number
+def _columns(*cols: tuple[str, str]) -> str:
+    return ",\n    ".join(f"{name:<19} {typ}" for name, typ in cols)
+
+
+# The columns every record's table starts with (collector/records.py's COMMON, as the store keeps them),
+# and those every per-session aggregate table starts with (its key, then the states every view keeps).
+RECORD_COLUMNS = _columns(("worker_id", "LowCardinality(String)"), ("session_id", "String"),
+                          ("release", "LowCardinality(String)"), ("gpu_kind", "LowCardinality(String)"),
+                          ("ts", "DateTime64(3, 'UTC') CODEC(DoubleDelta, ZSTD(1))"), ("simulated", "Bool"))
+SESSION_COLUMNS = _columns(*((k, "String" if k == "session_id" else "LowCardinality(String)") for k in catalog.SESSION_KEY),
+                           ("simulated", "SimpleAggregateFunction(max, Bool)"),
+                           ("first_ts", "SimpleAggregateFunction(min, DateTime64(3, 'UTC'))"))
+# {{name}} in a file -> its text for the file's number. Only session_stats_view depends on the number; the
+# others never change (a file that names one must apply what it applied when it shipped).
+FRAGMENTS = {"session_stats_view": session_stats_view, "record_columns": lambda _: RECORD_COLUMNS,
+             "session_columns": lambda _: SESSION_COLUMNS}
 _FRAGMENT = re.compile(r"\{\{\s*(\w+)\s*\}\}")
 
 
 def expand(text: str, version: int) -> str:
-    """A file's text with its ``{{fragment}}`` markers written out for migration ``version``."""
+    """A statement's ``{{fragment}}`` markers written out for migration ``version``."""
     def repl(m: re.Match) -> str:
         if m.group(1) not in FRAGMENTS:
             raise SchemaError(f"unknown fragment {m.group(0)} in migration {version:03d}; valid: "
@@ -160,7 +176,7 @@ def expand(text: str, version: int) -> str:
 def statements(path: Path, cluster: str | None = None) -> list[str]:
     """A file's statements as they run (fragments written out); for ``cluster``, their cluster form
     ON CLUSTER '<cluster>'."""
-    stmts = split_statements(expand(path.read_text(), int(path.name[:3])))
+    stmts = [expand(s, int(path.name[:3])) for s in split_statements(path.read_text())]  # comments dropped first
     if cluster is None:
         return stmts
     return [s.replace("'{cluster}'", f"'{cluster}'") for s in cluster_form(stmts)]

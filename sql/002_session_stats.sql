@@ -4,15 +4,13 @@
 -- Read with the -Merge combinators, e.g.
 --   SELECT session_id, countMerge(steps) * 4 / (sumMerge(period_ms_sum) / 1000) AS fps
 --   FROM session_stats GROUP BY release, gpu_kind, worker_id, session_id
+-- The view's SELECT, {{session_stats_view}}, is written by collector/migrations.py from collector/catalog.py's
+-- SESSION_STATES (the states up to this file: a later migration that adds one applies the view again);
+-- {{session_columns}}: the key and the states every per-session table starts with.
 
 CREATE TABLE IF NOT EXISTS session_stats
 (
-    release            LowCardinality(String),
-    gpu_kind           LowCardinality(String),
-    worker_id          LowCardinality(String),
-    session_id         String,
-    simulated          SimpleAggregateFunction(max, Bool),
-    first_ts           SimpleAggregateFunction(min, DateTime64(3, 'UTC')),
+    {{session_columns}},
     last_ts            SimpleAggregateFunction(max, DateTime64(3, 'UTC')),
     steps              AggregateFunction(count),
     late_chunks        AggregateFunction(countIf, UInt8),

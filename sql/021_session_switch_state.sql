@@ -7,7 +7,7 @@
 -- what readers used for them before (argMax(switches, last_ts) over partial rows), computed on read
 -- and written by the next merge. The view is altered in place (MODIFY QUERY: no window where steps
 -- inserts miss it); both statements are idempotent. switches stays as it was (the DEFAULT of old rows).
--- Cluster counterpart: sql/cluster/021_session_switch_state.sql.
+-- Its cluster form is generated (collector/migrations.py).
 
 ALTER TABLE session_stats
     ADD COLUMN IF NOT EXISTS switch_last SimpleAggregateFunction(max, Tuple(DateTime64(3, 'UTC'), String))

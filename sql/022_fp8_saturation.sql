@@ -14,7 +14,7 @@
 --                    blamed on static_scales; analytics/saturation.py attribution)
 -- Rows stored before this migration read the columns' defaults (NULL, empty states: 0 sampled).
 -- The view is altered in place (MODIFY QUERY), as in 021; every statement is idempotent.
--- Cluster counterpart: sql/cluster/022_fp8_saturation.sql.
+-- Its cluster form is generated (collector/migrations.py).
 
 ALTER TABLE steps ADD COLUMN IF NOT EXISTS fp8_saturated Nullable(Float32) CODEC(ZSTD(1));
 

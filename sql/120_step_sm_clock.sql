@@ -4,7 +4,7 @@
 --   sm_clock_avg   mean over the session's steps that carry one (NULL: none)
 -- so a power-capped or thermally throttled session shows in its per-session figures (collector/catalog.py's
 -- SESSION_COLUMNS read it as sm_clock_mhz), the view is altered in place (MODIFY QUERY) as in 021 and 022.
--- A cluster applies its generated cluster form (collector/cluster_ddl.py).
+-- A cluster applies its generated cluster form (collector/migrations.py).
 
 ALTER TABLE steps ADD COLUMN IF NOT EXISTS sm_clock_mhz Nullable(Float32) CODEC(ZSTD(1));
 
