@@ -182,6 +182,22 @@ def statements(path: Path, cluster: str | None = None) -> list[str]:
     return [s.replace("'{cluster}'", f"'{cluster}'") for s in cluster_form(stmts)]
 
 
+def created_tables() -> dict[str, str]:
+    """Table name -> the ``CREATE TABLE`` statement of ``sql/`` that creates it (single node)."""
+    out = {}
+    for f in schema_files():
+        for stmt in statements(f):
+            if m := _CREATE_TABLE.match(stmt):
+                out[m.group(1)] = stmt
+    return out
+
+
+def table_engines(store: Store, tables: list[str]) -> list[tuple[str, str, str]]:
+    """(name, partition key, full engine clause: TTL and settings too) of each of ``tables`` the store has."""
+    return store.query_rows("SELECT name, partition_key, engine_full FROM system.tables WHERE database = "
+                            "currentDatabase() AND name IN {names:Array(String)}", {"names": tables})
+
+
 def _bookkeeping_ddl(cluster: str | None) -> list[str]:
     if cluster is None:
         create = (f"CREATE TABLE IF NOT EXISTS {TABLE} (name String, applied_at DateTime64(3, 'UTC') "
