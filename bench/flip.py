@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import logging
 import random
 import statistics
 import sys
@@ -89,6 +90,8 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     t_start = time.perf_counter()
+    logging.basicConfig(level=logging.WARNING, format="# %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("livestep.worker.readiness").setLevel(logging.INFO)  # a failed build's traceback
 
     base = ModelShape.from_name(args.preset)
     tp = args.tp if args.tp is not None else (3 if args.preset == "prod57b" else 1)
@@ -229,8 +232,9 @@ def main() -> int:
           f"{ttff[min(len(ttff) - 1, int(0.95 * len(ttff)))] if ttff else float('nan'):.1f} ms; out of service "
           f"{sum(r['oos'] for r in rows):.1f} ms; build memory peak {pct:.1f}% of the steady reserved "
           f"{res_steady / 2**30:.3f} GiB; wall {time.perf_counter() - t_start:.0f} s")
+    print(f"# builds: {w.readiness.builds}")
     if failed:
-        print(f"# failed or cut short: {', '.join(failed)}; builds: {w.readiness.builds}")
+        print(f"# failed or cut short: {', '.join(failed)}")
     if ratios:
         print(f"steady step ratio with / without readiness machinery: {statistics.median(ratios):.4f}")
     return 1 if failed else 0
