@@ -13,7 +13,7 @@ A file may name a fragment, ``{{name}}``, that this module writes (``FRAGMENTS``
 is the SELECT of the session_stats view as of that file's number, from collector/catalog.py's
 ``SESSION_STATES`` (each state with the migration that added it), so the view is declared once and a
 migration that adds a state names the view instead of restating it; ``{{record_columns}}`` and
-``{{session_columns}}`` are the columns every record table and every per-session table starts with.
+``{{session_table_columns}}`` are the columns every record table and every per-session table starts with.
 ``livestep migrate --dry-run`` prints the statements as they run.
 
 Each applied file is one row of ``schema_migrations`` (name, layout): layout ``single`` for ``sql/``,
@@ -149,16 +149,17 @@ def _columns(*cols: tuple[str, str]) -> str:
 
 # The columns every record's table starts with (collector/records.py's COMMON, as the store keeps them),
 # and those every per-session aggregate table starts with (its key, then the states every view keeps).
-RECORD_COLUMNS = _columns(("worker_id", "LowCardinality(String)"), ("session_id", "String"),
-                          ("release", "LowCardinality(String)"), ("gpu_kind", "LowCardinality(String)"),
-                          ("ts", "DateTime64(3, 'UTC') CODEC(DoubleDelta, ZSTD(1))"), ("simulated", "Bool"))
-SESSION_COLUMNS = _columns(*((k, "String" if k == "session_id" else "LowCardinality(String)") for k in catalog.SESSION_KEY),
-                           ("simulated", "SimpleAggregateFunction(max, Bool)"),
-                           ("first_ts", "SimpleAggregateFunction(min, DateTime64(3, 'UTC'))"))
+RECORD_COLUMNS_DDL = _columns(("worker_id", "LowCardinality(String)"), ("session_id", "String"),
+                              ("release", "LowCardinality(String)"), ("gpu_kind", "LowCardinality(String)"),
+                              ("ts", "DateTime64(3, 'UTC') CODEC(DoubleDelta, ZSTD(1))"), ("simulated", "Bool"))
+SESSION_TABLE_COLUMNS_DDL = _columns(*((k, "String" if k == "session_id" else "LowCardinality(String)")
+                                       for k in catalog.SESSION_KEY),
+                                     ("simulated", "SimpleAggregateFunction(max, Bool)"),
+                                     ("first_ts", "SimpleAggregateFunction(min, DateTime64(3, 'UTC'))"))
 # {{name}} in a file -> its text for the file's number. Only session_stats_view depends on the number; the
 # others never change (a file that names one must apply what it applied when it shipped).
-FRAGMENTS = {"session_stats_view": session_stats_view, "record_columns": lambda _: RECORD_COLUMNS,
-             "session_columns": lambda _: SESSION_COLUMNS}
+FRAGMENTS = {"session_stats_view": session_stats_view, "record_columns": lambda _: RECORD_COLUMNS_DDL,
+             "session_table_columns": lambda _: SESSION_TABLE_COLUMNS_DDL}
 _FRAGMENT = re.compile(r"\{\{\s*(\w+)\s*\}\}")
 
 

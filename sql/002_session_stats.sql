@@ -6,11 +6,11 @@
 --   FROM session_stats GROUP BY release, gpu_kind, worker_id, session_id
 -- The view's SELECT, {{session_stats_view}}, is written by collector/migrations.py from collector/catalog.py's
 -- SESSION_STATES (the states up to this file: a later migration that adds one applies the view again);
--- {{session_columns}}: the key and the states every per-session table starts with.
+-- {{session_table_columns}}: the key and the states every per-session table starts with.
 
 CREATE TABLE IF NOT EXISTS session_stats
 (
-    {{session_columns}},
+    {{session_table_columns}},
     last_ts            SimpleAggregateFunction(max, DateTime64(3, 'UTC')),
     steps              AggregateFunction(count),
     late_chunks        AggregateFunction(countIf, UInt8),

@@ -37,7 +37,7 @@ SETTINGS non_replicated_deduplication_window = 10000;
 
 CREATE TABLE IF NOT EXISTS turn_stats
 (
-    {{session_columns}},
+    {{session_table_columns}},
     policy          SimpleAggregateFunction(anyLast, String),
     turns           AggregateFunction(count),
     stalled_turns   AggregateFunction(countIf, UInt8),

@@ -153,5 +153,5 @@ def test_the_session_stats_view_is_the_catalogue_s_states_up_to_each_migration(s
 
 
 def test_an_unknown_fragment_is_refused_with_the_valid_names():
-    with pytest.raises(SchemaError, match=r"unknown fragment \{\{nope\}\} in migration 007; valid: record_columns, session_columns, session_stats_view"):
+    with pytest.raises(SchemaError, match=r"unknown fragment \{\{nope\}\} in migration 007; valid: record_columns, session_stats_view, session_table_columns"):
         migrations.expand("SELECT 1;\n{{nope}};", 7)
