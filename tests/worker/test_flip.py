@@ -7,6 +7,7 @@ its thread, replays do nothing; the builder is held back by ``readiness.delay_s`
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from worker.config import ModelShape, Switches
@@ -288,3 +289,33 @@ def test_a_build_compiles_nothing_inside_a_capture(cpu_graphs, monkeypatch):
     assert not any(compiles)  # ... and never inside a capture
     for state in (q, full):  # every capture had its warm-up first
         assert state.runner.captures > 0 and state.runner.warmups >= state.runner.captures
+
+
+def test_nothing_compiles_inside_a_capture_its_compiled_functions_run_eagerly(cpu_graphs):
+    """Inside a capture a compiled function whose guards fail (a shape its warm-up did not see), or one never
+    compiled, runs its ops eagerly with the same result instead of compiling (inductor's first call would
+    break the capture); outside, compiling is back."""
+    import torch._dynamo
+
+    import worker.graphs
+
+    torch._dynamo.reset()
+    double = torch.compile(lambda x: x * 2 + 1, dynamic=False)
+    never = torch.compile(lambda x: x - 1, dynamic=False)
+    double(torch.ones(3))  # the warm-up: compiled for [3]
+    runner = object.__new__(worker.graphs.ChunkRunner)
+    runner.graph_mode = "thread_local"
+    compiles: list[bool] = []
+
+    def seen(_args):
+        compiles.append(worker.graphs.capturing())
+
+    torch._dynamo.callback.callback_handler.register_start_callback(seen)
+    try:
+        with runner._capturing(cpu_graphs(), None):
+            a, b = double(torch.ones(5)), never(torch.ones(3))
+        assert torch.equal(a, torch.full((5,), 3.0)) and torch.equal(b, torch.zeros(3)) and not compiles
+        never(torch.ones(3))
+        assert compiles == [False]  # outside a capture it compiles
+    finally:
+        torch._dynamo.callback.callback_handler.start_callbacks.remove(seen)
