@@ -1,9 +1,10 @@
 """The read layer: every SELECT that reads the store, as typed functions (SQL -> polars / rows).
 
 Routes, pages, reports, canaries, incidents, metrics and jobs call a function here and never write a
-query (STYLE.md "Growing by addition"); DDL is sql/ + collector/migrations.py, ingest's writes are
-collector/'s. Per-session figures derive from the metric catalogue (collector/catalog.py): its
-``SESSION_COLUMNS`` and ``METRICS`` are the session view's SELECT.
+query (STYLE.md "Growing by addition"); DDL is sql/ + collector/migrations.py, ingest's writes (and
+their own landed-row check) collector/store.py: the three modules that hold SQL. Per-session figures
+derive from the metric catalogue (collector/catalog.py): its ``SESSION_COLUMNS`` and ``METRICS`` are the
+per-session SELECT here, as its ``SESSION_STATES`` are the view that fills session_stats.
 
 Fleet-wide figures read the per-session materialized views, never raw steps: ``session_stats``
 (every per-session aggregate; the analytics jobs) and, for the dashboard's fleet queries over long
