@@ -182,9 +182,9 @@ class Store:
 # -- the write path's own read: which rows of a batch the store holds already ---------------------------
 # (collector/writer.py asks before a batch goes in alone). ``_LANDED_SQL`` must form byte for byte the row
 # key that ``_row_keys`` forms from the batch in Arrow: the two forms of one key stay side by side.
-# Per kind, the column that tells a row apart from others of the same worker, session and ts (steps: the
-# step number, GPU samples: the GPU, sessions: the phase, events: the event kind, turns: the turn's index):
-# the landed-row check.
+# ``_ROW_KEY``: per kind, the column that tells a row apart from others of the same worker, session and ts
+# (steps: the step number, GPU samples: the GPU, sessions: the phase, events: the event kind, turns: the
+# turn's index).
 _ROW_KEY = {"step": "step", "gpu_sample": "gpu_index", "session": "phase", "event": "kind",
             "evaluation": "metric",  # an evaluation run's rows are a millisecond apart (worker/evaluate.py)
             "turn": "turn"}
