@@ -66,6 +66,7 @@ from collector.client_http import (  # noqa: F401 (re-exported: the worker, benc
 )
 from collector.client_ledger import DROP_REASONS, FILED_INSTEAD, DropReporter, Ledger  # noqa: F401 (as above)
 from collector.telemetry_file import TelemetryFileWriter
+from collector.weak import weak_method
 
 log = logging.getLogger("livestep.client")
 
@@ -83,17 +84,6 @@ def _close_at_exit() -> None:
         client.close(timeout_s=AT_EXIT_TIMEOUT_S)
 
 
-
-def _weak(method):
-    """A bound method held weakly: the poster calls back into its client without keeping it alive (a cycle
-    would leave a finished session's client to the cyclic collector: tests/worker/test_lifetime.py)."""
-    ref = weakref.WeakMethod(method)
-
-    def call(*args, **kwargs):
-        m = ref()
-        return None if m is None else m(*args, **kwargs)
-
-    return call
 
 class TelemetryClient:
     """Batches records in a background thread and ships them to the collector (see module doc).
@@ -155,7 +145,7 @@ class TelemetryClient:
         self._poster = BatchPoster(  # holds the retry policy (timeout_s ... max_retry_after_s)
             self.url, token, timeout_s=timeout_s, give_up_after_s=give_up_after_s, max_attempts=max_attempts,
             backoff_base_s=backoff_base_s, backoff_max_s=backoff_max_s, max_retry_after_s=max_retry_after_s,
-            log_once=_weak(self._log_once), on_retry=_weak(self._count_retry))  # no client <-> poster cycle
+            log_once=weak_method(self._log_once), on_retry=weak_method(self._count_retry))  # no client <-> poster cycle
 
         self._lock = threading.Lock()  # guards the buffer, the ledger and the flush waiters
         self._queue: deque[tuple[str, dict[str, Any]]] = deque()
