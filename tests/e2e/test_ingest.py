@@ -3,15 +3,13 @@ HTTP -> collector -> spool -> chDB -> the server's own reads, with exact counts 
 
 from __future__ import annotations
 
-import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-import uvicorn
 
-from api.app import create_app
 from collector.client import TelemetryClient
+from tests.api.live import serve_app
 from tests.collector.helpers import (
     ARROW,
     arrow_body,
@@ -30,18 +28,8 @@ TOKEN = "e2e-token"
 
 @pytest.fixture
 def server(tmp_path, chdb_dir):
-    settings = make_settings(chdb_dsn(chdb_dir), tmp_path, role="all", ingest_tokens=[TOKEN], port=0)
-    app = create_app(settings)
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on"))
-    th = threading.Thread(target=srv.run, daemon=True)
-    th.start()
-    wait_for(lambda: srv.started or not th.is_alive(), what="uvicorn started")
-    assert srv.started, "uvicorn did not start"
-    port = srv.servers[0].sockets[0].getsockname()[1]
-    yield app, f"http://127.0.0.1:{port}"
-    srv.should_exit = True
-    th.join(30)
-    app.state.store.command(f"DROP DATABASE IF EXISTS {app.state.store.database}")
+    with serve_app(make_settings(chdb_dsn(chdb_dir), tmp_path, role="all", ingest_tokens=[TOKEN], port=0)) as served:
+        yield served
 
 
 def test_shipping_client_round_trip_exact(server):

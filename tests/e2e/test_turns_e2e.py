@@ -4,14 +4,11 @@ per-stage bars, the turn marks on the session's step chart)."""
 
 from __future__ import annotations
 
-import threading
-
 import httpx
 import pytest
-import uvicorn
 
-from api.app import create_app
 from tests.api import browser
+from tests.api.live import serve_app
 from tests.collector.helpers import chdb_dsn, drained, make_settings, wait_for
 from worker.session import Worker
 from worker.turns import TurnSchedule
@@ -22,17 +19,8 @@ TOKEN = "e2e-turns-token"
 
 @pytest.fixture
 def server(tmp_path, chdb_dir):
-    settings = make_settings(chdb_dsn(chdb_dir), tmp_path, role="all", ingest_tokens=[TOKEN], port=0)
-    app = create_app(settings)
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on"))
-    th = threading.Thread(target=srv.run, daemon=True)
-    th.start()
-    wait_for(lambda: srv.started or not th.is_alive(), what="uvicorn started")
-    assert srv.started, "uvicorn did not start"
-    yield app, f"http://127.0.0.1:{srv.servers[0].sockets[0].getsockname()[1]}"
-    srv.should_exit = True
-    th.join(30)
-    app.state.store.command(f"DROP DATABASE IF EXISTS {app.state.store.database}")
+    with serve_app(make_settings(chdb_dsn(chdb_dir), tmp_path, role="all", ingest_tokens=[TOKEN], port=0)) as served:
+        yield served
 
 
 def test_a_live_workers_turns_reach_the_store_and_the_dashboards(server):
