@@ -54,3 +54,18 @@ def cpu_graphs(monkeypatch):
     monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "current_stream", lambda: Stream(counted=False))
     return _RecordingGraph
+
+
+def spy_on_decoder(monkeypatch) -> list[torch.Tensor]:
+    """Every chunk's latents as the decoder receives them from now on (a host copy: the test may sync)."""
+    from worker.decoder import Decoder
+
+    seen: list[torch.Tensor] = []
+    submit = Decoder.submit
+
+    def spy(self, latents, step, after=None):
+        seen.append(latents.float().cpu())
+        return submit(self, latents, step, after=after)
+
+    monkeypatch.setattr(Decoder, "submit", spy)
+    return seen

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.worker.conftest import spy_on_decoder
 from worker.config import ModelShape, Switches
-from worker.decoder import Decoder
 from worker.session import Worker
 
 pytestmark = pytest.mark.gpu
@@ -25,14 +25,7 @@ def test_a_background_flip_swaps_at_a_boundary_and_replays_the_targets_graphs(mo
         pytest.skip("needs a CUDA GPU (run on the H200: see docs/PERFORMANCE.md)")
     w = Worker(SHAPE, device="cuda")
     w.warm(PROD, neighbours=(switch,))
-    seen: list[torch.Tensor] = []
-    submit = Decoder.submit
-
-    def spy(self, latents, step, after=None):
-        seen.append(latents.float().cpu())
-        return submit(self, latents, step, after=after)
-
-    monkeypatch.setattr(Decoder, "submit", spy)
+    seen = spy_on_decoder(monkeypatch)
 
     def source(step):  # the flip at step 5; at step 6's poll the build has ended: the swap is at step 6
         if step == 6:
