@@ -14,6 +14,7 @@ import pyarrow as pa
 from collector import records
 
 ARROW = "application/vnd.apache.arrow.stream"
+INGEST_TOKEN = "e2e-ingest-token"  # the ingest token of an app served for a test (tests/e2e/conftest.py)
 
 
 def chdb_dsn(chdb_dir: str) -> str:

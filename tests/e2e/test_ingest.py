@@ -9,32 +9,23 @@ import httpx
 import pytest
 
 from collector.client import TelemetryClient
-from tests.api.live import serve_app
 from tests.collector.helpers import (
     ARROW,
+    INGEST_TOKEN,
     arrow_body,
-    chdb_dsn,
     drained,
     event_row,
     json_rows,
-    make_settings,
     step_rows,
     wait_for,
 )
 
 pytestmark = pytest.mark.e2e
-TOKEN = "e2e-token"
 
 
-@pytest.fixture
-def server(tmp_path, chdb_dir):
-    with serve_app(make_settings(chdb_dsn(chdb_dir), tmp_path, role="all", ingest_tokens=[TOKEN], port=0)) as served:
-        yield served
-
-
-def test_shipping_client_round_trip_exact(server):
-    app, url = server
-    client = TelemetryClient(url, token=TOKEN, batch_rows=64, flush_interval_s=0.05)
+def test_shipping_client_round_trip_exact(app_server):
+    app, url = app_server
+    client = TelemetryClient(url, token=INGEST_TOKEN, batch_rows=64, flush_interval_s=0.05)
     sessions = {"e1": 150, "e2": 90, "e3": 7}
     for sid, n in sessions.items():
         for r in step_rows(n, session_id=sid, worker_id=f"w-{sid}"):
@@ -62,12 +53,12 @@ def test_shipping_client_round_trip_exact(server):
         sorted((sid, n) for sid, n in sessions.items())
 
 
-def test_concurrent_clients_with_retries_store_every_row_once(server):
-    app, url = server
+def test_concurrent_clients_with_retries_store_every_row_once(app_server):
+    app, url = app_server
 
     def sender(k: int) -> int:
         rows = 0
-        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}) as h:
+        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {INGEST_TOKEN}"}) as h:
             for b in range(12):
                 sid = f"c{k}"
                 batch = step_rows(100, session_id=sid, start=100 * b)
