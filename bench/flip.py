@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import logging
 import random
 import statistics
 import sys
@@ -62,6 +63,8 @@ def main() -> int:
     add_session_args(ap, "flip", ab_steps=30)
     args = ap.parse_args()
     t_start = time.perf_counter()
+    logging.basicConfig(level=logging.WARNING, format="# %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("livestep.worker.readiness").setLevel(logging.INFO)  # a failed build's traceback
 
     base = ModelShape.from_name(args.preset)
     tp = args.tp if args.tp is not None else (3 if args.preset == "prod57b" else 1)
@@ -184,6 +187,8 @@ def main() -> int:
         failed.append("interrupted")
     finally:
         gc.enable()
+        if not w.readiness.wait(120):  # a build thread still capturing at exit aborts the interpreter
+            print("# a build was still running 120 s after the last session", flush=True)
         if client is not None:
             client.close(timeout_s=10.0)
 
@@ -202,8 +207,9 @@ def main() -> int:
           f"{ttff[min(len(ttff) - 1, int(0.95 * len(ttff)))] if ttff else float('nan'):.1f} ms; out of service "
           f"{sum(r['oos'] for r in rows):.1f} ms; build memory peak {pct:.1f}% of the steady reserved "
           f"{res_steady / 2**30:.3f} GiB; wall {time.perf_counter() - t_start:.0f} s")
+    print(f"# builds: {w.readiness.builds}")
     if failed:
-        print(f"# failed or cut short: {', '.join(failed)}; builds: {w.readiness.builds}")
+        print(f"# failed or cut short: {', '.join(failed)}")
     if ratios:
         print(f"steady step ratio with / without readiness machinery: {statistics.median(ratios):.4f}")
     return 1 if failed else 0

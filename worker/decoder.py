@@ -19,6 +19,8 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+
+from worker.streams import own_stream
 import torch.nn.functional as F
 
 from worker.config import ModelShape
@@ -53,7 +55,7 @@ class Decoder:
                 self.placement = "own_gpu"
             else:
                 self.placement = "own_stream"
-            self.stream = torch.cuda.Stream(device=self.device)
+            self.stream = own_stream(self.device)  # not a pool stream: a build may capture on one (worker/streams.py)
         elif main.type == "cuda":
             self.placement = "main_stream"
         self.dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32

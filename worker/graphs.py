@@ -65,18 +65,48 @@ def _refuse_compile_in_capture(_args) -> None:
 
 
 class _Flagged:
-    """A capture context, with ``capturing()`` true inside it on this thread."""
+    """A capture context, with ``capturing()`` true inside it on this thread, and torch.compile's stance
+    ``eager_on_recompile`` meanwhile: a compiled function whose guards fail inside the capture (or that never
+    compiled) runs its ops eagerly, which capture, instead of compiling, which would break the capture (the
+    warm-up before each capture compiles what it records; yet on the H200, 2026-12-02 11:00 UTC, a flip's
+    build beside a live session met a recompile at capture time only). ``CompileInCapture`` stays as the
+    guard against a compile that gets past the stance."""
 
     def __init__(self, inner):
         self.inner = inner
 
     def __enter__(self):
         self.inner.__enter__()
+        _stance_enter()
         _CAPTURE.on = True
 
     def __exit__(self, *exc):
         _CAPTURE.on = False
+        _stance_exit()
         return self.inner.__exit__(*exc)
+
+
+# The stance is process-wide and captures on two threads may overlap (a build beside a session's own
+# capture): the first capture in sets it, the last one out restores what was there before.
+_STANCE_LOCK = threading.Lock()
+_STANCE: list = []  # [the stance context to exit, captures in flight]
+
+
+def _stance_enter() -> None:
+    with _STANCE_LOCK:
+        if not _STANCE:
+            ctx = torch.compiler.set_stance("eager_on_recompile")
+            ctx.__enter__()
+            _STANCE.extend([ctx, 0])
+        _STANCE[1] += 1
+
+
+def _stance_exit() -> None:
+    with _STANCE_LOCK:
+        _STANCE[1] -= 1
+        if _STANCE[1] == 0:
+            _STANCE.pop()
+            _STANCE.pop().__exit__(None, None, None)
 
 
 @dataclass

@@ -45,6 +45,7 @@ from worker.flips import carry_cache
 from worker.fp8 import SaturationProbe
 from worker.graphs import ChunkRunner
 from worker.model import DiT, NullTimer
+from worker.streams import own_stream
 
 log = logging.getLogger("livestep.worker.readiness")
 
@@ -135,7 +136,7 @@ def build_warm(worker, sw: Switches, buckets: tuple[int, ...], *, model: DiT, pr
     runner.graph_mode = graph_mode
     warm = WarmState(sw, cache, runner, buckets, model, probe)
     if run is not None:  # the worker's own sessions: they find its warm state
-        worker.warmed = warm
+        worker.warmed, worker.previous = warm, None
     else:
         bw = _as_build_worker(worker, model, probe, warm)
 
@@ -205,14 +206,14 @@ def build_quick(worker, sw: Switches, bucket: int, *, model: DiT, probe: Saturat
 
 
 @contextlib.contextmanager
-def _build_context(device: torch.device):
-    """A build's thread: its own CUDA stream (the step loop's stream never waits on it) and a short GIL
-    switch interval while it runs."""
+def _build_context(device: torch.device, stream):
+    """A build's thread: the worker's build stream (its own, never a pool stream that another owner may be
+    handed: worker/streams.py; the step loop's stream never waits on it) and a short GIL switch interval."""
     old = sys.getswitchinterval()
     sys.setswitchinterval(min(old, BUILD_SWITCH_INTERVAL_S))
     try:
         if device.type == "cuda":
-            with torch.cuda.device(device), torch.cuda.stream(torch.cuda.Stream(device)):
+            with torch.cuda.device(device), torch.cuda.stream(stream):
                 yield
         else:
             yield
@@ -301,6 +302,13 @@ class Readiness:
         # a build launches its next step only then (the GPU is shared), or after PACE_WAIT_S
         self.gate = threading.Event()
         self.gate.set()
+        self._stream: torch.cuda.Stream | None = None
+
+    def stream(self) -> torch.cuda.Stream | None:
+        """The stream every build of this worker captures on: made once, for builds alone."""
+        if self._stream is None and self.w.device.type == "cuda":
+            self._stream = own_stream(self.w.device)
+        return self._stream
 
     def pace(self, step: int) -> None:
         """A build's synthetic step may start: the live session has slack (``Flips.boundary`` sets the gate)."""
@@ -360,7 +368,7 @@ class Readiness:
     def _run(self, b: _Build) -> None:
         w = self.w
         try:
-            with _build_context(w.device):
+            with _build_context(w.device, self.stream()):
                 if self.delay_s:
                     time.sleep(self.delay_s)
                 cuda = w.device.type == "cuda"

@@ -7,6 +7,7 @@ its thread, replays do nothing; the builder is held back by ``readiness.delay_s`
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from worker.config import ModelShape, Switches
@@ -59,8 +60,9 @@ def test_a_slow_build_keeps_the_session_playing_and_swaps_at_a_step_boundary(cpu
 
 def test_a_session_on_a_quick_state_attaches_to_the_complete_one(cpu_graphs, monkeypatch):
     """The swap runs on the least it needs (its bucket's first forward and full-window step); the worker keeps
-    that quick state while the complete one builds, and a session that starts on it (another bucket: eager
-    meanwhile, no capture) swaps the complete one in at a step boundary once it is ready."""
+    that quick state while the complete one builds, and a session on another bucket starts on the last
+    complete state (its graphs: nothing eager, no capture) and swaps the complete target in at a step
+    boundary once it is ready."""
     import threading
 
     import worker.readiness
@@ -86,9 +88,11 @@ def test_a_session_on_a_quick_state_attaches_to_the_complete_one(cpu_graphs, mon
 
     off = {**PROD, "delta_rotation": False}
     s = w.run_session(steps=6, realtime=False, switches=off, cond_tokens=11, switch_source=source)
-    assert s.warm and s.graph_captures == 0 and s.switch_events == []  # no switch changed
+    assert s.warm and s.graph_captures == 0 and s.graph_misses == 0
     (cost,) = s.flips
     assert cost["mode"] == "session_start" and cost["applied_step"] == 2 and w.warmed.complete
+    assert cost["changed"] == {"delta_rotation": False} and s.switches == Switches.from_mapping(off).encode()
+    assert w.previous is None  # the complete target replaced it
 
 
 def test_a_flip_back_before_the_target_is_ready_applies_nothing(cpu_graphs):
@@ -230,8 +234,9 @@ def test_a_flip_while_attached_at_start_is_its_own_flip(cpu_graphs, monkeypatch)
         return None
 
     s = w.run_session(steps=6, realtime=False, switches=off, cond_tokens=6, switch_source=source)
-    costs = [c for c in s.flips if c["step"] >= 0]
-    assert len(costs) == 1 and costs[0]["step"] == 2 and costs[0]["changed"] == {"fp8_cache": False}
+    costs = [c for c in s.flips if c["step"] >= 0]  # it ran PROD (warm) until the swap: both changed then
+    assert len(costs) == 1 and costs[0]["step"] == 2
+    assert costs[0]["changed"] == {"delta_rotation": False, "fp8_cache": False}
     assert costs[0]["applied_step"] == 3 and s.switches == Switches.from_mapping({**off, "fp8_cache": False}).encode()
 
 
@@ -271,3 +276,33 @@ def test_a_build_compiles_nothing_inside_a_capture(cpu_graphs, monkeypatch):
     assert not any(compiles)  # ... and never inside a capture
     for state in (q, full):  # every capture had its warm-up first
         assert state.runner.captures > 0 and state.runner.warmups >= state.runner.captures
+
+
+def test_nothing_compiles_inside_a_capture_its_compiled_functions_run_eagerly(cpu_graphs):
+    """Inside a capture a compiled function whose guards fail (a shape its warm-up did not see), or one never
+    compiled, runs its ops eagerly with the same result instead of compiling (inductor's first call would
+    break the capture); outside, compiling is back."""
+    import torch._dynamo
+
+    import worker.graphs
+
+    torch._dynamo.reset()
+    double = torch.compile(lambda x: x * 2 + 1, dynamic=False)
+    never = torch.compile(lambda x: x - 1, dynamic=False)
+    double(torch.ones(3))  # the warm-up: compiled for [3]
+    runner = object.__new__(worker.graphs.ChunkRunner)
+    runner.graph_mode = "thread_local"
+    compiles: list[bool] = []
+
+    def seen(_args):
+        compiles.append(worker.graphs.capturing())
+
+    torch._dynamo.callback.callback_handler.register_start_callback(seen)
+    try:
+        with runner._capturing(cpu_graphs(), None):
+            a, b = double(torch.ones(5)), never(torch.ones(3))
+        assert torch.equal(a, torch.full((5,), 3.0)) and torch.equal(b, torch.zeros(3)) and not compiles
+        never(torch.ones(3))
+        assert compiles == [False]  # outside a capture it compiles
+    finally:
+        torch._dynamo.callback.callback_handler.start_callbacks.remove(seen)
