@@ -56,15 +56,16 @@ def cpu_graphs(monkeypatch):
     return _RecordingGraph
 
 
-def spy_on_decoder(monkeypatch) -> list[torch.Tensor]:
-    """Every chunk's latents as the decoder receives them from now on (a host copy: the test may sync)."""
+def spy_on_decoder(monkeypatch, keep=lambda latents: latents.float().cpu()) -> list:
+    """What ``keep`` makes of every chunk's latents as the decoder receives them from now on (default: a host
+    copy; the test may sync)."""
     from worker.decoder import Decoder
 
-    seen: list[torch.Tensor] = []
+    seen: list = []
     submit = Decoder.submit
 
     def spy(self, latents, step, after=None):
-        seen.append(latents.float().cpu())
+        seen.append(keep(latents))
         return submit(self, latents, step, after=after)
 
     monkeypatch.setattr(Decoder, "submit", spy)

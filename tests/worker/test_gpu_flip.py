@@ -54,19 +54,15 @@ def test_a_build_captures_beside_a_live_session_that_keeps_stepping(monkeypatch)
         pytest.skip("needs a CUDA GPU (run on the H200: see docs/PERFORMANCE.md)")
     w = Worker(SHAPE, device="cuda")
     w.warm(PROD, neighbours=("static_scales",))
-    model0, seen, swapped = w.model, [], []
-    submit = Decoder.submit
-
-    def spy(self, latents, step, after=None):
-        seen.append(bool(torch.isfinite(latents).all()))  # a device sync on the live thread, mid-capture
-        return submit(self, latents, step, after=after)
+    model0, swapped = w.model, []
+    # every chunk finite: a device sync on the live thread, mid-capture
+    seen = spy_on_decoder(monkeypatch, lambda latents: bool(torch.isfinite(latents).all()))
 
     def stop():
         if not swapped and w.model is not model0:
             swapped.append(len(seen))
         return bool(swapped) and len(seen) >= swapped[0] + 20
 
-    monkeypatch.setattr(Decoder, "submit", spy)
     s = w.run_session(steps=100_000, realtime=False, switches=PROD, cond_tokens=300,
                       switch_source=lambda step: {"static_scales": False} if step == 3 else None, stop_when=stop)
     (cost,) = s.flips
