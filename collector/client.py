@@ -32,8 +32,8 @@ Idempotency-Key, counted in ``filed``, not in ``dropped``. ``livestep replay PAT
 ships them later under the same keys (collector/replay.py). Writing the file happens in the sender
 thread only: it never blocks or fails a step (a failed write is a loss, reason ``file_error``).
 
-Imports only pyarrow, httpx, orjson, ``collector.records`` and ``collector.telemetry_file`` (no
-server code): the GPU machine has no fastapi/chdb. ``NullClient`` has the same interface and ships nothing ("no collector").
+Imports only pyarrow, httpx, orjson, ``collector.records``, ``collector.telemetry_file`` and ``collector.weak``
+(no server code): the GPU machine has no fastapi/chdb. ``NullClient`` has the same interface and ships nothing ("no collector").
 This module is the queue and the sender thread (batching, close, the file fallback); one POST and its
 retries are collector/client_http.py's, the counters and the drop event collector/client_ledger.py's
 (their public names are importable from here too), and the retry policy ``RetryPolicy``. It stays

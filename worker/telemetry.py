@@ -21,6 +21,8 @@ without NVML (no driver: ``NVMLError_LibraryNotFound``) energy and power are nul
 A telemetry failure never stops a step: the record is dropped and counted (``dropped``, and per
 reason in ``dropped_by``: ``put_failed`` the sink raised, ``record_failed`` a step record could
 not be built from its events).
+The phase timers (worker/timers.py), the NVML sampler (worker/nvml.py) and the playout clock
+(worker/playout.py) live in their own modules; their names are importable from here too.
 """
 
 from __future__ import annotations
