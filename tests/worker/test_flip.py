@@ -15,6 +15,7 @@ from worker.flips import FLIP_COST_STEPS, carry_cache
 from worker.model import DiT
 from worker.readiness import RUNTIME_SWITCHES, model_view, neighbour
 from worker.session import Worker
+from worker.switches import ScriptedFlip
 from worker.telemetry import ListSink
 
 PROD = {"ring_cache": True, "rope_at_write": True, "fp8_cache": True, "delta_rotation": True,
@@ -26,29 +27,11 @@ def _worker(**kw) -> Worker:
     return Worker(shape, device="cpu", model=DiT(shape, dtype=torch.bfloat16, fp8=True), **kw)
 
 
-class _Flip:
-    """A control plane that flips ``change`` at ``at``; the session stops ``after`` steps past the swap
-    (seen as the worker's model becoming the target's view)."""
-
-    def __init__(self, w: Worker, change: dict, at: int = 3, after: int = 4):
-        self.w, self.change, self.at, self.after = w, change, at, after
-        self.model0, self.step, self.swapped = w.model, -1, None
-
-    def poll(self, step: int):
-        self.step = step
-        return self.change if step == self.at else None
-
-    def stop(self) -> bool:
-        if self.swapped is None and self.w.model is not self.model0:
-            self.swapped = self.step
-        return self.swapped is not None and self.step >= self.swapped + self.after
-
-
 def test_a_slow_build_keeps_the_session_playing_and_swaps_at_a_step_boundary(cpu_graphs):
     w = _worker()
     w.warm(PROD)
     w.readiness.delay_s = 0.8  # about 5 chunks of 166.7 ms: the session plays on meanwhile
-    flip = _Flip(w, {"delta_rotation": False})
+    flip = ScriptedFlip(w, {"delta_rotation": False})
     sink = ListSink()
     s = w.run_session(steps=400, switches=PROD, cond_tokens=6, sink=sink, switch_source=flip.poll,
                       stop_when=flip.stop)
@@ -94,7 +77,7 @@ def test_a_session_on_a_quick_state_attaches_to_the_complete_one(cpu_graphs, mon
     w = _worker()
     w.warm(PROD)
     monkeypatch.setattr(worker.readiness, "build_warm", held)
-    flip = _Flip(w, {"delta_rotation": False}, after=2)
+    flip = ScriptedFlip(w, {"delta_rotation": False}, after=2)
     s = w.run_session(steps=400, switches=PROD, cond_tokens=6, switch_source=flip.poll, stop_when=flip.stop)
     assert len(s.switch_events) == 1 and not w.warmed.complete and w.warmed.buckets == (8,)  # the quick state
 
