@@ -18,6 +18,7 @@ recorded in ``job_runs`` (status 'failed', the error), retried with backoff up t
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import threading
@@ -140,52 +141,20 @@ def _report_dir() -> Path:
 # -- the jobs: (store, start, end, **extra) -> findings rows --------------------------------------------
 
 
-def _weekly_fps(store, start, end, **_):
-    return fps.run(store, start, end)
+def _detector(module, with_releases: bool = False):
+    """The job of a detector module: its ``run(store, start, end)`` (``with_releases``: and ``releases=``, a
+    partial run's) over the job's window, returning the findings rows. ``module``: the module, or its name
+    under analytics/ to import at the job's first run."""
+
+    def job(store, start, end, releases=None, **_):
+        run = (importlib.import_module(f"analytics.{module}") if isinstance(module, str) else module).run
+        return run(store, start, end, releases=releases) if with_releases else run(store, start, end)
+
+    return job
 
 
 def _memory(store, start, end, **_):
     return memory.analyze(store, start, end)[1]
-
-
-def _fp8_saturation(store, start, end, **_):
-    return saturation.run(store, start, end)
-
-
-def _power(store, start, end, **_):
-    return power.run(store, start, end)
-
-
-def _regressions(store, start, end, releases=None, **_):
-    return regressions.run(store, start, end, releases=releases)
-
-
-def _session_age(store, start, end, **_):
-    return session_age.run(store, start, end)
-
-
-def _changepoints(store, start, end, **_):
-    return changepoints.run(store, start, end)
-
-
-def _drift(store, start, end, **_):
-    return drift.run(store, start, end)
-
-
-def _variance(store, start, end, releases=None, **_):
-    return variance.run(store, start, end, releases=releases)
-
-
-def _turn_regressions(store, start, end, releases=None, **_):
-    from analytics import turns  # conversational turns' latency (analytics/turns.py)
-
-    return turns.run(store, start, end, releases=releases)
-
-
-def _flips(store, start, end, **_):
-    from analytics import flips  # switch flips that hurt sessions (analytics/flips.py)
-
-    return flips.run(store, start, end)
 
 
 def _rollup(store, start, end, **_):
@@ -203,17 +172,17 @@ def _weekly_report(store, start, end, week=None, out_dir=None, **_):
 
 
 JOBS: dict[str, Callable[..., list[dict] | None]] = {
-    "weekly_fps": _weekly_fps,
+    "weekly_fps": _detector(fps),
     "memory": _memory,
-    "fp8_saturation": _fp8_saturation,
-    "power": _power,
-    "regressions": _regressions,
-    "session_age": _session_age,
-    "changepoints": _changepoints,
-    "drift": _drift,
-    "variance": _variance,
-    "turn_regressions": _turn_regressions,
-    "flips": _flips,
+    "fp8_saturation": _detector(saturation),
+    "power": _detector(power),
+    "regressions": _detector(regressions, with_releases=True),
+    "session_age": _detector(session_age),
+    "changepoints": _detector(changepoints),
+    "drift": _detector(drift),
+    "variance": _detector(variance, with_releases=True),
+    "turn_regressions": _detector("turns", with_releases=True),  # conversational turns' latency
+    "flips": _detector("flips"),  # switch flips that hurt sessions
     "weekly_report": _weekly_report,
     "rollup": _rollup,
 }
@@ -363,32 +332,22 @@ def start_scheduler(store, *, timezone=UTC, reports_dir: Path | None = None,
         timezone=timezone, job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": 3600}
     )
     add = s.add_job
-    add(scheduled, CronTrigger(day_of_week="mon", hour=0, minute=30, timezone=timezone),
-        args=[s, "weekly_fps", store], id="weekly_fps", replace_existing=True)
+    def hourly():
+        return IntervalTrigger(hours=1, timezone=timezone)
+
+    def nightly(minute: int):
+        return CronTrigger(hour=2, minute=minute, timezone=timezone)
+
+    schedule = {"weekly_fps": (CronTrigger(day_of_week="mon", hour=0, minute=30, timezone=timezone), {})}
     if _report_available():
-        add(scheduled, CronTrigger(day_of_week="mon", hour=1, minute=0, timezone=timezone),
-            args=[s, "weekly_report", store], kwargs={"out_dir": reports_dir} if reports_dir else {},
-            id="weekly_report", replace_existing=True)
-    add(scheduled, IntervalTrigger(hours=1, timezone=timezone), args=[s, "memory", store], id="memory",
-        replace_existing=True)
-    add(scheduled, IntervalTrigger(hours=1, timezone=timezone), args=[s, "fp8_saturation", store],
-        id="fp8_saturation", replace_existing=True)
-    add(scheduled, IntervalTrigger(hours=1, timezone=timezone), args=[s, "power", store], id="power",
-        replace_existing=True)
-    add(scheduled, CronTrigger(hour=2, minute=0, timezone=timezone), args=[s, "regressions", store],
-        id="regressions", replace_existing=True)
-    add(scheduled, CronTrigger(hour=2, minute=10, timezone=timezone), args=[s, "session_age", store],
-        id="session_age", replace_existing=True)
-    add(scheduled, CronTrigger(hour=2, minute=20, timezone=timezone), args=[s, "changepoints", store],
-        id="changepoints", replace_existing=True)
-    add(scheduled, CronTrigger(hour=2, minute=30, timezone=timezone), args=[s, "drift", store],
-        id="drift", replace_existing=True)
-    add(scheduled, CronTrigger(hour=2, minute=40, timezone=timezone), args=[s, "variance", store],
-        id="variance", replace_existing=True)
-    add(scheduled, CronTrigger(hour=2, minute=50, timezone=timezone), args=[s, "turn_regressions", store],
-        id="turn_regressions", replace_existing=True)
-    add(scheduled, IntervalTrigger(hours=1, timezone=timezone), args=[s, "flips", store], id="flips",
-        replace_existing=True)
+        schedule["weekly_report"] = (CronTrigger(day_of_week="mon", hour=1, minute=0, timezone=timezone),
+                                     {"out_dir": reports_dir} if reports_dir else {})
+    schedule |= {"memory": (hourly(), {}), "fp8_saturation": (hourly(), {}), "power": (hourly(), {}),
+                 "regressions": (nightly(0), {}), "session_age": (nightly(10), {}), "changepoints": (nightly(20), {}),
+                 "drift": (nightly(30), {}), "variance": (nightly(40), {}), "turn_regressions": (nightly(50), {}),
+                 "flips": (hourly(), {})}
+    for name, (trigger, kwargs) in schedule.items():
+        add(scheduled, trigger, args=[s, name, store], kwargs=kwargs, id=name, replace_existing=True)
     add(scheduled, IntervalTrigger(minutes=10, timezone=timezone), args=[s, "rollup", store], id="rollup",
         replace_existing=True, next_run_time=datetime.now(timezone))
     watch = ReleaseWatch()

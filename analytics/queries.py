@@ -1,9 +1,10 @@
 """The read layer: every SELECT that reads the store, as typed functions (SQL -> polars / rows).
 
 Routes, pages, reports, canaries, incidents, metrics and jobs call a function here and never write a
-query (STYLE.md "Growing by addition"); DDL is sql/ + collector/migrations.py, ingest's writes are
-collector/'s. Per-session figures derive from the metric catalogue (collector/catalog.py): its
-``SESSION_COLUMNS`` and ``METRICS`` are the session view's SELECT.
+query (STYLE.md "Growing by addition"); DDL is sql/ + collector/migrations.py, ingest's writes (and
+their own landed-row check) collector/store.py: the three modules that hold SQL. Per-session figures
+derive from the metric catalogue (collector/catalog.py): its ``SESSION_COLUMNS`` and ``METRICS`` are the
+per-session SELECT here, as its ``SESSION_STATES`` are the view that fills session_stats.
 
 Fleet-wide figures read the per-session materialized views, never raw steps: ``session_stats``
 (every per-session aggregate; the analytics jobs) and, for the dashboard's fleet queries over long
@@ -78,6 +79,7 @@ WHERE 1 {state_filters}
 # Every query of the form "rows of this, if given":
 #     w = Where().eq("switch", switch).eq("changed", changed, "Bool").since("ts", start).until("ts", end)
 #     store.query_df(f"SELECT ... FROM t WHERE {w}", w.params)        # "1" when no filter is given
+#     store.query_df(w.page(COLUMNS, "t FINAL", "ts DESC"), w.params)   # a page: Where(limit=.., offset=..)
 # A filter whose value is None (or an empty string) is left out; every value travels as a server-side
 # parameter (``{name:Type}``), never in the SQL text. Time bounds are half-open: ``since`` inclusive,
 # ``until`` exclusive, as every range in the API (api/routes/_common.py's ``TimeRange``).
@@ -140,6 +142,12 @@ class Where:
 
     def __str__(self) -> str:
         return " AND ".join(self.parts) if self.parts else "1"
+
+    def page(self, columns, source: str, order: str) -> str:
+        """``SELECT columns FROM source WHERE <these filters> ORDER BY order``, one page: the ``limit`` and
+        ``offset`` this ``Where`` was made with."""
+        return (f"SELECT {', '.join(columns)} FROM {source} WHERE {self} ORDER BY {order} "
+                "LIMIT {limit:UInt32} OFFSET {offset:UInt32}")
 
 
 class QueryError(Exception):
@@ -572,12 +580,7 @@ def findings_frame(store, *, kind: str | None = None, severity: str | None = Non
         if v:
             w.sql(f"has(splitByChar(',', scope), {{label{i}:String}})", **{f"label{i}": f"{k}={v}"})
     w.overlapping("window_start", "window_end", start, end)
-    return store.query_df(
-        f"SELECT {', '.join(FINDING_COLUMNS)} FROM findings FINAL "
-        f"WHERE {w} ORDER BY window_start DESC, kind, scope, metric "
-        "LIMIT {limit:UInt32} OFFSET {offset:UInt32}",
-        w.params,
-    )
+    return store.query_df(w.page(FINDING_COLUMNS, "findings FINAL", "window_start DESC, kind, scope, metric"), w.params)
 
 
 def session_first_forward(store, start: datetime, end: datetime) -> pl.DataFrame:
@@ -679,19 +682,14 @@ def switch_audit(store, *, name: str | None = None, source: str | None = None, c
     """Control-plane decisions (``AUDIT_COLUMNS``), newest first."""
     w = (Where(limit=limit, offset=offset).eq("name", name).eq("source", source).eq("changed", changed, "Bool")
          .since("ts", start).until("ts", end))
-    return store.query_df(
-        f"SELECT {', '.join(AUDIT_COLUMNS)} FROM switch_audit WHERE {w} "
-        "ORDER BY ts DESC, version DESC LIMIT {limit:UInt32} OFFSET {offset:UInt32}",
-        w.params,
-    )
+    return store.query_df(w.page(AUDIT_COLUMNS, "switch_audit", "ts DESC, version DESC"), w.params)
 
 
 def audit_changes(store, start: datetime, end: datetime) -> pl.DataFrame:
     """Decisions in [start, end) that changed a switch, and every canary decision, oldest first (the report)."""
-    return store.query_df(
-        "SELECT ts, source, action, name, scope, cohort, old_value, new_value, changed, actor, reason, ref, evidence "
-        "FROM switch_audit WHERE ts >= {s:DateTime64(3, 'UTC')} AND ts < {e:DateTime64(3, 'UTC')} "
-        "AND (changed OR action LIKE 'canary%') ORDER BY ts", {"s": start, "e": end})
+    w = Where().since("ts", start).until("ts", end).sql("(changed OR action LIKE 'canary%')")
+    cols = ", ".join(c for c in AUDIT_COLUMNS if c != "version")
+    return store.query_df(f"SELECT {cols} FROM switch_audit WHERE {w} ORDER BY ts", w.params)
 
 
 def applied_changes(store) -> list[tuple]:
@@ -717,8 +715,7 @@ def canaries_frame(store, *, canary_id: str | None = None, status: str | None = 
     w = Where(limit=limit, offset=offset).eq("id", canary_id).eq("status", status).until("started_at", end)
     if start is not None:
         w.sql("(decided_at IS NULL OR decided_at >= {w_decided:DateTime64(3, 'UTC')})", w_decided=start)
-    return store.query_df(f"SELECT {', '.join(CANARY_COLUMNS)} FROM canaries FINAL WHERE {w} "
-                          "ORDER BY started_at DESC LIMIT {limit:UInt32} OFFSET {offset:UInt32}", w.params)
+    return store.query_df(w.page(CANARY_COLUMNS, "canaries FINAL", "started_at DESC"), w.params)
 
 
 def workers_seen(store, start: datetime, end: datetime, scope: dict[str, str]) -> list[str]:
@@ -753,9 +750,7 @@ def incidents_frame(store, *, state: str | None = None, kind: str | None = None,
         w.sql("state != 'resolved'")
     else:
         w.eq("state", state)
-    return store.query_df(f"SELECT {', '.join(INCIDENT_COLUMNS)} FROM incidents FINAL WHERE {w} "
-                          "ORDER BY state = 'resolved', updated_at DESC, id LIMIT {limit:UInt32} OFFSET {offset:UInt32}",
-                          w.params)
+    return store.query_df(w.page(INCIDENT_COLUMNS, "incidents FINAL", "state = 'resolved', updated_at DESC, id"), w.params)
 
 
 def incidents_during(store, start: datetime, end: datetime) -> pl.DataFrame:
@@ -906,10 +901,7 @@ def evaluation_rows(store, *, switch=None, gpu_kind=None, release=None, metric=N
                    ("verdict", verdict), ("session_id", evaluation_id)):
         w.eq(col, v)
     w.since("ts", start).until("ts", end)
-    rows = store.query_rows(
-        f"SELECT {', '.join(EVALUATION_COLUMNS)} FROM evaluations WHERE {w} "
-        "ORDER BY ts DESC, switch, metric, step LIMIT {limit:UInt32} OFFSET {offset:UInt32}",
-        w.params)
+    rows = store.query_rows(w.page(EVALUATION_COLUMNS, "evaluations", "ts DESC, switch, metric, step"), w.params)
     out = []
     for r in rows:
         d = dict(zip(EVALUATION_COLUMNS, r, strict=True))

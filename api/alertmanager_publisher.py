@@ -24,6 +24,8 @@ import threading
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from api import findings_listeners
+
 log = logging.getLogger("livestep.api.alertmanager")
 
 ALERTNAME = "LivestepFinding"
@@ -98,19 +100,8 @@ class Publisher:
 
 def install(settings, store) -> Publisher | None:
     """Register the publisher with analytics.jobs (None when the analytics are not importable)."""
-    try:
-        from analytics.jobs import add_findings_listener
-    except ImportError as e:
-        log.info("findings are not published: analytics.jobs unavailable (%s)", e)
-        return None
-    p = Publisher(store, settings.alertmanager_url)
-    add_findings_listener(p)
-    return p
+    return findings_listeners.register(lambda: Publisher(store, settings.alertmanager_url), "published")
 
 
 def uninstall(p: Publisher | None) -> None:
-    if p is None:
-        return
-    from analytics.jobs import remove_findings_listener
-
-    remove_findings_listener(p)
+    findings_listeners.unregister(p)

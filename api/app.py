@@ -31,7 +31,7 @@ from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 
 import api.routes
-from api import errors, openapi_limits
+from api import errors, findings_listeners, openapi_limits
 from api.settings import Settings, load_settings
 from collector.migrations import SchemaError, ensure_current
 from collector.store import Store, open_store
@@ -125,10 +125,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         try:
             yield
         finally:
-            if handoff is not None:
-                from api.incidents import uninstall
-
-                uninstall(handoff)
+            findings_listeners.unregister(handoff)  # the incident hand-off or the Alertmanager publisher
             if scheduler is not None:
                 scheduler.shutdown(wait=False)
             if writer is not None:

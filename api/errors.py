@@ -17,6 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
+from api.openapi_docs import amend_openapi
 from collector.routes import ErrorBody
 
 _FASTAPI_ERROR_SCHEMAS = ("HTTPValidationError", "ValidationError")
@@ -65,11 +66,4 @@ def install(app: FastAPI) -> None:
     async def _invalid_request(request: Request, exc: RequestValidationError):
         return JSONResponse({"detail": validation_detail(exc)}, status_code=422)
 
-    generate = app.openapi
-
-    def openapi() -> dict:
-        if app.openapi_schema is None:
-            app.openapi_schema = _error_body_schema(generate())
-        return app.openapi_schema
-
-    app.openapi = openapi  # type: ignore[method-assign]
+    amend_openapi(app, _error_body_schema)

@@ -37,22 +37,24 @@ MAX_HEAD_BYTES = 64 * 1024
 log = logging.getLogger("livestep.http")
 
 
+def _seconds(default: float, description: str):
+    """A per-connection timeout: seconds, above 0 and at most an hour."""
+    return Field(default=default, gt=0, le=3600, description=description)
+
+
 class HttpLimits(BaseSettings):
     """Per-connection bounds of ``livestep serve`` (env ``LIVESTEP_*``); each bounded and documented."""
 
     model_config = SettingsConfigDict(env_prefix="LIVESTEP_", extra="ignore", validate_default=True)
 
-    idle_timeout_s: float = Field(
-        default=10.0, gt=0, le=3600,
-        description="a connection with no request started for this long (fresh, or kept alive after a "
+    idle_timeout_s: float = _seconds(
+        10.0, "a connection with no request started for this long (fresh, or kept alive after a "
         "response) is closed (uvicorn's timeout_keep_alive, also armed at connect)")
-    header_timeout_s: float = Field(
-        default=10.0, gt=0, le=3600,
-        description="a request's line and headers must arrive within this many seconds of its first byte, "
+    header_timeout_s: float = _seconds(
+        10.0, "a request's line and headers must arrive within this many seconds of its first byte, "
         "else 408 and the connection is closed")
-    body_timeout_s: float = Field(
-        default=60.0, gt=0, le=3600,
-        description="a request's whole body must arrive within this many seconds of its head (the largest "
+    body_timeout_s: float = _seconds(
+        60.0, "a request's whole body must arrive within this many seconds of its head (the largest "
         "ingest body, 32 MiB, needs about 0.6 MB/s), else 408 and the connection is closed")
     max_connections: int = Field(
         default=1024, ge=16, le=1_000_000,

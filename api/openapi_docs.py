@@ -10,7 +10,7 @@ Authorize button), as FastAPI's own ``fastapi.security.HTTPBearer`` would declar
 checks does not change. ReDoc's bundle (served by fastapi-offline) draws its vendor's logo from a CDN:
 ``/redoc`` here loads a copy of that bundle with the logo's address emptied (one console error offline
 otherwise), and nothing else differs. This customisation is its own function, beside
-api/errors.py's; other customisations wrap ``app.openapi`` the same way.
+api/errors.py's; both amend ``app.openapi`` through ``amend_openapi``.
 """
 
 from __future__ import annotations
@@ -47,6 +47,18 @@ def bearer_security(openapi: dict) -> dict:
     return openapi
 
 
+def amend_openapi(app: FastAPI, amend) -> None:
+    """``app.openapi`` returns ``amend`` applied to what it returned so far: generated once, then cached."""
+    generate = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            app.openapi_schema = amend(generate())
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
 @lru_cache(maxsize=1)
 def _offline_redoc_js() -> bytes:
     import fastapi_offline
@@ -56,14 +68,7 @@ def _offline_redoc_js() -> bytes:
 
 
 def install(app: FastAPI) -> None:
-    generate = app.openapi
-
-    def openapi() -> dict:
-        if app.openapi_schema is None:
-            app.openapi_schema = bearer_security(generate())
-        return app.openapi_schema
-
-    app.openapi = openapi  # type: ignore[method-assign]
+    amend_openapi(app, bearer_security)
     app.router.routes = [r for r in app.router.routes if getattr(r, "path", None) != "/redoc"]  # fastapi-offline's
 
     @app.get(REDOC_JS, include_in_schema=False)

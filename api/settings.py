@@ -78,6 +78,16 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+# "name=token" pairs read from the env as one comma-separated string (``Settings._split_senders``)
+NamedTokens = Annotated[dict[str, str], NoDecode]
+
+
+def _named_tokens(who: str, then: str):
+    """A field of "name=token" pairs: ``who`` the names are, and what follows for them (``then``)."""
+    return Field(default_factory=dict, max_length=256,
+                 description=f"{who}: 'name=token' pairs, comma-separated, tokens of >= 16 characters; {then}")
+
+
 class Settings(CollectorSettings):
     """The server: which roles this process plays, where it listens, who may call it."""
 
@@ -99,17 +109,14 @@ class Settings(CollectorSettings):
                                        description="HMAC-SHA256 secret of the alert webhook and of the "
                                        "scheduler's findings posts; required outside loopback (roles api, "
                                        "scheduler); on loopback an unset secret is the development one")
-    webhook_bearer_tokens: Annotated[dict[str, str], NoDecode] = Field(
-        default_factory=dict, max_length=256,
-        description="senders that authenticate POST /v1/alerts with 'Authorization: Bearer <token>' instead of "
-        "an HMAC signature (Alertmanager's http_config.authorization, Grafana's authorization header): "
-        "'name=token' pairs, comma-separated, tokens of >= 16 characters; the name goes into the audit. "
-        "Never open: with none set, a bearer delivery is 401 on every bind")
-    evaluator_tokens: Annotated[dict[str, str], NoDecode] = Field(
-        default_factory=dict, max_length=256,
-        description="evaluators that may POST /v1/evaluations (the evidence the numeric-switch gate reads): "
-        "'name=token' pairs, comma-separated, tokens of >= 16 characters; the name is stored with every record. "
-        "Never open and never the ingest token: with none set, posting an evaluation is refused on every bind")
+    webhook_bearer_tokens: NamedTokens = _named_tokens(
+        "senders that authenticate POST /v1/alerts with 'Authorization: Bearer <token>' instead of "
+        "an HMAC signature (Alertmanager's http_config.authorization, Grafana's authorization header)",
+        "the name goes into the audit. Never open: with none set, a bearer delivery is 401 on every bind")
+    evaluator_tokens: NamedTokens = _named_tokens(
+        "evaluators that may POST /v1/evaluations (the evidence the numeric-switch gate reads)",
+        "the name is stored with every record. Never open and never the ingest token: with none set, posting "
+        "an evaluation is refused on every bind")
     webhook_urls: str = Field(default="", max_length=8192,
                               description="comma-separated external receivers of incident notifications "
                               "(signed with the webhook secret; api/incidents.py); empty = none (recorded only)")

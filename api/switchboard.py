@@ -40,24 +40,34 @@ already gives that value and no newer rule inside the scope differs) is recorded
 Every decision goes to ``switch_audit``. One lock per store serialises writes in this process (chDB is
 one process), so versions are strictly increasing.
 
-Why one module over ~450 lines: scope parsing, rule resolution, the audit trail and the cached
-snapshot are one state machine (a write invalidates the snapshot a resolve reads, under one lock);
-split, each part would reach into the others' state.
+Resolution, writes, the audit trail and the cached snapshot stay here, one state machine (a write
+invalidates the snapshot a resolve reads, under one lock); what they read apart: scopes, names and cohort
+buckets (api/switch_scopes.py) and the two records, ``Rule`` and ``Decision`` (api/switch_rules.py).
 """
 
 from __future__ import annotations
 
-import hashlib
 import threading
 import time
-from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
 
 from analytics import queries as aq
-from collector import catalog
+from api.switch_rules import AUTOMATIC_SOURCES, Decision, Rule
+from api.switch_scopes import (  # noqa: F401 (re-exported: imported from here)
+    BUCKETS,
+    SCOPE_KEYS,
+    SwitchError,
+    bucket,
+    canonical_scope,
+    check_name,
+    covers,
+    overlaps,
+    parse_scope,
+    rollout_wave,
+)
 from collector.records import SWITCH_NAMES
 from collector.switch_names import NUMERIC_SWITCHES, PRODUCTION_OFF
 
@@ -65,146 +75,10 @@ from collector.switch_names import NUMERIC_SWITCHES, PRODUCTION_OFF
 # and the playout policies but the production one off: switch_names.PRODUCTION_OFF). Information for dashboards only (GET /v1/switches/rules ``defaults``): never sent to a worker as
 # a decision -- a switch no rule names is left to the worker.
 DEFAULTS: dict[str, bool] = {n: n not in PRODUCTION_OFF for n in SWITCH_NAMES}
-SCOPE_KEYS: tuple[str, ...] = ("gpu_kind", "release", "worker_id")
-BUCKETS = 100
-
-
-class SwitchError(ValueError):
-    """An unknown switch, a malformed scope or cohort; the message lists what is valid."""
-
-
-def check_name(name: str) -> str:
-    if name not in SWITCH_NAMES:
-        raise SwitchError(f"unknown switch {name!r}; valid switches: {', '.join(SWITCH_NAMES)}")
-    return name
-
-
-def parse_scope(scope: str | dict[str, str] | None) -> dict[str, str]:
-    """'release=v7,gpu_kind=h200' or a dict -> a dict of scope keys (validated)."""
-    if scope is None:
-        return {}
-    if isinstance(scope, dict):
-        items = list(scope.items())
-    else:
-        items = []
-        for part in (p.strip() for p in scope.split(",")):
-            if not part:
-                continue
-            k, sep, v = part.partition("=")
-            if not sep:
-                raise SwitchError(f"scope part {part!r} is not key=value; valid keys: {', '.join(SCOPE_KEYS)}")
-            items.append((k.strip(), v.strip()))
-    out: dict[str, str] = {}
-    for k, v in items:
-        if k not in SCOPE_KEYS:
-            raise SwitchError(f"unknown scope key {k!r}; valid keys: {', '.join(SCOPE_KEYS)}")
-        v = str(v)
-        if not v or len(v) > 128 or any(c in v for c in ",="):
-            raise SwitchError(f"scope value for {k!r} must be 1-128 characters without ',' or '='")
-        if k in out and out[k] != v:
-            raise SwitchError(f"scope key {k!r} given twice with different values")
-        out[k] = v
-    return out
-
-
-def canonical_scope(scope: str | dict[str, str] | None) -> str:
-    """A scope, validated (``parse_scope``), in the catalogue's canonical form (findings key on the same)."""
-    return catalog.canonical_scope(parse_scope(scope))
-
-
-def bucket(worker_id: str, salt: str = "") -> int:
-    """A worker's stable cohort bucket in [0, 100): the same on every server and every poll. Cohort rules
-    salt it with their switch's name, so canaries of different switches pick independent cohorts."""
-    key = f"{salt}/{worker_id}" if salt else worker_id
-    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") % BUCKETS
-
-
-def rollout_wave(worker_id: str, name: str, waves: int) -> int:
-    """The wave in [0, waves) in which a change of switch ``name`` reaches this worker (salted by the name, so
-    the same workers do not always go first)."""
-    return bucket(worker_id, f"rollout/{name}") * waves // BUCKETS
 
 
 def _aware(t: datetime) -> datetime:
     return t if t.tzinfo is not None else t.replace(tzinfo=UTC)
-
-
-AUTOMATIC_SOURCES = frozenset({"alert", "incident", "canary"})
-
-
-def covers(outer: dict[str, str], inner: dict[str, str]) -> bool:
-    """Every worker of scope ``inner`` is in scope ``outer`` (outer's keys all hold in inner)."""
-    return all(inner.get(k) == v for k, v in outer.items())
-
-
-def overlaps(a: dict[str, str], b: dict[str, str]) -> bool:
-    """Some worker can be in both scopes (no key with two different values)."""
-    return all(b.get(k, v) == v for k, v in a.items())
-
-
-@dataclass(frozen=True)
-class Rule:
-    name: str
-    scope: str
-    cohort: str
-    value: bool
-    active: bool
-    bucket_lo: int
-    bucket_hi: int
-    version: int
-    actor: str
-    reason: str
-    updated_at: datetime
-    source: str = ""  # api | alert | incident | canary ('' for rules written before sql/030)
-
-    @property
-    def scope_dict(self) -> dict[str, str]:
-        return parse_scope(self.scope)
-
-    @property
-    def automatic(self) -> bool:
-        """Written by the system (an alert, an incident, a canary), not by an operator."""
-        if self.source:
-            return self.source in AUTOMATIC_SOURCES
-        return self.actor.startswith(("alert:", "incident", "canary"))  # rules older than the column
-
-    def in_cohort(self, worker_id: str | None) -> bool:
-        return not self.cohort or (worker_id is not None
-                                   and self.bucket_lo <= bucket(worker_id, self.name) < self.bucket_hi)
-
-    def matches(self, labels: dict[str, str]) -> bool:
-        return covers(self.scope_dict, labels) and self.in_cohort(labels.get("worker_id"))
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "scope": self.scope, "cohort": self.cohort, "value": self.value,
-                "buckets": [self.bucket_lo, self.bucket_hi], "version": self.version, "who": self.actor,
-                "why": self.reason, "source": self.source or ("alert" if self.automatic else "api"),
-                "updated_at": self.updated_at.isoformat()}
-
-
-@dataclass
-class Decision:
-    """What a write did: changed=False is a recorded no-op."""
-
-    name: str
-    scope: str
-    cohort: str
-    old_value: bool | None
-    new_value: bool | None
-    changed: bool
-    version: int
-    action: str
-    source: str
-    actor: str
-    reason: str
-    ref: str = ""
-    evidence: dict[str, Any] = field(default_factory=dict)
-    ts: datetime = field(default_factory=lambda: datetime.now(UTC))
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["ts"] = self.ts.isoformat()
-        return d
 
 
 _RULE_COLS = aq.RULE_COLUMNS

@@ -35,10 +35,10 @@ import time
 import torch
 import torch.nn.functional as F
 import triton
-from triton.testing import do_bench
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench.graph_timing import graph_ms
 from kernels import fp8_attention as attn
 from kernels.rope import dequantize_fp8
 from worker.rope import rope_tables
@@ -50,17 +50,7 @@ BAND = 2.0  # in the band: relative error <= BAND x SDPA's on the same inputs
 
 def graph_us(fn, calls: int = 10) -> float:
     """GPU µs per call: ``calls`` invocations fn(i) captured in one CUDA graph, median replay / calls."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for i in range(3):
-            fn(i)
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(calls):
-            fn(i)
-    return do_bench(g.replay, warmup=25, rep=200, return_mode="median") * 1e3 / calls
+    return graph_ms(fn, calls) * 1e3 / calls
 
 
 def inputs(dev):

@@ -37,36 +37,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
+from bench.session_args import add_session_args, steady_ms
 from worker.config import ModelShape, Switches, tp_rank_of
 from worker.readiness import RUNTIME_SWITCHES, neighbour
 from worker.session import Worker
+from worker.switches import ScriptedFlip
 from worker.telemetry import ListSink
 
 PRODUCTION_FLIPS = ("static_scales", "triton_kernels", "fp8_cache", "cuda_graphs", "compile", "delta_rotation",
                     "decoder_own_gpu", "ring_cache", "rope_at_write")  # fused_allreduce: TP >= 2 GPUs only
-
-
-class _Control:
-    """A control plane that flips ``change`` at step ``at``, and stops the session ``after`` chunks past the
-    swap (the worker's model becoming the target's view) or at ``max_steps``."""
-
-    def __init__(self, w: Worker, change: dict, at: int, after: int, max_steps: int):
-        self.w, self.change, self.at, self.after, self.max_steps = w, change, at, after, max_steps
-        self.model0, self.step, self.swapped = w.model, -1, None
-
-    def poll(self, step: int):
-        self.step = step
-        return self.change if step == self.at else None
-
-    def stop(self) -> bool:
-        if self.swapped is None and self.w.model is not self.model0:
-            self.swapped = self.step
-        return (self.swapped is not None and self.step >= self.swapped + self.after) or self.step >= self.max_steps
-
-
-def _steady_ms(sink: ListSink, fill: int) -> float:
-    ms = [r["diffusion_ms"] for r in sink.rows["step"][fill:] if r["diffusion_ms"] is not None]
-    return statistics.median(ms) if ms else float("nan")
 
 
 def main() -> int:
@@ -80,14 +59,8 @@ def main() -> int:
     ap.add_argument("--max-seconds", type=float, default=90.0,
                     help="a flip session's longest run (it ends earlier, --after chunks past the swap)")
     ap.add_argument("--next-seconds", type=float, default=1.5, help="the session after the last flip back")
-    ap.add_argument("--ab-rounds", type=int, default=2, help="steady-step comparison rounds (0: skip)")
-    ap.add_argument("--ab-steps", type=int, default=30, help="steady steps per comparison session")
     ap.add_argument("--budget-s", type=float, default=None, help="flip no further switch after this many seconds")
-    ap.add_argument("--preroll", type=int, default=2, help="chunks buffered before playback starts")
-    ap.add_argument("--telemetry-file", default=None, help="write every record here (Arrow IPC) for livestep replay")
-    ap.add_argument("--release", default="flip")
-    ap.add_argument("--worker-id", default="flip-w0")
-    ap.add_argument("--seed", type=int, default=0)
+    add_session_args(ap, "flip", ab_steps=30)
     args = ap.parse_args()
     t_start = time.perf_counter()
     logging.basicConfig(level=logging.WARNING, format="# %(levelname)s %(name)s: %(message)s")
@@ -130,7 +103,7 @@ def main() -> int:
             w.readiness.mode = mode
             sink = ListSink()
             w.run_session(steps=fill + args.ab_steps, realtime=False, switches=sw, sink=sink, cond_tokens=cond)
-            ms[mode].append(_steady_ms(sink, fill))
+            ms[mode].append(steady_ms(sink, fill))
         ratios.append(ms["background"][-1] / ms["inline"][-1])
     w.readiness.mode = "background"
     if ratios:
@@ -162,7 +135,7 @@ def main() -> int:
         kw = {}
         ctl = None
         if change is not None:
-            ctl = _Control(w, change, rng.randint(4, 12), args.after, round(args.max_seconds * 6))
+            ctl = ScriptedFlip(w, change, rng.randint(4, 12), args.after, round(args.max_seconds * 6))
             kw = {"steps": ctl.max_steps + 1, "switch_source": ctl.poll, "stop_when": ctl.stop}
         else:
             kw = {"seconds": args.next_seconds}
@@ -214,6 +187,8 @@ def main() -> int:
         failed.append("interrupted")
     finally:
         gc.enable()
+        if not w.readiness.wait(120):  # a build thread still capturing at exit aborts the interpreter
+            print("# a build was still running 120 s after the last session", flush=True)
         if client is not None:
             client.close(timeout_s=10.0)
 

@@ -22,10 +22,10 @@ import sys
 
 import torch
 import triton
-from triton.testing import do_bench
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench.graph_timing import graph_ms, median_ms
 from kernels import delta_rotate as delta_rotate_mod
 from kernels import fp8_attention as attn
 from kernels import rope_fp8_write as rfw
@@ -41,25 +41,6 @@ def row(section: str, what: str, value: float | None, note: str = "") -> None:
     ROWS.append((section, what, value, note))
     v = "failed" if value is None else f"{value:10.4f}"
     print(f"{section:10s} {what:58s} {v} {note}", flush=True)
-
-
-def median_ms(fn) -> float:
-    return do_bench(fn, warmup=25, rep=200, return_mode="median")
-
-
-def graph_ms(fn, calls: int) -> float:
-    """Capture ``calls`` invocations fn(i) in one CUDA graph; median replay time in ms."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for i in range(3):
-            fn(i)
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(calls):
-            fn(i)
-    return median_ms(g.replay)
 
 
 def bench_upkeep(calls: int, blocks: int, dev) -> dict:

@@ -35,16 +35,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
+from bench.session_args import add_session_args, steady_ms
 from worker.config import ModelShape, Switches, tp_rank_of
 from worker.session import Worker
 from worker.telemetry import ListSink
 
 CHUNK_S = 4 / 24
-
-
-def _steady_ms(sink: ListSink, fill: int) -> float:
-    ms = [r["diffusion_ms"] for r in sink.rows["step"][fill:] if r["diffusion_ms"] is not None]
-    return statistics.median(ms)
 
 
 def main() -> int:
@@ -59,13 +55,7 @@ def main() -> int:
                     help="every Nth session lasts --long-seconds instead (0: none), so short soaks still cross "
                          "position resets (one every reset_every steps)")
     ap.add_argument("--long-seconds", type=float, default=8.0, help="length of those sessions")
-    ap.add_argument("--ab-rounds", type=int, default=2, help="steady-step comparison rounds (0: skip)")
-    ap.add_argument("--ab-steps", type=int, default=40, help="steady steps per comparison session")
-    ap.add_argument("--preroll", type=int, default=2, help="chunks buffered before playback starts")
-    ap.add_argument("--telemetry-file", default=None, help="write every record here (Arrow IPC) for livestep replay")
-    ap.add_argument("--release", default="soak")
-    ap.add_argument("--worker-id", default="soak-w0")
-    ap.add_argument("--seed", type=int, default=0)
+    add_session_args(ap, "soak", ab_steps=40)
     args = ap.parse_args()
 
     base = ModelShape.from_name(args.preset)
@@ -94,7 +84,7 @@ def main() -> int:
             sink = ListSink()
             w.run_session(steps=fill + args.ab_steps, realtime=False, switches=sw, sink=sink, cond_tokens=cond)
             w.warmed = saved
-            (cold_ms if path == "cold" else warm_ms).append(_steady_ms(sink, fill))
+            (cold_ms if path == "cold" else warm_ms).append(steady_ms(sink, fill))
         ratios.append(warm_ms[-1] / cold_ms[-1])
     if ratios:
         print(f"# steady step: warm {statistics.median(warm_ms):.2f} ms, today's path "

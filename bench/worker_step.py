@@ -79,7 +79,8 @@ from worker.config import ModelShape, Switches, tp_rank_of
 from worker.fp8 import FP8, FP8_MAX
 from worker.model import DiT
 from worker.session import SATURATION_EVERY, ChunkRunner, Session, Worker
-from worker.telemetry import CpuTimer, CudaTimer, ListSink
+from worker.telemetry import ListSink
+from worker.timers import CpuTimer, CudaTimer
 
 ROWS = [
     ("plain", {}),

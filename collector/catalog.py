@@ -9,8 +9,10 @@ A session's figures are SQL over its finalized ``session_stats`` row (``SESSION_
 aggregate states) and expressions over those (``METRICS``: fps, step period, late rate, ...). Every
 consumer derives from these two tuples: the read layer's per-session SELECT (analytics/queries.py), the
 detectors' metric tables (regressions, change points, drift, variance), the API's ``Metric`` enum and
-the dashboard's charts. Adding a per-session metric is one ``Metric`` here (plus, for a new step field,
-its ``Col`` in collector/records.py and the migration that aggregates it into session_stats).
+the dashboard's charts. The view that fills ``session_stats`` is ``SESSION_STATES`` (one aggregate
+state per column), from which every migration's ``{{session_stats_view}}`` derives. Adding a per-session
+metric is one ``Metric`` here; a new step field adds its ``Col`` in collector/records.py, its ``State``
+and ``Column`` here, and a migration that adds the column and applies ``{{session_stats_view}}``.
 
 Stdlib only: the worker may import it (the shipping client's side of the wire has no server packages).
 """
@@ -87,6 +89,51 @@ FP8_COLUMNS: tuple[Column, ...] = (
 )
 SUMMARY_COLUMNS: tuple[Column, ...] = tuple(c for c in SESSION_COLUMNS if c.summary)
 SESSION_QUANTILES: tuple[float, ...] = (0.5, 0.95, 0.99)  # the levels of the detail columns' t-digests
+
+
+# -- the session_stats view: a block of steps -> its sessions' partial rows ----------------------------
+@dataclass(frozen=True)
+class State:
+    """One column of session_stats as its materialized view fills it from a block of ``steps`` (``sql``),
+    and ``since``, the migration that added it (sql/NNN). A migration's ``{{session_stats_view}}``
+    (collector/migrations.py) is the view over the states up to its own number, so every migration
+    still applies the view it applied when it shipped. Append only: a state's expression never changes
+    (a new one is a new column, its migration and its number)."""
+
+    name: str
+    sql: str
+    since: int = 2
+
+
+SESSION_KEY: tuple[str, ...] = ("release", "gpu_kind", "worker_id", "session_id")  # a session_stats row's key
+_Q = "quantilesTDigestState(0.5, 0.95, 0.99)"  # SESSION_QUANTILES
+SESSION_STATES: tuple[State, ...] = (
+    State("simulated", "max(simulated)"),
+    State("first_ts", "min(ts)"),
+    State("last_ts", "max(ts)"),
+    State("steps", "countState()"),
+    State("late_chunks", "countIfState(toUInt8(late))"),
+    State("reset_steps", "countIfState(toUInt8(reset_step))"),
+    State("period_ms_sum", "sumState(toFloat64(step_period_ms))"),
+    State("diffusion_ms_q", f"{_Q}(diffusion_ms)"),
+    State("period_ms_q", f"{_Q}(step_period_ms)"),
+    State("diffusion_ms_avg", "avgState(diffusion_ms)"),
+    State("upkeep_ms_avg", "avgState(cache_upkeep_ms)"),
+    State("attention_ms_avg", "avgState(attention_ms)"),
+    State("energy_mj_sum", "sumState(energy_mj)"),
+    State("mem_reserved_max", "max(mem_reserved_bytes)"),
+    State("buffers_max", "max(buffers_registered)"),
+    State("switches", "anyLast(toString(switches))"),
+    # argMax(switches, ts) that merges in any order: (ts of the latest step, its state)
+    State("switch_last", "max((ts, toString(steps.switches)))", since=21),
+    State("fp8_sat_max", "max(fp8_saturated)", since=22),
+    State("fp8_sat_avg", "avgState(fp8_saturated)", since=22),
+    State("fp8_sampled", "countIfState(toUInt8(fp8_saturated IS NOT NULL))", since=22),
+    State("fp8_sat_steps", "countIfState(toUInt8(ifNull(fp8_saturated > 0, 0)))", since=22),
+    State("fp8_static_steps", "countIfState(toUInt8(fp8_saturated IS NOT NULL AND "
+                              "has(splitByChar(',', toString(steps.switches)), 'static_scales')))", since=22),
+    State("sm_clock_avg", "avgState(sm_clock_mhz)", since=120),
+)
 
 
 # -- per-session metrics ----------------------------------------------------------------------------

@@ -32,13 +32,14 @@ Idempotency-Key, counted in ``filed``, not in ``dropped``. ``livestep replay PAT
 ships them later under the same keys (collector/replay.py). Writing the file happens in the sender
 thread only: it never blocks or fails a step (a failed write is a loss, reason ``file_error``).
 
-Imports only pyarrow, httpx, orjson, ``collector.records`` and ``collector.telemetry_file`` (no
-server code): the GPU machine has no fastapi/chdb. ``NullClient`` has the same interface and ships nothing ("no collector").
+Imports only pyarrow, httpx, orjson, ``collector.records``, ``collector.telemetry_file`` and ``collector.weak``
+(no server code): the GPU machine has no fastapi/chdb. ``NullClient`` has the same interface and ships nothing ("no collector").
 This module is the queue and the sender thread (batching, close, the file fallback); one POST and its
 retries are collector/client_http.py's, the counters and the drop event collector/client_ledger.py's
-(their public names are importable from here too). Why it stays one module at ~460 lines:
-``put``/``flush``/``close`` and the sender thread share one lock and one close protocol (the deadline,
-the final sweep, rows abandoned in flight); apart, that protocol would be spread over two files.
+(their public names are importable from here too), and the retry policy ``RetryPolicy``. It stays
+one module because ``put``/``flush``/``close`` and the sender thread share one lock and one close protocol
+(the deadline, the final sweep, rows abandoned in flight); apart, that protocol would be spread over two
+files.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ from collector.client_http import (  # noqa: F401 (re-exported: the worker, benc
     INGEST_PATH,
     BatchPoster,
     ClientConfigError,
+    RetryPolicy,
     encode_arrow,
     encode_rows,
     ingest_url,
@@ -66,6 +68,7 @@ from collector.client_http import (  # noqa: F401 (re-exported: the worker, benc
 )
 from collector.client_ledger import DROP_REASONS, FILED_INSTEAD, DropReporter, Ledger  # noqa: F401 (as above)
 from collector.telemetry_file import TelemetryFileWriter
+from collector.weak import weak_method
 
 log = logging.getLogger("livestep.client")
 
@@ -84,16 +87,10 @@ def _close_at_exit() -> None:
 
 
 
-def _weak(method):
-    """A bound method held weakly: the poster calls back into its client without keeping it alive (a cycle
-    would leave a finished session's client to the cyclic collector: tests/worker/test_lifetime.py)."""
-    ref = weakref.WeakMethod(method)
+def _ledger_counter(name: str, doc: str | None = None) -> property:
+    """A read-only client attribute that is the ledger's counter ``name`` (collector/client_ledger.py)."""
+    return property(lambda self: getattr(self._ledger, name), doc=doc)
 
-    def call(*args, **kwargs):
-        m = ref()
-        return None if m is None else m(*args, **kwargs)
-
-    return call
 
 class TelemetryClient:
     """Batches records in a background thread and ships them to the collector (see module doc).
@@ -122,19 +119,11 @@ class TelemetryClient:
         report_drops_s: float | None = 10.0,
         telemetry_file: str | Path | None = None,
     ):
-        checks = {
-            "batch_rows": batch_rows >= 1,
-            "flush_interval_s": flush_interval_s > 0,
-            "max_queue": max_queue >= 1,
-            "timeout_s": timeout_s > 0,
-            "give_up_after_s": give_up_after_s >= 0,
-            "max_attempts": max_attempts >= 1,
-            "backoff_base_s": backoff_base_s > 0,
-            "backoff_max_s": backoff_max_s >= backoff_base_s,
-            "max_retry_after_s": max_retry_after_s >= 0,
-            "report_drops_s": report_drops_s is None or report_drops_s > 0,
-        }
-        bad = [name for name, ok in checks.items() if not ok]
+        policy = RetryPolicy(timeout_s, give_up_after_s, max_attempts, backoff_base_s, backoff_max_s,
+                             max_retry_after_s)
+        checks = {"batch_rows": batch_rows >= 1, "flush_interval_s": flush_interval_s > 0, "max_queue": max_queue >= 1,
+                  "report_drops_s": report_drops_s is None or report_drops_s > 0}
+        bad = [name for name, ok in checks.items() if not ok] + policy.invalid()
         if bad:
             raise ClientConfigError(
                 f"invalid {', '.join(bad)}: batch_rows, max_queue, max_attempts >= 1; flush_interval_s, "
@@ -152,10 +141,8 @@ class TelemetryClient:
             self._file = TelemetryFileWriter(telemetry_file) if telemetry_file is not None else None
         except (OSError, ValueError) as e:
             raise ClientConfigError(f"telemetry file {telemetry_file}: {e}") from e
-        self._poster = BatchPoster(  # holds the retry policy (timeout_s ... max_retry_after_s)
-            self.url, token, timeout_s=timeout_s, give_up_after_s=give_up_after_s, max_attempts=max_attempts,
-            backoff_base_s=backoff_base_s, backoff_max_s=backoff_max_s, max_retry_after_s=max_retry_after_s,
-            log_once=_weak(self._log_once), on_retry=_weak(self._count_retry))  # no client <-> poster cycle
+        self._poster = BatchPoster(self.url, token, policy, log_once=weak_method(self._log_once),
+                                   on_retry=weak_method(self._count_retry))  # weakly: no client <-> poster cycle
 
         self._lock = threading.Lock()  # guards the buffer, the ledger and the flush waiters
         self._queue: deque[tuple[str, dict[str, Any]]] = deque()
@@ -193,31 +180,12 @@ class TelemetryClient:
         except Exception:  # noqa: BLE001 - put() must never raise into the step loop
             return
 
-    @property
-    def sent(self) -> int:
-        return self._ledger.sent
-
-    @property
-    def filed(self) -> int:
-        """Rows written to the telemetry file (``livestep replay`` ships them)."""
-        return self._ledger.filed
-
-    @property
-    def dropped(self) -> int:
-        return self._ledger.dropped
-
-    @property
-    def failed_batches(self) -> int:
-        return self._ledger.failed_batches
-
-    @property
-    def retries(self) -> int:
-        return self._ledger.retries
-
-    @property
-    def buffered(self) -> int:
-        """Rows put and not yet acked, filed or dropped."""
-        return self._ledger.buffered
+    sent = _ledger_counter("sent")
+    filed = _ledger_counter("filed", "Rows written to the telemetry file (``livestep replay`` ships them).")
+    dropped = _ledger_counter("dropped")
+    failed_batches = _ledger_counter("failed_batches")
+    retries = _ledger_counter("retries")
+    buffered = _ledger_counter("buffered", "Rows put and not yet acked, filed or dropped.")
 
     def stats(self) -> dict[str, Any]:
         """The counters; ``dropped_by``: rows lost per reason (``DROP_REASONS``), summing to ``dropped``."""

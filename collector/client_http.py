@@ -19,6 +19,7 @@ import random
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -90,8 +91,30 @@ def retry_after_s(value: str | None) -> float | None:
     return max(0.0, (when - datetime.now(UTC)).total_seconds())
 
 
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How one batch is retried (the module docstring): each attempt's timeout, when to give up (time and
+    attempts), the backoff (exponential from ``backoff_base_s`` to ``backoff_max_s``, full jitter) and the
+    longest ``Retry-After`` honoured."""
+
+    timeout_s: float = 10.0
+    give_up_after_s: float = 60.0
+    max_attempts: int = 20
+    backoff_base_s: float = 0.1
+    backoff_max_s: float = 5.0
+    max_retry_after_s: float = 30.0
+
+    def invalid(self) -> list[str]:
+        """The names of the fields out of their valid range (none: a valid policy)."""
+        checks = {"timeout_s": self.timeout_s > 0, "give_up_after_s": self.give_up_after_s >= 0,
+                  "max_attempts": self.max_attempts >= 1, "backoff_base_s": self.backoff_base_s > 0,
+                  "backoff_max_s": self.backoff_max_s >= self.backoff_base_s,
+                  "max_retry_after_s": self.max_retry_after_s >= 0}
+        return [name for name, ok in checks.items() if not ok]
+
+
 class BatchPoster:
-    """POSTs encoded batches to ``url`` over one keep-alive connection, with the retry policy above.
+    """POSTs encoded batches to ``url`` over one keep-alive connection, with its ``RetryPolicy``.
 
     ``deadline`` (monotonic seconds) is when the owner's ``close`` must be done: no attempt starts
     after it and a backoff ends at it; ``wake()`` cuts a backoff sleep short so it sees a new one.
@@ -99,16 +122,10 @@ class BatchPoster:
     the first. ``last_response`` is the latest 2xx (its body is the collector's ack).
     """
 
-    def __init__(self, url: str | None, token: str | None, *, timeout_s: float, give_up_after_s: float,
-                 max_attempts: int, backoff_base_s: float, backoff_max_s: float, max_retry_after_s: float,
+    def __init__(self, url: str | None, token: str | None, policy: RetryPolicy, *,
                  log_once: Callable[..., None], on_retry: Callable[[], None]):
         self.url = url
-        self.timeout_s = timeout_s
-        self.give_up_after_s = give_up_after_s
-        self.max_attempts = max_attempts
-        self.backoff_base_s = backoff_base_s
-        self.backoff_max_s = backoff_max_s
-        self.max_retry_after_s = max_retry_after_s
+        self.policy = policy
         self.deadline = math.inf
         self.last_error: str | None = None
         self.last_response: httpx.Response | None = None
@@ -118,7 +135,7 @@ class BatchPoster:
         headers = {"Content-Type": ARROW_CONTENT_TYPE, "User-Agent": "livestep-client/1"}
         if token:
             headers["Authorization"] = f"Bearer {token}"
-        self._http = httpx.Client(headers=headers, timeout=timeout_s)
+        self._http = httpx.Client(headers=headers, timeout=policy.timeout_s)
 
     def wake(self) -> None:
         """End a backoff sleep now (the deadline moved)."""
@@ -138,10 +155,10 @@ class BatchPoster:
                 self.last_error = f"close() ran out of time after {attempt} attempt(s) ({reason})"
                 return "close_timeout"
             attempt += 1
-            end = min(started + self.give_up_after_s, self.deadline)
+            end = min(started + self.policy.give_up_after_s, self.deadline)
             retry_after = None
             try:
-                timeout = max(0.05, min(self.timeout_s, self.deadline - time.monotonic()))
+                timeout = max(0.05, min(self.policy.timeout_s, self.deadline - time.monotonic()))
                 r = self._http.post(self.url, content=body, headers={"Idempotency-Key": key}, timeout=timeout)
             except httpx.HTTPError as e:
                 reason = f"{type(e).__name__}: {e}"
@@ -153,7 +170,7 @@ class BatchPoster:
                     reason = f"HTTP {r.status_code}"
                     retry_after = retry_after_s(r.headers.get("Retry-After"))
                     if retry_after is not None:
-                        retry_after = min(retry_after, self.max_retry_after_s)
+                        retry_after = min(retry_after, self.policy.max_retry_after_s)
                 else:
                     self._log_once(
                         f"status:{r.status_code}",
@@ -165,13 +182,13 @@ class BatchPoster:
                     )
                     self.last_error = f"HTTP {r.status_code}: {r.text[:200]}"
                     return "unauthorized" if r.status_code in (401, 403) else "refused"
-            delay = random.uniform(0.0, min(self.backoff_max_s, self.backoff_base_s * 2 ** (attempt - 1)))
+            delay = random.uniform(0.0, min(self.policy.backoff_max_s, self.policy.backoff_base_s * 2 ** (attempt - 1)))
             if retry_after is not None:
                 delay = max(delay, retry_after)
-            if attempt < self.max_attempts and time.monotonic() + delay > end and end == self.deadline:
+            if attempt < self.policy.max_attempts and time.monotonic() + delay > end and end == self.deadline:
                 self.last_error = f"close() ran out of time after {attempt} attempt(s) ({reason})"
                 return "close_timeout"  # close()'s deadline came before the give-up time
-            if attempt >= self.max_attempts or time.monotonic() + delay > end:
+            if attempt >= self.policy.max_attempts or time.monotonic() + delay > end:
                 self._log_once(
                     "give_up",
                     "giving up on a %s batch of %d rows after %d attempts (%s); later give-ups are counted "

@@ -20,6 +20,7 @@ from datetime import timedelta
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from collector.migrations import created_tables, table_engines
 from collector.records import TABLES
 
 log = logging.getLogger("livestep.collector.limits")
@@ -57,22 +58,17 @@ class Limits:
 
 def _from_sql() -> Limits:
     """The limits as sql/'s ``CREATE TABLE`` statements declare them (a store not asked yet)."""
-    from collector.store import SQL_DIR, split_statements
-
     retention: dict[str, timedelta] = {}
     partition: dict[str, str] = {}
-    kind_of = {t: k for k, t in TABLES.items()}
-    for f in sorted(SQL_DIR.glob("[0-9][0-9][0-9]_*.sql")):
-        for stmt in split_statements(f.read_text()):
-            m = re.match(r"CREATE TABLE IF NOT EXISTS (\w+)", stmt)
-            if not m or m.group(1) not in kind_of:
-                continue
-            kind = kind_of[m.group(1)]
-            key = re.search(r"PARTITION BY (\S+)", stmt)
-            partition[kind] = _KEYS.get(key.group(1), "day") if key else "day"
-            ttl = re.search(r"TTL toDateTime\(ts\) \+ INTERVAL (\d+) DAY", stmt)
-            if ttl:
-                retention[kind] = timedelta(days=int(ttl.group(1)))
+    created = created_tables()
+    for kind, table in TABLES.items():
+        if table not in created:
+            continue
+        key = re.search(r"PARTITION BY (\S+)", created[table])
+        partition[kind] = _KEYS.get(key.group(1), "day") if key else "day"
+        ttl = re.search(r"TTL toDateTime\(ts\) \+ INTERVAL (\d+) DAY", created[table])
+        if ttl:
+            retention[kind] = timedelta(days=int(ttl.group(1)))
     return Limits(retention, partition)
 
 
@@ -80,10 +76,8 @@ def read_limits(store, strict: bool = False) -> Limits:
     """The limits as the store declares them; ``DEFAULT``'s value for anything it does not say (and for
     everything when the store cannot be asked, unless ``strict``: then the error is raised)."""
     try:
-        rows = store.query_rows(
-            "SELECT name, partition_key, engine_full FROM system.tables WHERE database = currentDatabase() "
-            "AND name IN {names:Array(String)}", {"names": list(TABLES.values())})
-        setting = store.query_rows("SELECT value FROM system.settings WHERE name = 'max_partitions_per_insert_block'")
+        rows = table_engines(store, list(TABLES.values()))
+        setting = store.setting("max_partitions_per_insert_block")
     except Exception as e:
         if strict:
             raise
@@ -97,7 +91,7 @@ def read_limits(store, strict: bool = False) -> Limits:
         if ttl:
             retention[kind] = timedelta(days=int(ttl.group(1)))
         partition[kind] = _KEYS.get(key.replace(" ", ""), "day")
-    bound = int(setting[0][0]) if setting and str(setting[0][0]).isdigit() else DEFAULT.max_partitions_per_insert
+    bound = int(setting) if setting and setting.isdigit() else DEFAULT.max_partitions_per_insert
     return Limits(retention, partition, bound)
 
 

@@ -27,8 +27,8 @@ from collector.settings import CollectorSettings
 from collector.spool import spool_uid
 from collector.spool_quarantine import quarantine_paths, quarantined
 from collector.spool_storage import fsync_dir
-from collector.store import Store, open_store
-from collector.writer import batch_token, insert_parts, not_landed
+from collector.store import Store, not_landed, open_store
+from collector.writer import batch_token, insert_parts
 
 
 class RequeueError(Exception):

@@ -18,9 +18,10 @@ one fsync for every batch queued meanwhile. The writer gets the batches this pro
 memory, as they were validated (up to ``RECENT_BYTES``); after a restart, or beyond that bound, they
 are read back from their segment. Space is given back once the store has the data: stored segments
 are deleted, and the active one is rotated away when all of it is stored (``RECLAIM_BYTES``, or at
-once after an append failed: a full disk recovers when the writer drains it). Over ~450 lines because
-the append paths (threads and the event loop), the bound and the duplicate checks share one lock and
-one in-flight table; what could stand alone (storage, journal, ids, dead letters) does.
+once after an append failed: a full disk recovers when the writer drains it). The append paths (threads
+and the event loop), the bound and the duplicate checks share one lock and one in-flight table, so they
+stay here; what stands alone (storage, journal, ids, dead letters, and what a submit answers:
+collector/spool_answers.py) does.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ import contextlib
 import queue
 import threading
 import time
-import uuid
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -38,6 +38,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from collector.spool_answers import Ack, KeyConflictError, SpoolError, SpoolFullError
 from collector.spool_journal import Journal
 from collector.spool_keys import KeyIndex, content_digest, key_of
 from collector.spool_quarantine import Quarantine, Quarantined, quarantine_paths, quarantined  # noqa: F401 (re-exported)
@@ -50,45 +51,15 @@ from collector.spool_storage import (  # noqa: F401 (re-exported: the wire codec
     append_durable,
     decode_payload,
     encode_payload,
+    ensure_spool_uid,
     fsync_dir,
     read_ipc_stream,
+    spool_uid,
     write_durable,
 )
 
 RECENT_BYTES = 64 << 20  # decoded batches kept in memory for the writer (beyond: read back from disk)
 RECLAIM_BYTES = 4 << 20  # a fully stored active segment this big is rotated away (sooner once a write failed)
-
-
-class SpoolError(Exception):
-    """The spool cannot store a batch (disk error, closed spool)."""
-
-
-class KeyConflictError(SpoolError):
-    """An Idempotency-Key already names another batch (same key, different body): nothing is stored."""
-
-    def __init__(self, key: str):
-        super().__init__(f"Idempotency-Key {key!r} was already used for a different batch; a key names one "
-                         "batch (send the same body on a retry, a new key for a new batch)")
-
-
-class SpoolFullError(SpoolError):
-    """The spool holds more than its bound of unstored bytes; retry after ``retry_after_s``."""
-
-    def __init__(self, depth: int, bound: int, retry_after_s: int):
-        super().__init__(
-            f"spool holds {depth} bytes of batches not yet stored (bound {bound}); retry after {retry_after_s} s"
-        )
-        self.retry_after_s = retry_after_s
-
-
-@dataclass(frozen=True)
-class Ack:
-    """What the collector answers once a batch is durable."""
-
-    batch_id: str
-    rows: dict[str, int]
-    duplicate: bool
-    seq: int
 
 
 @dataclass
@@ -98,12 +69,6 @@ class _Pending:
     rows: dict[str, int]
     future: Future
     tables: dict[str, pa.Table] | None = None  # the payload decoded, if the caller had it
-
-
-def spool_uid(directory: Path | str) -> str | None:
-    """The spool's identity (part of every deduplication token), None if it has none yet."""
-    p = Path(directory) / "spool.id"
-    return (p.read_text().strip() or None) if p.exists() else None
 
 
 class Spool:
@@ -127,7 +92,7 @@ class Spool:
         self._closed = False
         self._write_error: str | None = None  # why the last append failed (disk full), until one succeeds
         self._refused_bytes = 0  # the last batch refused for the bound (0 once one is taken)
-        self.uid = self._load_uid()
+        self.uid = ensure_spool_uid(self.dir)
         self._journal = Journal(self.dir)  # the block logged and not committed yet is replayed first
         self._quarantine = Quarantine(self.dir)
         self._load_keys_log()
@@ -143,13 +108,6 @@ class Spool:
         self._appender.start()
 
     # -- startup ---------------------------------------------------------------------------------
-    def _load_uid(self) -> str:
-        uid = spool_uid(self.dir)
-        if uid is None:
-            uid = uuid.uuid4().hex
-            write_durable(self.dir / "spool.id", uid.encode())
-        return uid
-
     def _load_keys_log(self) -> None:
         p = self.dir / "keys.log"
         if p.exists():

@@ -20,6 +20,7 @@ import os
 import struct
 import threading
 import time
+import uuid
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -85,6 +86,21 @@ def append_durable(path: Path, data: bytes) -> None:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
+
+
+def spool_uid(directory: Path | str) -> str | None:
+    """The spool's identity (``spool.id``: part of every deduplication token), None if it has none yet."""
+    p = Path(directory) / "spool.id"
+    return (p.read_text().strip() or None) if p.exists() else None
+
+
+def ensure_spool_uid(directory: Path) -> str:
+    """The spool's identity, made (durably) the first time."""
+    uid = spool_uid(directory)
+    if uid is None:
+        uid = uuid.uuid4().hex
+        write_durable(directory / "spool.id", uid.encode())
+    return uid
 
 
 # -- the payload ---------------------------------------------------------------------------------

@@ -10,10 +10,16 @@ clickhouse-connect), ``http(s)://[user[:pass]@]host[:port][/database]``. chDB al
 directory per OS process (DESIGN.md), so ``open_store`` caches one ``Store`` per DSN and refuses a
 second chDB directory in the same process with a clear error. Threads share a store; each thread
 gets its own client (a client per thread is faster than a shared one on chDB).
+
+SQL lives in three modules (issue 28): the schema and its migrations (collector/migrations.py), the
+reads behind every figure (analytics/queries.py), and this one: the connection, the inserts, and the
+write path's own recovery read (``not_landed``: which rows of a batch the store holds already, asked by
+collector/writer.py and ``livestep spool requeue``; the collector never imports the read layer).
 """
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 from dataclasses import dataclass
@@ -24,10 +30,13 @@ from urllib.parse import parse_qs, urlsplit
 import clickhouse_connect
 import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from collector.migrations import SQL_DIR, schema_files, split_statements  # noqa: F401 (re-exported)
 from collector.migrations import migrate as _migrate
+from collector.records import TABLES
 
+log = logging.getLogger("livestep.collector.store")
 _DB_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 
 
@@ -148,7 +157,7 @@ class Store:
 
         The materialized views fed by ``table`` are deduplicated with it (a retried batch must not
         count twice in ``session_stats``): every MV target table carries the dedup window too. On a
-        cluster (collector/cluster_ddl.py: ``table`` is Distributed) the insert returns once every shard stored
+        cluster (collector/migrations.py: ``table`` is Distributed) the insert returns once every shard stored
         its rows (``insert_distributed_sync``), so the writer's ack means stored, as on one node
         (where the setting does nothing).
         """
@@ -158,11 +167,75 @@ class Store:
             settings["insert_deduplication_token"] = dedup_token
         self.client().insert_arrow(table, data, settings=settings)
 
+    def setting(self, name: str) -> str | None:
+        """A server setting's value as the store reports it (None: no such setting)."""
+        rows = self.query_rows("SELECT value FROM system.settings WHERE name = {n:String}", {"n": name})
+        return str(rows[0][0]) if rows else None
+
     def ping(self) -> bool:
         try:
             return self.query_rows("SELECT 1") == [(1,)]
         except Exception:  # noqa: BLE001 -- any failure means "not reachable"
             return False
+
+
+# -- the write path's own read: which rows of a batch the store holds already ---------------------------
+# (collector/writer.py asks before a batch goes in alone). ``_LANDED_SQL`` must form byte for byte the row
+# key that ``_row_keys`` forms from the batch in Arrow: the two forms of one key stay side by side.
+# ``_ROW_KEY``: per kind, the column that tells a row apart from others of the same worker, session and ts
+# (steps: the step number, GPU samples: the GPU, sessions: the phase, events: the event kind, turns: the
+# turn's index).
+_ROW_KEY = {"step": "step", "gpu_sample": "gpu_index", "session": "phase", "event": "kind",
+            "evaluation": "metric",  # an evaluation run's rows are a millisecond apart (worker/evaluate.py)
+            "turn": "turn"}
+
+
+def _ts_ms(table: pa.Table) -> pa.ChunkedArray:
+    """The rows' ts in whole milliseconds since the epoch, as the store keeps them (DateTime64(3))."""
+    return pc.cast(pc.cast(table.column("ts"), pa.timestamp("ms", "UTC"), safe=False), pa.int64())
+
+
+def _row_keys(kind: str, table: pa.Table) -> pa.Array:
+    """``worker_id\\0session_id\\0ts in ms\\0key`` of each row, as ``_LANDED_SQL`` forms it in the store."""
+    ms = _ts_ms(table)
+    cols = [table.column("worker_id"), table.column("session_id"), ms, table.column(_ROW_KEY[kind])]
+    return pc.binary_join_element_wise(*[pc.cast(c, pa.string()) for c in cols], "\0").combine_chunks()
+
+
+_LANDED_SQL = """
+SELECT k, count() FROM (
+    SELECT concat(worker_id, '\\0', session_id, '\\0', toString(toUnixTimestamp64Milli(ts)), '\\0', toString({key})) AS k
+    FROM {table}
+    WHERE ts >= fromUnixTimestamp64Milli({{lo:Int64}}, 'UTC') AND ts <= fromUnixTimestamp64Milli({{hi:Int64}}, 'UTC')
+      AND session_id IN {{s:Array(String)}}
+) WHERE k IN {{keys:Array(String)}}
+GROUP BY k"""
+
+
+def not_landed(store: Store, kind: str, table: pa.Table) -> pa.Table:
+    """The rows of one batch that are not in the store yet (all of them unless a block insert that
+    raised, or an earlier attempt of this batch, stored some): one query on the store."""
+    if table.num_rows == 0:
+        return table
+    keys = _row_keys(kind, table)
+    lo, hi = pc.min_max(_ts_ms(table)).values()
+    params = {"lo": lo.as_py(), "hi": hi.as_py(),
+              "s": pc.unique(pc.cast(table.column("session_id"), pa.string())).to_pylist(),
+              "keys": pc.unique(keys).to_pylist()}
+    sql = _LANDED_SQL.format(key=_ROW_KEY[kind], table=TABLES[kind])
+    stored = dict(store.query_rows(sql, params))
+    if not stored:
+        return table
+    # a row key stored as often as the batch has it landed (a part lands whole: a key's rows share
+    # one partition); any other count is another batch's rows, not these
+    wanted = pc.value_counts(keys)
+    landed = [k.as_py() for k, n in zip(wanted.field("values"), wanted.field("counts"), strict=True)
+              if stored.get(k.as_py(), 0) >= n.as_py()]
+    if not landed:
+        return table
+    log.warning("%s rows of a spool batch already stored (by a block insert that raised, or before a "
+                "restart): %d of %d row keys not inserted again", kind, len(landed), len(wanted))
+    return table.filter(pc.invert(pc.is_in(keys, value_set=pa.array(landed, pa.string()))))
 
 
 _stores: dict[str, Store] = {}

@@ -40,20 +40,12 @@ PRODUCTION_OFF: tuple[str, ...] = ("buffer_per_shape", "turn_drop_unplayed", "tu
 
 # The switches that change the model's numerics (the latents, not only the time): each is a production
 # default for a GPU kind only with a passing evaluation of that kind and release (``livestep evaluate``,
-# api/evaluation_gate.py). The others (decoder_own_gpu, cuda_graphs: the same kernels; buffer_per_shape:
-# a fault) move no number.
-NUMERIC_SWITCHES: tuple[str, ...] = (
-    "ring_cache",
-    "rope_at_write",
-    "fp8_cache",
-    "delta_rotation",
-    "triton_kernels",
-    "fused_allreduce",
-    "compile",
-    "static_scales",
-    "attention_fp8_dots",
-)
-assert set(NUMERIC_SWITCHES) <= set(SWITCH_NAMES)
+# api/evaluation_gate.py). Every switch but these, which move no number: decoder_own_gpu and cuda_graphs
+# (the same kernels), buffer_per_shape (a fault) and the playout policies. A new switch is numeric (gated)
+# unless it is named here.
+MOVES_NO_NUMBER: tuple[str, ...] = ("decoder_own_gpu", "cuda_graphs", "buffer_per_shape", *PLAYOUT_SWITCHES)
+NUMERIC_SWITCHES: tuple[str, ...] = tuple(n for n in SWITCH_NAMES if n not in MOVES_NO_NUMBER)
+assert set(MOVES_NO_NUMBER) <= set(SWITCH_NAMES)
 assert set(PLAYOUT_SWITCHES) <= set(SWITCH_NAMES) and set(PRODUCTION_OFF) <= set(SWITCH_NAMES)
 
 # ``livestep evaluate``'s view of the decoded frames beside the latents (worker/evaluation_frames.py): the

@@ -24,7 +24,7 @@ row is stored once. A block insert that raised may still have landed (a remote s
 before the client timed out; or only the parts of some partitions: an insert is atomic per partition)
 and a batch token cannot deduplicate against the block's, so before each batch goes in alone the
 store is asked which of its rows are there already (by row key: worker, session, ts and the kind's
-own key column) and only the others are inserted. Only the batch-by-batch path asks: the happy path
+own key column) and only the others are inserted (collector/store.py ``not_landed``). Only the batch-by-batch path asks: the happy path
 runs no extra query. A batch whose own insert fails transiently is retried (same token) until it goes
 in. Only a batch the store refuses for its content, alone, three times, is quarantined
 (``<spool>/quarantine/<seq>-<kind>.arrow``, an Arrow IPC stream, plus a ``batch_quarantined`` event in
@@ -33,10 +33,6 @@ requeue`` (collector/requeue.py) inserts it under the same token once the operat
 A batch quarantined and then stored after all (a replay after a restart: the crash came before the
 spool commit) has its quarantine files removed again (``unquarantined``).
 
-Why ``_LANDED_SQL`` (a read of the store) lives here and not in the read layer: it is the write path's
-own recovery read, not a figure for api/ or analytics/ (whose read layer, analytics/queries.py, the
-collector must not import), and it must form byte for byte the row key that ``_row_keys`` forms from
-the batch in Arrow: the two forms of one key stay side by side, so a change to one is seen with the other.
 """
 
 from __future__ import annotations
@@ -53,44 +49,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from collector import limits as store_limits
 from collector.records import ARROW_SCHEMAS, TABLES, conform, to_arrow
 from collector.spool import Entry, Spool
-from collector.store import Store
+from collector.store import Store, not_landed
 
 log = logging.getLogger("livestep.collector.writer")
-
-
-# Per kind, the column that tells a row apart from others of the same worker, session and ts (steps: the
-# step number, GPU samples: the GPU, sessions: the phase, events: the event kind, turns: the turn's index):
-# the landed-row check.
-_ROW_KEY = {"step": "step", "gpu_sample": "gpu_index", "session": "phase", "event": "kind",
-            "evaluation": "metric",  # an evaluation run's rows are a millisecond apart (worker/evaluate.py)
-            "turn": "turn"}
-
-
-def _ts_ms(table: pa.Table) -> pa.ChunkedArray:
-    """The rows' ts in whole milliseconds since the epoch, as the store keeps them (DateTime64(3))."""
-    return pc.cast(pc.cast(table.column("ts"), pa.timestamp("ms", "UTC"), safe=False), pa.int64())
-
-
-def _row_keys(kind: str, table: pa.Table) -> pa.Array:
-    """``worker_id\\0session_id\\0ts in ms\\0key`` of each row, as ``_LANDED_SQL`` forms it in the store."""
-    ms = _ts_ms(table)
-    cols = [table.column("worker_id"), table.column("session_id"), ms, table.column(_ROW_KEY[kind])]
-    return pc.binary_join_element_wise(*[pc.cast(c, pa.string()) for c in cols], "\0").combine_chunks()
-
-
-_LANDED_SQL = """
-SELECT k, count() FROM (
-    SELECT concat(worker_id, '\\0', session_id, '\\0', toString(toUnixTimestamp64Milli(ts)), '\\0', toString({key})) AS k
-    FROM {table}
-    WHERE ts >= fromUnixTimestamp64Milli({{lo:Int64}}, 'UTC') AND ts <= fromUnixTimestamp64Milli({{hi:Int64}}, 'UTC')
-      AND session_id IN {{s:Array(String)}}
-) WHERE k IN {{keys:Array(String)}}
-GROUP BY k"""
 
 
 # ClickHouse error codes that refuse the data itself (reproducible on the batch alone): types, parsing,
@@ -125,32 +90,6 @@ def batch_token(uid: str, seq: int, kind: str) -> str:
     """The deduplication token of one spooled batch's ``kind`` rows inserted alone (batch by batch,
     and ``livestep spool requeue``)."""
     return f"{uid}:{seq}-{seq}:{kind}"
-
-
-def not_landed(store: Store, kind: str, table: pa.Table) -> pa.Table:
-    """The rows of one batch that are not in the store yet (all of them unless a block insert that
-    raised, or an earlier attempt of this batch, stored some): one query on the store."""
-    if table.num_rows == 0:
-        return table
-    keys = _row_keys(kind, table)
-    lo, hi = pc.min_max(_ts_ms(table)).values()
-    params = {"lo": lo.as_py(), "hi": hi.as_py(),
-              "s": pc.unique(pc.cast(table.column("session_id"), pa.string())).to_pylist(),
-              "keys": pc.unique(keys).to_pylist()}
-    sql = _LANDED_SQL.format(key=_ROW_KEY[kind], table=TABLES[kind])
-    stored = dict(store.query_rows(sql, params))
-    if not stored:
-        return table
-    # a row key stored as often as the batch has it landed (a part lands whole: a key's rows share
-    # one partition); any other count is another batch's rows, not these
-    wanted = pc.value_counts(keys)
-    landed = [k.as_py() for k, n in zip(wanted.field("values"), wanted.field("counts"), strict=True)
-              if stored.get(k.as_py(), 0) >= n.as_py()]
-    if not landed:
-        return table
-    log.warning("%s rows of a spool batch already stored (by a block insert that raised, or before a "
-                "restart): %d of %d row keys not inserted again", kind, len(landed), len(wanted))
-    return table.filter(pc.invert(pc.is_in(keys, value_set=pa.array(landed, pa.string()))))
 
 
 def insert_parts(store: Store, limits: store_limits.Limits, kind: str, table: pa.Table, token: str) -> None:

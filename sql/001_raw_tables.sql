@@ -1,15 +1,12 @@
 -- Raw telemetry, one table per record kind (collector/records.py is the column contract).
 -- Daily partitions, rows ordered for per-release / per-session reads, LowCardinality labels,
 -- time and value codecs, TTL. The dedup window makes a retried batch (same insert token) land once.
+-- {{record_columns}}: the columns every record carries (worker_id, session_id, release, gpu_kind, ts,
+-- simulated), written out by collector/migrations.py (`livestep migrate --dry-run` prints them).
 
 CREATE TABLE IF NOT EXISTS steps
 (
-    worker_id           LowCardinality(String),
-    session_id          String,
-    release             LowCardinality(String),
-    gpu_kind            LowCardinality(String),
-    ts                  DateTime64(3, 'UTC') CODEC(DoubleDelta, ZSTD(1)),
-    simulated           Bool,
+    {{record_columns}},
     step                UInt32 CODEC(Delta, ZSTD(1)),
     diffusion_ms        Float32 CODEC(Gorilla, ZSTD(1)),
     step_period_ms      Float32 CODEC(Gorilla, ZSTD(1)),
@@ -34,12 +31,7 @@ SETTINGS non_replicated_deduplication_window = 10000;
 
 CREATE TABLE IF NOT EXISTS gpu_samples
 (
-    worker_id        LowCardinality(String),
-    session_id       String,
-    release          LowCardinality(String),
-    gpu_kind         LowCardinality(String),
-    ts               DateTime64(3, 'UTC') CODEC(DoubleDelta, ZSTD(1)),
-    simulated        Bool,
+    {{record_columns}},
     gpu_index        UInt16,
     power_w          Nullable(Float32) CODEC(ZSTD(1)),
     energy_mj        Nullable(Float64) CODEC(ZSTD(1)),
@@ -56,12 +48,7 @@ SETTINGS non_replicated_deduplication_window = 10000;
 
 CREATE TABLE IF NOT EXISTS sessions
 (
-    worker_id            LowCardinality(String),
-    session_id           String,
-    release              LowCardinality(String),
-    gpu_kind             LowCardinality(String),
-    ts                   DateTime64(3, 'UTC') CODEC(DoubleDelta, ZSTD(1)),
-    simulated            Bool,
+    {{record_columns}},
     phase                LowCardinality(String),
     first_forward_tokens UInt32,
     streamed_s           Float64,
@@ -81,12 +68,7 @@ SETTINGS non_replicated_deduplication_window = 10000;
 
 CREATE TABLE IF NOT EXISTS events
 (
-    worker_id  LowCardinality(String),
-    session_id String,
-    release    LowCardinality(String),
-    gpu_kind   LowCardinality(String),
-    ts         DateTime64(3, 'UTC') CODEC(DoubleDelta, ZSTD(1)),
-    simulated  Bool,
+    {{record_columns}},
     kind       LowCardinality(String),
     detail     String CODEC(ZSTD(3))
 )

@@ -4,15 +4,13 @@
 -- Read with the -Merge combinators, e.g.
 --   SELECT session_id, countMerge(steps) * 4 / (sumMerge(period_ms_sum) / 1000) AS fps
 --   FROM session_stats GROUP BY release, gpu_kind, worker_id, session_id
+-- The view's SELECT, {{session_stats_view}}, is written by collector/migrations.py from collector/catalog.py's
+-- SESSION_STATES (the states up to this file: a later migration that adds one applies the view again);
+-- {{session_table_columns}}: the key and the states every per-session table starts with.
 
 CREATE TABLE IF NOT EXISTS session_stats
 (
-    release            LowCardinality(String),
-    gpu_kind           LowCardinality(String),
-    worker_id          LowCardinality(String),
-    session_id         String,
-    simulated          SimpleAggregateFunction(max, Bool),
-    first_ts           SimpleAggregateFunction(min, DateTime64(3, 'UTC')),
+    {{session_table_columns}},
     last_ts            SimpleAggregateFunction(max, DateTime64(3, 'UTC')),
     steps              AggregateFunction(count),
     late_chunks        AggregateFunction(countIf, UInt8),
@@ -34,26 +32,4 @@ ORDER BY (release, gpu_kind, worker_id, session_id)
 SETTINGS non_replicated_deduplication_window = 10000;
 
 CREATE MATERIALIZED VIEW IF NOT EXISTS session_stats_mv TO session_stats AS
-SELECT
-    release,
-    gpu_kind,
-    worker_id,
-    session_id,
-    max(simulated)                                           AS simulated,
-    min(ts)                                                  AS first_ts,
-    max(ts)                                                  AS last_ts,
-    countState()                                             AS steps,
-    countIfState(toUInt8(late))                              AS late_chunks,
-    countIfState(toUInt8(reset_step))                        AS reset_steps,
-    sumState(toFloat64(step_period_ms))                      AS period_ms_sum,
-    quantilesTDigestState(0.5, 0.95, 0.99)(diffusion_ms)     AS diffusion_ms_q,
-    quantilesTDigestState(0.5, 0.95, 0.99)(step_period_ms)   AS period_ms_q,
-    avgState(diffusion_ms)                                   AS diffusion_ms_avg,
-    avgState(cache_upkeep_ms)                                AS upkeep_ms_avg,
-    avgState(attention_ms)                                   AS attention_ms_avg,
-    sumState(energy_mj)                                      AS energy_mj_sum,
-    max(mem_reserved_bytes)                                  AS mem_reserved_max,
-    max(buffers_registered)                                  AS buffers_max,
-    anyLast(toString(switches))                              AS switches
-FROM steps
-GROUP BY release, gpu_kind, worker_id, session_id;
+{{session_stats_view}};

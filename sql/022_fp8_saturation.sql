@@ -14,7 +14,7 @@
 --                    blamed on static_scales; analytics/saturation.py attribution)
 -- Rows stored before this migration read the columns' defaults (NULL, empty states: 0 sampled).
 -- The view is altered in place (MODIFY QUERY), as in 021; every statement is idempotent.
--- Cluster counterpart: sql/cluster/022_fp8_saturation.sql.
+-- Its cluster form is generated (collector/migrations.py).
 
 ALTER TABLE steps ADD COLUMN IF NOT EXISTS fp8_saturated Nullable(Float32) CODEC(ZSTD(1));
 
@@ -29,33 +29,4 @@ ALTER TABLE session_stats ADD COLUMN IF NOT EXISTS fp8_sat_steps AggregateFuncti
 ALTER TABLE session_stats ADD COLUMN IF NOT EXISTS fp8_static_steps AggregateFunction(countIf, UInt8);
 
 ALTER TABLE session_stats_mv MODIFY QUERY
-SELECT
-    release,
-    gpu_kind,
-    worker_id,
-    session_id,
-    max(simulated)                                           AS simulated,
-    min(ts)                                                  AS first_ts,
-    max(ts)                                                  AS last_ts,
-    countState()                                             AS steps,
-    countIfState(toUInt8(late))                              AS late_chunks,
-    countIfState(toUInt8(reset_step))                        AS reset_steps,
-    sumState(toFloat64(step_period_ms))                      AS period_ms_sum,
-    quantilesTDigestState(0.5, 0.95, 0.99)(diffusion_ms)     AS diffusion_ms_q,
-    quantilesTDigestState(0.5, 0.95, 0.99)(step_period_ms)   AS period_ms_q,
-    avgState(diffusion_ms)                                   AS diffusion_ms_avg,
-    avgState(cache_upkeep_ms)                                AS upkeep_ms_avg,
-    avgState(attention_ms)                                   AS attention_ms_avg,
-    sumState(energy_mj)                                      AS energy_mj_sum,
-    max(mem_reserved_bytes)                                  AS mem_reserved_max,
-    max(buffers_registered)                                  AS buffers_max,
-    anyLast(toString(switches))                              AS switches,
-    max((ts, toString(steps.switches)))                      AS switch_last,
-    max(fp8_saturated)                                       AS fp8_sat_max,
-    avgState(fp8_saturated)                                  AS fp8_sat_avg,
-    countIfState(toUInt8(fp8_saturated IS NOT NULL))         AS fp8_sampled,
-    countIfState(toUInt8(ifNull(fp8_saturated > 0, 0)))      AS fp8_sat_steps,
-    countIfState(toUInt8(fp8_saturated IS NOT NULL
-        AND has(splitByChar(',', toString(steps.switches)), 'static_scales')))  AS fp8_static_steps
-FROM steps
-GROUP BY release, gpu_kind, worker_id, session_id;
+{{session_stats_view}};

@@ -2,6 +2,6 @@
 -- The precedence model needs it: a broader manual decision supersedes (withdraws) the narrower
 -- automatic rules it covers, never the manual ones. Rules stored before read '' (the switchboard then
 -- tells automatic ones by their actor, 'alert:...' / 'canary').
--- Cluster counterpart: sql/cluster/030_rule_source.sql.
+-- Its cluster form is generated (collector/migrations.py).
 
 ALTER TABLE switch_rules ADD COLUMN IF NOT EXISTS source LowCardinality(String) DEFAULT '';

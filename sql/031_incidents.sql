@@ -5,7 +5,7 @@
 -- window_start) that are its evidence now; evidence: a short JSON view of them for the API.
 -- incident_log: every state change, flip and notification of an incident (what "audit rows a day"
 -- counts for an incident, with the switch_audit rows its flips wrote).
--- Cluster counterpart: sql/cluster/031_incidents.sql.
+-- Its cluster form is generated (collector/migrations.py).
 
 CREATE TABLE IF NOT EXISTS incidents
 (

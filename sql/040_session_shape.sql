@@ -6,7 +6,7 @@
 --   decoder_width   decoded frame width, pixels    }
 --   chunk_frames    video frames per chunk (per step)
 -- Nullable: rows of older workers (and every row stored before this migration) read NULL.
--- Cluster counterpart: sql/cluster/040_session_shape.sql.
+-- Its cluster form is generated (collector/migrations.py).
 
 ALTER TABLE sessions ADD COLUMN IF NOT EXISTS cond_tokens Nullable(UInt32);
 

@@ -7,16 +7,11 @@
 -- turn_stats: read with -Merge, e.g.
 --   SELECT release, gpu_kind, quantilesTDigestMerge(0.5, 0.95, 0.99)(latency_q) FROM turn_stats
 --   GROUP BY release, gpu_kind
--- Cluster counterpart: sql/cluster/080_turns.sql.
+-- Its cluster form is generated (collector/migrations.py).
 
 CREATE TABLE IF NOT EXISTS turns
 (
-    worker_id       LowCardinality(String),
-    session_id      String,
-    release         LowCardinality(String),
-    gpu_kind        LowCardinality(String),
-    ts              DateTime64(3, 'UTC') CODEC(DoubleDelta, ZSTD(1)),
-    simulated       Bool,
+    {{record_columns}},
     turn            UInt32,
     step            UInt32,
     speaking        Bool,
@@ -42,12 +37,7 @@ SETTINGS non_replicated_deduplication_window = 10000;
 
 CREATE TABLE IF NOT EXISTS turn_stats
 (
-    release         LowCardinality(String),
-    gpu_kind        LowCardinality(String),
-    worker_id       LowCardinality(String),
-    session_id      String,
-    simulated       SimpleAggregateFunction(max, Bool),
-    first_ts        SimpleAggregateFunction(min, DateTime64(3, 'UTC')),
+    {{session_table_columns}},
     policy          SimpleAggregateFunction(anyLast, String),
     turns           AggregateFunction(count),
     stalled_turns   AggregateFunction(countIf, UInt8),

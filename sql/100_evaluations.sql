@@ -4,16 +4,11 @@
 -- "overall" row per configuration: the verdict the control plane's gate on numeric switch defaults
 -- reads (api/evaluation_gate.py: the latest overall row of a switch for a GPU kind and release).
 -- Small (tens of rows per run): ordered for that lookup, kept as long as the releases they judge.
--- Cluster counterpart: sql/cluster/100_evaluations.sql.
+-- Its cluster form is generated (collector/migrations.py).
 
 CREATE TABLE IF NOT EXISTS evaluations
 (
-    worker_id     LowCardinality(String),
-    session_id    String,
-    release       LowCardinality(String),
-    gpu_kind      LowCardinality(String),
-    ts            DateTime64(3, 'UTC') CODEC(DoubleDelta, ZSTD(1)),
-    simulated     Bool,
+    {{record_columns}},
     configuration LowCardinality(String),
     switch        LowCardinality(String),
     preset        LowCardinality(String),

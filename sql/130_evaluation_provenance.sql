@@ -2,7 +2,7 @@
 -- "evaluation"): the evaluator token's name that posted it (POST /v1/evaluations, set by the server: the
 -- ingest route refuses evaluation records), the device type it ran on, its TP, steps, weight seeds and band
 -- runs, and how many non-finite values its judge saw. The gate (api/evaluation_gate.py) counts a row only
--- with an evaluator. Nullable: rows stored before read NULL (never evidence). The cluster form is generated (collector/cluster_ddl.py).
+-- with an evaluator. Nullable: rows stored before read NULL (never evidence). The cluster form is generated (collector/migrations.py).
 
 ALTER TABLE evaluations ADD COLUMN IF NOT EXISTS evaluator Nullable(String);
 

@@ -27,15 +27,6 @@ from collector.flip_fields import FLIP_MODES
 from worker.config import PREROLL, PRESETS, SWITCH_NAMES
 
 
-def default_flip(device) -> str:
-    """The flip mode a worker runs unless told: background where it is proven (CPU), inline on CUDA, where a
-    background build's capture beside a live session failed on the H200 (docs/PERFORMANCE.md, issue 26)."""
-    import torch
-
-    on_cuda = torch.device(device).type == "cuda" if device else torch.cuda.is_available()
-    return "inline" if on_cuda else "background"
-
-
 def register(subparsers) -> None:
     p = subparsers.add_parser("worker", help="the serving worker: run a live session, or bench the step")
     sub = p.add_subparsers(dest="worker_command", metavar="ACTION")
@@ -77,12 +68,12 @@ def register(subparsers) -> None:
     run.add_argument("--no-warm", action="store_true",
                      help="skip the warm-up at start (compile and CUDA-graph capture once per worker, for the "
                           "initial switches): each session then captures its own graphs once its window fills")
-    run.add_argument("--flip", default=None, choices=FLIP_MODES,
-                     help="how a switch flip applies (worker/readiness.py): background (the default on the CPU; built on a thread, "
+    run.add_argument("--flip", default="background", choices=FLIP_MODES,
+                     help="how a switch flip applies (worker/readiness.py): background (the default; built on a thread, "
                           "swapped in at a step boundary, the worker never re-warms between sessions; the warm-up "
-                          "also prepares each runtime switch's neighbour) or inline (the plain path: rebuilt in the "
-                          "step loop, a blocking re-warm after the session; the default on CUDA, because a capture on the build thread beside a "
-                          "live session failed on the H200: docs/PERFORMANCE.md, issue 26); tensor parallel: inline")
+                          "also prepares each runtime switch's neighbour; while a target builds the worker holds a "
+                          "second warm state: docs/PERFORMANCE.md, issue 26) or inline (the plain path: rebuilt in the "
+                          "step loop, a blocking re-warm after the session); tensor parallel: inline")
     run.add_argument("--json", action="store_true", help="print each session summary as JSON")
     run.add_argument("--metrics-port", type=int, default=None,
                      help="serve Prometheus metrics on this port (GET /metrics; off by default; 0 = any free port)")
@@ -118,7 +109,7 @@ def cmd_run(args) -> int:
         return parallel.run_cli(args)
     switches = parse_switch_args(args.switch)
     w = Worker(args.preset, device=args.device, tp=args.tp, worker_id=args.worker_id, release=args.release,
-               flip=args.flip or default_flip(args.device))
+               flip=args.flip)
     if args.metrics_port is not None:
         from worker.metrics import WorkerMetrics, serve
 

@@ -92,6 +92,7 @@ class Worker:
         # the saturation probe's buffers are what a probed graph counts into: one per worker
         self.probe = SaturationProbe(self.device)
         self.warmed: WarmState | None = None
+        self.previous: WarmState | None = None  # the last complete warm state while a quick one is adopted
         self.readiness = Readiness(self, flip)
         self._decoders: dict[bool, Decoder] = {}
 
@@ -123,7 +124,14 @@ class Worker:
         return warm
 
     def adopt(self, warm: WarmState) -> None:
-        """A built warm state (a flip's target) becomes the worker's: its model view and probe too."""
+        """A built warm state (a flip's target) becomes the worker's: its model view and probe too. A quick one
+        (one bucket's graphs) keeps the complete state it replaces as ``previous``: a session on another bucket
+        starts there until the target's complete state is built (``Session._serve_warm_meanwhile``)."""
+        old = self.warmed
+        if warm.complete:
+            self.previous = None
+        elif old is not None and old.complete and old is not warm:
+            self.previous = old
         self.warmed, self.model, self.probe = warm, warm.model, warm.probe
 
     def settle(self, s: Session) -> float:

@@ -136,7 +136,7 @@ def build_warm(worker, sw: Switches, buckets: tuple[int, ...], *, model: DiT, pr
     runner.graph_mode = graph_mode
     warm = WarmState(sw, cache, runner, buckets, model, probe)
     if run is not None:  # the worker's own sessions: they find its warm state
-        worker.warmed = warm
+        worker.warmed, worker.previous = warm, None
     else:
         bw = _as_build_worker(worker, model, probe, warm)
 

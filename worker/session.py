@@ -289,6 +289,28 @@ class Session:
             return cond_kv
         return self._turn_cross(self.cond, self.cache)
 
+    def _serve_warm_meanwhile(self) -> Switches | None:
+        """A session whose switches have no complete warm state yet (a flip's target still building, or only
+        its quick state, which holds one prompt bucket's graphs) starts on the worker's last complete warm state
+        instead of running eagerly (on the H200 an eager prod57b step is late: 22-31 late chunks per session
+        after a flip, 2026-12-02), and its switches swap in at a step boundary once built. Returns the
+        wanted switches (this session now runs the complete state's), or None when it starts on its own."""
+        w = self.w
+        if not self.background:
+            return None
+        own = w.warm_for(self.switches)
+        if own is not None and (own.complete or w.bucket(self.cond_tokens) in own.buckets):
+            return None
+        fallback = w.warmed if own is None else w.previous
+        if fallback is None or not fallback.complete:
+            return None
+        wanted = self.switches
+        if fallback is not w.warmed:
+            w.adopt(fallback)  # the quick state is dropped: the complete one follows from its build
+        self.switches = fallback.switches.with_policy(wanted.playout_policy)
+        self.playout_policy = self.switches.playout_policy
+        return wanted
+
     def _set_act_scales(self, sw: Switches) -> None:
         self.w.model.act_scales = "static" if sw.static_scales else DYNAMIC_SCALES
 
@@ -348,7 +370,8 @@ class Session:
                            error=f"unknown switch(es) {unknown} ignored; valid switches: {', '.join(SWITCH_NAMES)}")
             m = {k: v for k, v in m.items() if k not in unknown}
         try:
-            base = self.start_switches if self.source.full_state else self.switches
+            # a delta applies to the newest wanted state (a pending flip's target), else to what runs
+            base = self.start_switches if self.source.full_state else (self.flips.wanted or self.switches)
             new = Switches.from_mapping({**base.as_dict(), **m})
         except SwitchError as e:  # refused: the session keeps its switches
             self.tel.event("error", step=step, where="switches", error=str(e))
@@ -365,13 +388,17 @@ class Session:
         if (self.background and not getattr(w.warm_for(self.switches), "complete", False)
                 and (ready := w.readiness.take(self.switches, complete=True)) is not None):  # built since the last one
             w.adopt(ready)
+        wanted = self._serve_warm_meanwhile()
         warm = w.warm_for(self.switches)
         self.started_warm = warm is not None and warm.runner.capture == "never"
         if warm is not None:  # the worker's cache, restarted in place: its graphs read these tensors
             self.cache = warm.cache
             self.cache.restart()
             self.ff_tokens = w.bucket(self.cond_tokens)
-            if self.background and not warm.complete:  # a flip's quick state: attach to its complete one
+            if wanted is not None:  # on the last complete state: the wanted switches swap in once built
+                self.flips.want(self, wanted, -1, {k: v for k, v in wanted.as_dict().items()
+                                                   if self.switches.as_dict()[k] != v})
+            elif self.background and not warm.complete:  # a flip's quick state: attach to its complete one
                 self.flips.want(self, self.switches, -1, {})
         else:
             self.cache = make_cache(shape, self.switches, dev, w.model.dtype)

@@ -3,6 +3,8 @@
     src = make_source("http://127.0.0.1:8000", worker_id="w1", release="v7", gpu_kind="cpu", token=T)
     src = make_source("/path/switches.json")            # a file: {"ring_cache": true, ...}
     src = make_source(lambda step: {...} or None)       # a callable (tests, scripted demos)
+    flip = ScriptedFlip(worker, {"fp8_cache": False}, at=5, after=24)   # benches and tests of a flip
+    worker.run_session(..., switch_source=flip.poll, stop_when=flip.stop)
     new = src.poll(step)   # -> dict of switch values, or None when nothing changed; never blocks
 
 The HTTP source implements contract 3 (its URL is the control plane's base, ``http://host:port``, or
@@ -52,6 +54,26 @@ class CallableSource(SwitchSource):
 
     def poll(self, step: int) -> dict[str, Any] | None:
         return self.fn(step)
+
+
+class ScriptedFlip:
+    """A control plane in one object (benches and tests of a flip): ``poll`` hands over ``change`` at step
+    ``at``; ``stop`` (the session's ``stop_when``) is true ``after`` steps past the step at which the worker's
+    model became the target's view (``swapped``), or from step ``max_steps`` on (None: never)."""
+
+    def __init__(self, worker, change: dict[str, Any], at: int = 3, after: int = 4, max_steps: int | None = None):
+        self.w, self.change, self.at, self.after, self.max_steps = worker, change, at, after, max_steps
+        self.model0, self.step, self.swapped = worker.model, -1, None
+
+    def poll(self, step: int) -> dict[str, Any] | None:
+        self.step = step
+        return self.change if step == self.at else None
+
+    def stop(self) -> bool:
+        if self.swapped is None and self.w.model is not self.model0:
+            self.swapped = self.step
+        done = self.swapped is not None and self.step >= self.swapped + self.after
+        return done or (self.max_steps is not None and self.step >= self.max_steps)
 
 
 class FileSource(SwitchSource):

@@ -21,16 +21,15 @@ without NVML (no driver: ``NVMLError_LibraryNotFound``) energy and power are nul
 A telemetry failure never stops a step: the record is dropped and counted (``dropped``, and per
 reason in ``dropped_by``: ``put_failed`` the sink raised, ``record_failed`` a step record could
 not be built from its events).
+The phase timers (worker/timers.py), the NVML sampler (worker/nvml.py) and the playout clock
+(worker/playout.py) live in their own modules; their names are importable from here too.
 """
 
 from __future__ import annotations
 
-import bisect
 import logging
 import os
-import threading
 import time
-import weakref
 from collections import deque
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -38,22 +37,15 @@ from typing import Any
 
 import torch
 
+from collector.weak import weak_method
+from worker.nvml import NvmlSource, PowerSampler
+from worker.playout import Playout
+from worker.timers import CpuTimer, CudaTimer
+
+__all__ = ["CpuTimer", "CudaTimer", "ListSink", "NvmlSource", "Playout", "PowerSampler", "StepStats", "Telemetry",
+           "rss_bytes", "weak_method"]  # the timers, NVML sampler, playout clock and weak_method live apart
+
 log = logging.getLogger("livestep.worker.telemetry")
-
-
-def weak_method(bound, default=None):
-    """A callable that calls ``bound`` (a bound method) while its object lives, else returns ``default``.
-
-    What a session hands to longer- or equally-lived helpers (a sampler thread, a telemetry callback)
-    must not point back at the session: the cycle would keep its tensors alive until the cyclic
-    collector runs (tests/worker/test_lifetime.py)."""
-    ref = weakref.WeakMethod(bound)
-
-    def call(*args, **kw):
-        fn = ref()
-        return default if fn is None else fn(*args, **kw)
-
-    return call
 
 
 class ListSink:
@@ -79,284 +71,6 @@ class ListSink:
 
     def close(self, timeout_s: float = 5.0) -> bool:
         return True
-
-
-# ---------------------------------------------------------------------------------------------
-# Timers: what the model calls around cache upkeep, attention and all-reduce.
-
-
-class _EventSpan:
-    __slots__ = ("kind", "start", "timer")
-
-    def __init__(self, timer: CudaTimer, kind: str):
-        self.timer, self.kind = timer, kind
-
-    def __enter__(self):
-        self.start = self.timer._event()
-        self.start.record()
-        return self
-
-    def __exit__(self, *exc):
-        end = self.timer._event()
-        end.record()
-        self.timer.pairs.setdefault(self.kind, []).append((self.start, end))
-        return False
-
-
-class CudaTimer:
-    """Records event pairs per kind for the open step; events are pooled and reused."""
-
-    def __init__(self):
-        self.pairs: dict[str, list[tuple[torch.cuda.Event, torch.cuda.Event]]] = {}
-        self._pool: list[torch.cuda.Event] = []
-        self.enabled = True
-
-    def _event(self) -> torch.cuda.Event:
-        return self._pool.pop() if self._pool else torch.cuda.Event(enable_timing=True)
-
-    def span(self, kind: str):
-        if not self.enabled or torch.cuda.is_current_stream_capturing():
-            from worker.model import _NULL_SPAN
-
-            return _NULL_SPAN
-        return _EventSpan(self, kind)
-
-    def take(self) -> dict[str, list]:
-        pairs, self.pairs = self.pairs, {}
-        return pairs
-
-    def give_back(self, pairs: dict[str, list]) -> None:
-        for lst in pairs.values():
-            for a, b in lst:
-                self._pool += (a, b)
-
-
-class _CpuSpan:
-    __slots__ = ("kind", "t0", "timer")
-
-    def __init__(self, timer: CpuTimer, kind: str):
-        self.timer, self.kind = timer, kind
-
-    def __enter__(self):
-        self.t0 = time.perf_counter()
-        return self
-
-    def __exit__(self, *exc):
-        acc = self.timer.ms
-        acc[self.kind] = acc.get(self.kind, 0.0) + (time.perf_counter() - self.t0) * 1e3
-        return False
-
-
-class CpuTimer:
-    def __init__(self):
-        self.ms: dict[str, float] = {}
-        self.enabled = True
-
-    def span(self, kind: str):
-        if not self.enabled:
-            from worker.model import _NULL_SPAN
-
-            return _NULL_SPAN
-        return _CpuSpan(self, kind)
-
-    def take(self) -> dict[str, float]:
-        ms, self.ms = self.ms, {}
-        return ms
-
-
-# ---------------------------------------------------------------------------------------------
-# NVML: power sampler thread and the energy counter.
-
-
-class NvmlSource:
-    """The NVML readings of some GPUs (nvidia-ml-py); raises at construction without a driver."""
-
-    def __init__(self, gpu_indices: list[int]):
-        import pynvml
-
-        pynvml.nvmlInit()
-        self._nv = pynvml
-        self._handles = [(i, pynvml.nvmlDeviceGetHandleByIndex(i)) for i in gpu_indices]
-        self.gpus = tuple(i for i, _ in self._handles)
-
-    @staticmethod
-    def _read(h, fn, *args):
-        try:
-            return fn(h, *args)
-        except Exception:  # noqa: BLE001
-            return None
-
-    def read(self) -> list[tuple[int, dict[str, Any]]]:
-        """Per GPU: (index, the ``gpu_sample`` fields); a reading NVML refuses is None."""
-        nv, rd = self._nv, self._read
-        throttle = (nv.nvmlDeviceGetCurrentClocksEventReasons if hasattr(nv, "nvmlDeviceGetCurrentClocksEventReasons")
-                    else nv.nvmlDeviceGetCurrentClocksThrottleReasons)
-        out = []
-        for idx, h in self._handles:
-            energy = rd(h, nv.nvmlDeviceGetTotalEnergyConsumption)
-            power = rd(h, nv.nvmlDeviceGetPowerUsage)
-            mem = rd(h, nv.nvmlDeviceGetMemoryInfo)
-            out.append((idx, {
-                "power_w": None if power is None else power / 1000.0,
-                "energy_mj": None if energy is None else float(energy),
-                "sm_clock_mhz": rd(h, nv.nvmlDeviceGetClockInfo, nv.NVML_CLOCK_SM),
-                "mem_used_bytes": None if mem is None else int(mem.used),
-                "temp_c": _float(rd(h, nv.nvmlDeviceGetTemperature, nv.NVML_TEMPERATURE_GPU)),
-                "throttle_reasons": rd(h, throttle),
-            }))
-        return out
-
-
-class PowerSampler:
-    """~10 Hz readings of the session's GPUs: gpu_sample records + an energy history.
-
-    ``source``: what is read (``.gpus``, ``.read()`` as ``NvmlSource``, and optionally its own
-    ``interval_s``); default NVML on ``gpu_indices``. ``close()`` stops the thread and joins it,
-    so its last sample is put before the caller's next record (the session's end) and before the
-    sink closes.
-    """
-
-    def __init__(self, gpu_indices: list[int], emit, interval_s: float = 0.1, source=None):
-        self.available = False
-        self.error: str | None = None
-        self._hist: deque[tuple[float, float]] = deque(maxlen=4096)  # (perf_counter, energy mJ summed)
-        self._clocks: deque[tuple[float, float]] = deque(maxlen=4096)  # (perf_counter, mean SM clock MHz)
-        self.latest: dict[int, dict] = {}  # GPU index -> its last gpu_sample row (worker/metrics.py reads it)
-        self._emit = emit  # weak_method(Telemetry._put): the sampler never keeps its telemetry alive
-        self.interval_s = interval_s
-        self._stop = threading.Event()
-        try:
-            self._source = source if source is not None else NvmlSource(gpu_indices)
-            self.interval_s = getattr(self._source, "interval_s", interval_s)
-            self.available = bool(self._source.gpus)
-        except Exception as e:  # noqa: BLE001 - NVMLError_LibraryNotFound (no driver), module missing, ...: power is null
-            self.error = f"{type(e).__name__}: {e}"
-            return
-        self._thread = threading.Thread(target=self._run, name="livestep-nvml", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            t = time.perf_counter()
-            total = 0.0
-            try:
-                readings = self._source.read()
-            except Exception as e:  # noqa: BLE001 - a failing reading never ends the thread
-                log.debug("GPU reading failed: %s", e)
-                readings = []
-            clocks = []
-            for idx, fields in readings:
-                total += float(fields.get("energy_mj") or 0)
-                if fields.get("sm_clock_mhz") is not None:
-                    clocks.append(float(fields["sm_clock_mhz"]))
-                self.latest[idx] = row = {"gpu_index": idx, **fields}
-                self._emit("gpu_sample", row)
-            self._hist.append((t, total))
-            if clocks:
-                self._clocks.append((t, sum(clocks) / len(clocks)))
-            self._stop.wait(self.interval_s)
-
-    def energy_between(self, t0: float, t1: float) -> float | None:
-        """Energy (mJ) between two perf_counter times, interpolated from the samples.
-
-        A step is emitted a few ms after it ends, usually before the next ~100 ms sample: up to two
-        sample intervals past the last sample the energy is extrapolated at the last measured power
-        (without that, most steps would report none)."""
-        h = list(self._hist)
-        if not self.available or len(h) < 2 or t1 < t0 or t0 < h[0][0] or t1 > h[-1][0] + 2 * self.interval_s:
-            return None
-        return max(0.0, _interp(h, t1) - _interp(h, t0))
-
-    def clock_between(self, t0: float, t1: float) -> float | None:
-        """Mean SM clock (MHz) of the GPUs over [t0, t1]: of the samples taken in it, else the last one
-        before t1 when at most two sample intervals old (a step shorter than the interval); else None."""
-        h = list(self._clocks)
-        inside = [c for t, c in h if t0 <= t <= t1]
-        if inside:
-            return sum(inside) / len(inside)
-        i = bisect.bisect_right(h, (t1, float("inf"))) - 1
-        return h[i][1] if i >= 0 and t1 - h[i][0] <= 2 * self.interval_s else None
-
-    def close(self) -> None:
-        self._stop.set()
-        if self.available:
-            self._thread.join(timeout=max(1.0, 10 * self.interval_s))
-
-
-def _float(v):
-    return None if v is None else float(v)
-
-
-def _interp(h: list[tuple[float, float]], t: float) -> float:
-    i = bisect.bisect_left(h, (t, float("-inf")))
-    if i <= 0:
-        return h[0][1]
-    if i >= len(h):  # past the last sample: the last segment's power carries on
-        (ta, ea), (tb, eb) = h[-2], h[-1]
-        return eb + (eb - ea) * (t - tb) / max(tb - ta, 1e-9)
-    (ta, ea), (tb, eb) = h[i - 1], h[i]
-    return ea + (eb - ea) * (t - ta) / max(tb - ta, 1e-9)
-
-
-# ---------------------------------------------------------------------------------------------
-# The playout clock
-
-
-class Playout:
-    """The player takes one chunk per period from a buffer; a chunk that arrives late is a stall.
-
-    Playback starts once ``prebuffer`` chunks are in. Chunk k is due at start + k*period + the
-    stalls so far; a chunk delivered after its due time stalls the player by the difference
-    (counted in ``late_chunks`` / ``stall_s``, never hidden) and plays on arrival.
-    """
-
-    def __init__(self, period_s: float = 1 / 6, capacity: int = 4, prebuffer: int = 2):
-        self.period_s, self.capacity, self.prebuffer = period_s, capacity, prebuffer
-        self.start: float | None = None
-        self.stall_s = 0.0
-        self.late_chunks = 0
-        self.delivered = 0
-        self._pending_start: list[float] = []
-
-    def started(self, t: float, upto: int) -> int:
-        """Chunks whose playback has begun by time t (of the first ``upto``)."""
-        if self.start is None or t < self.start:
-            return 0
-        return min(upto, int((t - self.start - self.stall_s) / self.period_s) + 1)
-
-    def deliver(self, i: int, t: float) -> tuple[bool, int]:
-        """Chunk i arrived at time t -> (late, chunks buffered for the player)."""
-        assert i == self.delivered, (i, self.delivered)
-        self.delivered += 1
-        late = False
-        if self.start is None:
-            if self.delivered >= self.prebuffer:
-                self.start = t
-        else:
-            due = self.start + i * self.period_s + self.stall_s
-            if t > due:
-                late = True
-                self.late_chunks += 1
-                self.stall_s += t - due
-        return late, self.delivered - self.started(t, self.delivered)
-
-    def room(self, i: int, t: float) -> bool:
-        """May the producer start chunk i at time t without overfilling the buffer?"""
-        return i - self.started(t, i) < self.capacity
-
-    def wait_s(self, i: int, t: float) -> float:
-        """Seconds until chunk i may start (0 if now)."""
-        if self.room(i, t) or self.start is None:
-            return 0.0
-        k = i - self.capacity  # chunk whose playback must have begun
-        return max(0.0, self.start + k * self.period_s + self.stall_s - t) + 1e-4
-
-    @property
-    def streamed_s(self) -> float:
-        return self.delivered * self.period_s + self.stall_s
-
-
-# ---------------------------------------------------------------------------------------------
 
 
 @dataclass

@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from worker.telemetry import Playout
+from worker.playout import Playout
 
 POLICIES: tuple[str, ...] = ("keep", "drop_unplayed", "trim", "cover")
 TRIM_MARGIN = 0.5  # trim: chunk periods kept beyond the estimate (the estimate's error)

@@ -25,18 +25,19 @@ and recorded as a no-op.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from typing import Annotated, Any
 
 import orjson
-from fastapi import APIRouter, Header, HTTPException, Query, Response
+from fastapi import APIRouter, Depends, Header, HTTPException, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from api import evaluation_gate
 from api.deps import AdminDep, ReaderDep, SettingsDep, StoreDep
 from api.reenable import ReenableError, reenable
 from api.routes._common import Label, OptionalRangeDep, PageDep
-from api.switchboard import DEFAULTS, SwitchError, check_name, get_switchboard, parse_scope
+from api.switchboard import DEFAULTS, Switchboard, SwitchError, check_name, get_switchboard, parse_scope
 from collector.records import SWITCH_NAMES
 
 router = APIRouter(prefix="/v1/switches", tags=["switches"])
@@ -81,6 +82,23 @@ def _etag(body: bytes) -> str:
     return '"' + hashlib.sha256(body).hexdigest()[:24] + '"'
 
 
+def _board(store: StoreDep, settings: SettingsDep) -> Switchboard:
+    """The store's switchboard, its snapshot cached for the server's ``switch_cache_s``."""
+    return get_switchboard(store, settings.switch_cache_s)
+
+
+BoardDep = Annotated[Switchboard, Depends(_board)]
+
+
+@contextlib.contextmanager
+def _invalid_as_422():
+    """A write the switchboard refuses (a malformed scope or cohort) answers 422 naming what is valid."""
+    try:
+        yield
+    except SwitchError as e:
+        raise HTTPException(422, detail=str(e)) from e
+
+
 def _known(name: str) -> None:
     """404 naming the valid switches unless ``name`` is one."""
     try:
@@ -98,7 +116,7 @@ def _matches(if_none_match: str | None, etag: str) -> bool:
 
 @router.get("", response_model=SwitchesOut, responses={304: {"description": "unchanged since that ETag"}})
 def get_switches(
-    store: StoreDep,
+    board: BoardDep,
     settings: SettingsDep,
     _auth: ReaderDep,
     worker_id: Label = None,
@@ -106,7 +124,6 @@ def get_switches(
     gpu_kind: Label = None,
     if_none_match: Annotated[str | None, Header(max_length=1000)] = None,
 ) -> Response:
-    board = get_switchboard(store, settings.switch_cache_s)
     switches, version = board.resolve(worker_id, release, gpu_kind, settings.flip_waves, settings.flip_wave_s)
     body = orjson.dumps({"switches": switches, "version": version, "poll_interval_s": settings.switch_poll_s})
     etag = _etag(body)
@@ -131,11 +148,10 @@ def list_rules(store: StoreDep, _auth: ReaderDep) -> dict[str, Any]:
 
 
 @router.get("/explain")
-def explain(store: StoreDep, settings: SettingsDep, _auth: ReaderDep, worker_id: Label = None,
+def explain(board: BoardDep, _auth: ReaderDep, worker_id: Label = None,
             release: Label = None, gpu_kind: Label = None) -> dict[str, Any]:
     """For each switch, the value a worker with these labels gets, the rule that decided it and why
     (the most recent rule covering the worker), and the rules that cover it but do not decide."""
-    board = get_switchboard(store, settings.switch_cache_s)
     _, version = board.snapshot()
     return {"labels": {k: v for k, v in (("worker_id", worker_id), ("release", release), ("gpu_kind", gpu_kind))
                        if v},
@@ -161,18 +177,16 @@ def history(
 
 
 @router.put("/{name}")
-def put_switch(name: str, body: SwitchWrite, store: StoreDep, settings: SettingsDep,
-               _admin: AdminDep) -> dict[str, Any]:
+def put_switch(name: str, body: SwitchWrite, store: StoreDep, board: BoardDep, _admin: AdminDep) -> dict[str, Any]:
     _known(name)
-    board = get_switchboard(store, settings.switch_cache_s)
     try:
-        evidence = {}
-        if body.value:  # on: a numeric switch only with a passing evaluation there; off is always allowed
-            evaluated = evaluation_gate.require_for_scope(store, name, parse_scope(body.scope))
-            evidence = {"evaluations": evaluated} if evaluated else {}
-        d = board.set(name, body.value, body.scope, actor=body.who, reason=body.why, source="api", evidence=evidence)
-    except SwitchError as e:
-        raise HTTPException(422, detail=str(e)) from e
+        with _invalid_as_422():
+            evidence = {}
+            if body.value:  # on: a numeric switch only with a passing evaluation there; off is always allowed
+                evaluated = evaluation_gate.require_for_scope(store, name, parse_scope(body.scope))
+                evidence = {"evaluations": evaluated} if evaluated else {}
+            d = board.set(name, body.value, body.scope, actor=body.who, reason=body.why, source="api",
+                          evidence=evidence)
     except evaluation_gate.GateError as e:
         evaluation_gate.refused(board, name, body.scope, body.value, body.who, body.why, str(e))
         raise HTTPException(e.status, detail=str(e)) from e
@@ -180,31 +194,24 @@ def put_switch(name: str, body: SwitchWrite, store: StoreDep, settings: Settings
 
 
 @router.post("/{name}/clear")
-def clear_switch(name: str, body: SwitchClear, store: StoreDep, settings: SettingsDep,
-                 _admin: AdminDep) -> dict[str, Any]:
+def clear_switch(name: str, body: SwitchClear, board: BoardDep, _admin: AdminDep) -> dict[str, Any]:
     """Remove a scope's own rule (the switch inherits again); a no-op (recorded) when there is none."""
     _known(name)
-    board = get_switchboard(store, settings.switch_cache_s)
-    try:
-        d = board.clear(name, body.scope, actor=body.who, reason=body.why)
-    except SwitchError as e:
-        raise HTTPException(422, detail=str(e)) from e
-    return d.to_dict()
+    with _invalid_as_422():
+        return board.clear(name, body.scope, actor=body.who, reason=body.why).to_dict()
 
 
 @router.post("/{name}/reenable")
-def reenable_switch(name: str, body: SwitchReenable, store: StoreDep, settings: SettingsDep,
+def reenable_switch(name: str, body: SwitchReenable, store: StoreDep, board: BoardDep,
                     _admin: AdminDep) -> dict[str, Any]:
     """Undo the flips of ``name`` in a scope: on again for the workers they turned off (the workers that ran
     it), lifted for the others, who keep the value they have (api/reenable.py); 409 when nothing turned it
     off there. A numeric switch needs the gate's evidence for the scope, as a PUT turning it on."""
     _known(name)
-    board = get_switchboard(store, settings.switch_cache_s)
     try:
-        evaluation_gate.require_for_scope(store, name, parse_scope(body.scope))
-        return reenable(store, name, body.scope, actor=body.who, reason=body.why)
-    except SwitchError as e:
-        raise HTTPException(422, detail=str(e)) from e
+        with _invalid_as_422():
+            evaluation_gate.require_for_scope(store, name, parse_scope(body.scope))
+            return reenable(store, name, body.scope, actor=body.who, reason=body.why)
     except ReenableError as e:
         raise HTTPException(409, detail=str(e)) from e
     except evaluation_gate.GateError as e:

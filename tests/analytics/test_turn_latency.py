@@ -4,23 +4,20 @@ kind quantiles with intervals, and the detector: a release that keeps the whole 
 
 from __future__ import annotations
 
-import uuid
-
 import orjson
 import pytest
 
 from analytics import turns
 from analytics.simulate import SimulationError, simulate_fleet
+from tests.collector.helpers import migrated_store
 
 
 @pytest.fixture(scope="module")
 def fleet(chdb_dir):
     """Two weeks of a small fleet with turns, simulated once for the module's tests (read only)."""
-    from collector.store import open_store
     from tests.analytics.conftest import SMALL
 
-    store = open_store(f"chdb://{chdb_dir}?database=t_{uuid.uuid4().hex[:12]}")
-    store.migrate()
+    store = migrated_store(chdb_dir)
     sim = simulate_fleet(store, weeks=2, incidents=[("benign", 4), ("benign", 9)], seed=7, turns=True,
                          turn_queue="v1.2", **{**SMALL, "session_median_s": 20.0})
     yield store, sim

@@ -2,6 +2,8 @@
 
     with serve(app) as base_url:
         httpx.get(f"{base_url}/v1/switches")
+    with serve_app(settings) as (app, base_url):   # the whole app, its lifespan on; its database dropped after
+        ...
 
 In-process so the app shares the test's chDB directory (one directory per process). ``lifespan='on'``
 runs the app's lifespan (store, spool, writer, scheduler, the webhook notifier).
@@ -43,3 +45,19 @@ def serve(app, timeout_s: float = 20.0, sock: socket.socket | None = None, lifes
         server.should_exit = True
         thread.join(timeout_s)
         sock.close()
+
+
+@contextlib.contextmanager
+def serve_app(settings, timeout_s: float = 60.0):
+    """The app of ``settings`` with its lifespan on a real uvicorn: yields (app, base URL); once the server
+    stopped, the app's database is dropped."""
+    from api.app import create_app
+
+    app = create_app(settings)
+    try:
+        with serve(app, timeout_s=timeout_s, lifespan="on") as url:
+            yield app, url
+    finally:
+        store = getattr(app.state, "store", None)
+        if store is not None:
+            store.command(f"DROP DATABASE IF EXISTS {store.database}")

@@ -1,7 +1,7 @@
 """A step field end to end: the worker's record -> the store -> the read layer -> the API.
 
 ``sm_clock_mhz`` (the mean SM clock of the session's GPUs over a step, from the worker's NVML sampler)
-was added as one ``Col`` (collector/records.py), one line of the worker's step record
+was added as one ``Col`` (collector/record_fields.py), one line of the worker's step record
 (worker/telemetry.py), one ``Column`` of the metric catalogue (collector/catalog.py) and migration
 sql/120: everything below reads it without an edit of its own."""
 

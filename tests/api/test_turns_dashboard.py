@@ -5,7 +5,6 @@ marks on a session page's step chart, and bad input answered 4xx naming what is 
 from __future__ import annotations
 
 import re
-import uuid
 
 import orjson
 import pytest
@@ -16,14 +15,13 @@ from analytics.findings import write_findings
 from analytics.simulate import simulate_fleet
 from tests.analytics.conftest import SMALL
 from tests.api.conftest import make_settings, real_app
+from tests.collector.helpers import migrated_store
 
 
 @pytest.fixture(scope="module")
 def site(chdb_dir, tmp_path_factory):
-    from collector.store import open_store
 
-    store = open_store(f"chdb://{chdb_dir}?database=t_{uuid.uuid4().hex[:12]}")
-    store.migrate()
+    store = migrated_store(chdb_dir)
     sim = simulate_fleet(store, weeks=2, incidents=[("benign", 7)], seed=11, turns=True, turn_queue="v1.1",
                          **{**SMALL, "workers": 6, "session_median_s": 20.0})
     write_findings(store, "turn_regressions", sim.start, sim.end, turns.run(store, sim.start, sim.end))

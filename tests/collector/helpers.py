@@ -14,11 +14,21 @@ import pyarrow as pa
 from collector import records
 
 ARROW = "application/vnd.apache.arrow.stream"
+INGEST_TOKEN = "e2e-ingest-token"  # the ingest token of an app served for a test (tests/e2e/conftest.py)
 
 
 def chdb_dsn(chdb_dir: str) -> str:
     """A fresh database in this process's chDB directory (the ``chdb_dir`` fixture)."""
     return f"chdb://{chdb_dir}?database=t_{uuid.uuid4().hex[:12]}"
+
+
+def migrated_store(chdb_dir: str):
+    """A migrated store on a fresh database of ``chdb_dir`` (a module-scoped fixture's; it drops it after)."""
+    from collector.store import open_store
+
+    store = open_store(chdb_dsn(chdb_dir))
+    store.migrate()
+    return store
 
 
 def step_rows(n: int, session_id: str = "s1", start: int = 0, worker_id: str = "w1", release: str = "r1",
@@ -82,16 +92,17 @@ def make_settings(dsn: str, tmp_path: Path, **over):
     return Settings(**base)
 
 
-def wait_for(pred, timeout_s: float = 60.0, what: str = "condition"):
-    """Poll ``pred`` until it returns a truthy value (the writer is asynchronous); fail after timeout."""
+def wait_for(pred, timeout_s: float = 60.0, what: str = "condition", every_s: float = 0.02):
+    """Poll ``pred`` every ``every_s`` until it returns a truthy value (the writer is asynchronous); fail
+    after ``timeout_s``. Its value."""
     deadline = time.monotonic() + timeout_s
     while True:
         v = pred()
         if v:
             return v
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(every_s)
 
 
 def drained(app) -> bool:

@@ -1,6 +1,6 @@
-"""One contract, one place (collector/records.py ``KINDS``): the pydantic models, the Arrow schemas, the
-ingest checks and the store's columns all agree with the declaration; the session record carries every
-shape dimension (sql/040), optional, so an older worker's JSON or Arrow body stays valid and stores NULL."""
+"""One contract, one place (``KINDS``, collector/record_fields.py, derived in collector/records.py): the
+pydantic models, the Arrow schemas, the ingest checks and the store's columns all agree with the
+declaration; the session record carries every shape dimension (sql/040), optional, so an older worker's JSON or Arrow body stays valid and stores NULL."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from collector import records
 from collector.routes import BadBatchError, check_table
-from collector.store import SQL_DIR, split_statements
+from collector.migrations import SQL_DIR, statements
 from tests.collector.helpers import ARROW, arrow_body, drained, json_rows, step_rows, store_before, wait_for
 
 T0 = datetime(2026, 11, 2, 8, tzinfo=UTC)
@@ -129,7 +129,7 @@ def test_rows_stored_before_the_migration_read_null(store):
     with store_before(store, MIGRATION) as old:
         _insert(old, "a", "before")
         assert old.migrate()[0] == MIGRATION
-        for stmt in split_statements((SQL_DIR / MIGRATION).read_text()):  # idempotent (a crash mid-file)
+        for stmt in statements(SQL_DIR / MIGRATION):  # idempotent (a crash mid-file)
             old.command(stmt)
         _insert(old, "b", "after", fp8_saturated=0.5, switches="static_scales")
         _insert(old, "c", "before", start=10, fp8_saturated=0.0, switches="static_scales")  # it goes on

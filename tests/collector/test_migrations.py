@@ -4,7 +4,9 @@ install without its migration files refusing to start."""
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -134,3 +136,60 @@ def test_no_migration_files_refuses_to_start(tmp_path, monkeypatch, chdb_dir):
         assert "steps" not in tables(fresh)
     finally:
         fresh.command(f"DROP DATABASE IF EXISTS {fresh.database}")
+
+
+def test_the_session_stats_view_is_the_catalogue_s_states_up_to_each_migration(store):
+    """One declaration (collector/catalog.py SESSION_STATES): every state is a column of session_stats,
+    every column is filled, and each migration's view holds exactly the states up to its number."""
+    from collector import catalog
+
+    cols = [r[0] for r in store.query_rows("SELECT name FROM system.columns WHERE database = {d:String} AND "
+                                           "table = 'session_stats' ORDER BY position", {"d": store.database})]
+    assert sorted(cols) == sorted([*catalog.SESSION_KEY, *(s.name for s in catalog.SESSION_STATES)])
+    files = {int(f.name[:3]): f for f in schema_files()}
+    for since in sorted({s.since for s in catalog.SESSION_STATES}):  # a state ships with the migration that applies it
+        assert "{{session_stats_view}}" in files[since].read_text(), files[since].name
+    v21, v22 = migrations.session_stats_view(21), migrations.session_stats_view(22)
+    assert "AS switch_last" in v21 and "AS fp8_sat_max" not in v21 and "AS fp8_sat_max" in v22
+    assert "AS sm_clock_avg" not in v22 and "AS sm_clock_avg" in migrations.session_stats_view(120)
+
+
+def test_an_unknown_fragment_is_refused_with_the_valid_names():
+    with pytest.raises(SchemaError, match=r"unknown fragment \{\{nope\}\} in migration 007; valid: record_columns, session_stats_view, session_table_columns"):
+        migrations.expand("SELECT 1;\n{{nope}};", 7)
+
+
+# What each shipped file applies (its statements, whitespace aside): a fragment or a catalogue state is
+# part of every file that names it, so editing one must not change what a shipped file applies (a fresh
+# store would differ from an upgraded one). A new file adds its line here.
+SHIPPED = {
+    "001_raw_tables.sql": "5ef40d9266b43170",
+    "002_session_stats.sql": "965e80d8d394e24f",
+    "010_findings.sql": "f947196759732690",
+    "011_job_runs.sql": "0ad76ee2a7eb7a4a",
+    "012_fleet_daily.sql": "5e74197e24c46c03",
+    "013_session_fleet.sql": "d44a3098b2470dd9",
+    "020_switches.sql": "d36d64cf2613d8fe",
+    "021_session_switch_state.sql": "c784337f6a875419",
+    "022_fp8_saturation.sql": "456b2ff12660a6e5",
+    "030_rule_source.sql": "89756fe212f8b087",
+    "031_incidents.sql": "3a9542116b44777b",
+    "040_session_shape.sql": "c1a84ce826cd19e0",
+    "080_turns.sql": "b6d4d96a4fb94cb6",
+    "090_session_start.sql": "f89c42eb6ef5c7a8",
+    "100_evaluations.sql": "6f8531ef1943100b",
+    "110_gpu_memory_total.sql": "9450597ef5b0965e",
+    "111_incident_evidence_at.sql": "e202cf1183c90e14",
+    "120_step_sm_clock.sql": "f0f5432e2c43512f",
+    "130_evaluation_provenance.sql": "cadf9c2c0c00f7b6",
+}
+
+
+def test_a_shipped_migration_applies_what_it_applied_when_it_shipped():
+    now = {f.name: hashlib.sha256(";".join(re.sub(r"\s+", "", s) for s in migrations.statements(f)).encode())
+           .hexdigest()[:16] for f in schema_files()}
+    changed = sorted(n for n in SHIPPED if now.get(n) != SHIPPED[n])
+    assert not changed, (f"{changed}: a shipped migration's statements changed (a fragment of collector/migrations.py "
+                         "or a State of collector/catalog.py edited?): add a new state and migration instead")
+    new = {n: h for n, h in now.items() if n not in SHIPPED}
+    assert not new, f"new migration file(s): add them to SHIPPED: {new}"

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 from analytics import queries
 from collector import records
-from collector.store import SQL_DIR, split_statements
+from collector.migrations import SQL_DIR, statements
 from tests.collector.helpers import step_rows, store_before
 
 T0 = datetime(2026, 11, 2, 8, tzinfo=UTC)
@@ -47,7 +47,7 @@ def test_rows_stored_before_the_migration_keep_their_switch_state(store):
         _insert(old, "c", 0, "ring_cache", session_id="s2")
         assert old.migrate()[0] == MIGRATION
         assert old.migrate() == []  # applied once
-        for stmt in split_statements((SQL_DIR / MIGRATION).read_text()):  # idempotent (a crash mid-file)
+        for stmt in statements(SQL_DIR / MIGRATION):  # idempotent (a crash mid-file)
             old.command(stmt)
         assert _state(old) == [("s1", "fp8_cache,ring_cache"), ("s2", "ring_cache")]
         _insert(old, "d", 20, "ring_cache", session_id="s2")  # new rows go through the altered view

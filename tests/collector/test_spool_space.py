@@ -9,6 +9,7 @@ and a disk filled by the active one stayed full until it was grown).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import uuid
@@ -49,17 +50,26 @@ def _recovers(sp: Spool, w: BlockWriter, down, taken: int) -> None:
     wait_for(lambda: sp.stats()["batches"] == 0, what="the new batch stored")
 
 
-def test_a_spool_over_its_bound_is_degraded_then_takes_ingest_once_drained(store, tmp_path):
+@contextlib.contextmanager
+def _store_down(store, tmp_path, sp: Spool):
+    """``sp`` and its writer into ``store``, which is down (the fault file) until the test removes the file;
+    the writer is stopped and the spool closed at the end."""
     down = tmp_path / "store-down"
     down.touch()
-    sp = Spool(tmp_path / "spool", max_bytes=256 << 10)
     w = BlockWriter(sp, lambda: store, flush_interval_s=0.01, retry_max_s=0.05, fault_store_down_file=down)
     w.start()
-    taken = _fill(sp, SpoolFullError)
-    assert "spool full" in sp.stats()["refusing"]
-    _recovers(sp, w, down, taken)
-    w.stop()
-    sp.close()
+    try:
+        yield sp, w, down
+    finally:
+        w.stop()
+        sp.close()
+
+
+def test_a_spool_over_its_bound_is_degraded_then_takes_ingest_once_drained(store, tmp_path):
+    with _store_down(store, tmp_path, Spool(tmp_path / "spool", max_bytes=256 << 10)) as (sp, w, down):
+        taken = _fill(sp, SpoolFullError)
+        assert "spool full" in sp.stats()["refusing"]
+        _recovers(sp, w, down, taken)
     assert store.query_rows("SELECT count() FROM steps")[0][0] == 50 * (taken + 1)
 
 
@@ -78,16 +88,11 @@ def tiny_disk(tmp_path):
 
 
 def test_a_full_disk_gets_its_space_back_once_the_store_has_the_data(store, tmp_path, tiny_disk):
-    down = tmp_path / "store-down"
-    down.touch()
     sp = Spool(tiny_disk, max_bytes=1 << 30, segment_bytes=64 << 20)  # the disk, not the bound, runs out
-    w = BlockWriter(sp, lambda: store, flush_interval_s=0.01, retry_max_s=0.05, fault_store_down_file=down)
-    w.start()
-    taken = _fill(sp, SpoolError)
-    assert "cannot write" in sp.stats()["refusing"]
-    _recovers(sp, w, down, taken)
-    w.stop()
-    sp.close()
+    with _store_down(store, tmp_path, sp) as (sp, w, down):
+        taken = _fill(sp, SpoolError)
+        assert "cannot write" in sp.stats()["refusing"]
+        _recovers(sp, w, down, taken)
     used = sum(p.stat().st_size for p in tiny_disk.glob("seg-*.log"))
     assert used < 64 << 10  # the stored batches' space is free again
     assert store.query_rows("SELECT count() FROM steps")[0][0] == 50 * (taken + 1)

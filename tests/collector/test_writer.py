@@ -131,10 +131,10 @@ def test_a_batch_the_store_refuses_for_its_content_is_quarantined_and_the_rest_s
 def test_a_missing_table_is_retried_not_quarantined_until_it_is_back(store, tmp_path):
     """A dropped table is the store's state, not the rows': the writer retries (degraded) for as long as
     it lasts, quarantines nothing, and stores every row once the table is back."""
-    from collector.store import split_statements
+    from collector.migrations import statements
     from tests.collector.helpers import event_row
 
-    ddl = next(st for st in split_statements((store.migration_files()[0]).read_text()) if "TABLE IF NOT EXISTS events" in st)
+    ddl = next(st for st in statements(store.migration_files()[0]) if "TABLE IF NOT EXISTS events" in st)
     store.command("DROP TABLE events")
     sp = Spool(tmp_path, max_bytes=1 << 24)
     sp.submit("s1", _t(10)).result()

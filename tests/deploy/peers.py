@@ -3,6 +3,7 @@
     promtool = binary("promtool")        # pytest.skip with the install line when it is missing
     with prometheus(config_text, tmp_path) as url: ...     # a real Prometheus on a loopback port
     with alertmanager(config_text, tmp_path) as url: ...   # a real Alertmanager on a loopback port
+    alertmanager_config(livestep_port, token_file)          # the shipped routing, posting to livestep
 
 ``./dev test`` installs them as root (apt-get install prometheus prometheus-alertmanager), as it
 installs chromium; elsewhere the tests that need them are skipped with that line as the reason.
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 
 PACKAGES = {"promtool": "prometheus", "prometheus": "prometheus", "amtool": "prometheus-alertmanager",
             "prometheus-alertmanager": "prometheus-alertmanager", "alertmanager": "prometheus-alertmanager"}
@@ -73,26 +75,34 @@ def _process(args: list[str], ready_url: str, log: Path, timeout_s: float = 30):
 
 
 @contextlib.contextmanager
+def _serving(program: str, config: str, tmp: Path, *flags: str):
+    """``program`` with ``config`` (written to ``tmp/<program>.yml``) on a free loopback port: its URL."""
+    exe = binary(program)
+    port = free_port()
+    cfg = tmp / f"{program}.yml"
+    cfg.write_text(config)
+    url = f"http://127.0.0.1:{port}"
+    with _process([exe, f"--config.file={cfg}", *flags, f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+                  f"{url}/-/ready", tmp / f"{program}.log"):
+        yield url
+
+
 def prometheus(config: str, tmp: Path):
     """A real Prometheus with ``config`` (rule files relative to ``tmp``), on a free loopback port."""
-    exe = binary("prometheus")
-    port = free_port()
-    (tmp / "prometheus.yml").write_text(config)
-    url = f"http://127.0.0.1:{port}"
-    with _process([exe, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'tsdb'}",
-                   f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-                  f"{url}/-/ready", tmp / "prometheus.log"):
-        yield url
+    return _serving("prometheus", config, tmp, f"--storage.tsdb.path={tmp / 'tsdb'}")
 
 
-@contextlib.contextmanager
 def alertmanager(config: str, tmp: Path):
     """A real Alertmanager with ``config``, on a free loopback port (clustering off)."""
-    exe = binary("alertmanager")
-    port = free_port()
-    (tmp / "alertmanager.yml").write_text(config)
-    url = f"http://127.0.0.1:{port}"
-    with _process([exe, f"--config.file={tmp / 'alertmanager.yml'}", f"--storage.path={tmp / 'am'}",
-                   f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address=", "--log.level=warn"],
-                  f"{url}/-/ready", tmp / "alertmanager.log"):
-        yield url
+    return _serving("alertmanager", config, tmp, f"--storage.path={tmp / 'am'}", "--cluster.listen-address=")
+
+
+def alertmanager_config(livestep_port: int, token_file: Path) -> str:
+    """The shipped Alertmanager routing with group intervals of a second, its ``livestep`` receiver posting
+    to ``/v1/alerts`` on ``livestep_port`` with the bearer token in ``token_file``."""
+    cfg = yaml.safe_load((DEPLOY / "alertmanager" / "alertmanager.yml").read_text())
+    cfg["route"].update(group_wait="1s", group_interval="1s", repeat_interval="1h")
+    hook = next(r for r in cfg["receivers"] if r["name"] == "livestep")["webhook_configs"][0]
+    hook["url"] = f"http://127.0.0.1:{livestep_port}/v1/alerts"
+    hook["http_config"]["authorization"]["credentials_file"] = str(token_file)
+    return yaml.safe_dump(cfg)

@@ -10,13 +10,12 @@ from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
-import yaml
 
 from analytics.findings import finding, write_findings
 from api.alertmanager_publisher import ALERTNAME, Publisher
 from tests.api.live import bound_socket, serve
-from tests.deploy.peers import DEPLOY, alertmanager, binary
-from tests.e2e.test_prometheus_loop import wait_for
+from tests.collector.helpers import wait_for
+from tests.deploy.peers import alertmanager, alertmanager_config, binary
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -49,13 +48,9 @@ def test_findings_become_alertmanager_alerts_and_its_webhook_flips_the_switch(tm
     sock = bound_socket()
     port = sock.getsockname()[1]
     (tmp_path / "am-token").write_text(AM_TOKEN)
-    am_cfg = yaml.safe_load((DEPLOY / "alertmanager" / "alertmanager.yml").read_text())
-    am_cfg["route"].update(group_wait="1s", group_interval="1s", repeat_interval="1h")
-    hook = next(r for r in am_cfg["receivers"] if r["name"] == "livestep")["webhook_configs"][0]
-    hook["url"] = f"http://127.0.0.1:{port}/v1/alerts"
-    hook["http_config"]["authorization"]["credentials_file"] = str(tmp_path / "am-token")
+    am_cfg = alertmanager_config(port, tmp_path / "am-token")
     auth = {"Authorization": f"Bearer {READ}"}
-    with alertmanager(yaml.safe_dump(am_cfg), tmp_path) as am_url:
+    with alertmanager(am_cfg, tmp_path) as am_url:
         app = create_app(_settings(tmp_path, chdb_dir, port, alertmanager_url=am_url))
         with serve(app, sock=sock, lifespan="on") as base:
             publisher = app.state.incidents
@@ -83,7 +78,7 @@ def test_findings_become_alertmanager_alerts_and_its_webhook_flips_the_switch(tm
             def am_alerts():
                 return {a["labels"]["release"]: a for a in httpx.get(f"{am_url}/api/v2/alerts").json()
                         if a["labels"].get("alertname") == ALERTNAME and a["labels"]["kind"] == "memory_growth"}
-            alerts = wait_for(lambda: len(am_alerts()) == 2 and am_alerts(), 20, "both alerts in Alertmanager")
+            alerts = wait_for(lambda: len(am_alerts()) == 2 and am_alerts(), 20, "both alerts in Alertmanager", every_s=0.2)
             assert alerts["v9"]["labels"]["switch"] == "fused_allreduce"
             assert alerts["v9"]["labels"]["incident"] == "memory_growth/v9/cpu"
             assert alerts["v8"]["status"]["state"] == "suppressed"  # Alertmanager's silence
@@ -92,7 +87,7 @@ def test_findings_become_alertmanager_alerts_and_its_webhook_flips_the_switch(tm
                 r = httpx.get(f"{base}/v1/switches", params={"release": release, "gpu_kind": "cpu",
                                                               "worker_id": "w1"}, headers=auth)
                 return r.json()["switches"]
-            wait_for(lambda: switches("v9").get("fused_allreduce") is False, 30, "the webhook's flip for v9")
+            wait_for(lambda: switches("v9").get("fused_allreduce") is False, 30, "the webhook's flip for v9", every_s=0.2)
             assert "compile" not in switches("v8")  # silenced: nothing reached livestep
             assert "ring_cache" not in switches("v9")  # a warning names no switch: it flips nothing
 
@@ -103,7 +98,7 @@ def test_findings_become_alertmanager_alerts_and_its_webhook_flips_the_switch(tm
             write_findings(store, "memory", week, now, [silenced], current=True)  # v9's leak is no longer found
             publisher([])
             wait_for(lambda: any(d["action"] == "alert_resolved" for d in decisions()), 30,
-                     "Alertmanager's resolved notification")
+                     "Alertmanager's resolved notification", every_s=0.2)
             flips = [d for d in decisions() if d["changed"]]
             assert [(d["name"], d["scope"]) for d in flips] == [("fused_allreduce", "gpu_kind=cpu,release=v9")]
             assert switches("v9").get("fused_allreduce") is False  # resolved flips nothing back

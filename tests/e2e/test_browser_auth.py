@@ -5,7 +5,6 @@ works only where configured; /docs and /redoc render with no network (assets ser
 
 from __future__ import annotations
 
-import uuid
 from datetime import UTC, datetime, timedelta
 
 import httpx
@@ -16,6 +15,7 @@ from api.browser_auth import COOKIE, issue_cookie
 from tests.api import browser
 from tests.api.conftest import ADMIN, make_settings, real_app
 from tests.api.live import serve
+from tests.collector.helpers import migrated_store
 
 pytestmark = [
     pytest.mark.e2e,
@@ -33,10 +33,8 @@ SIGN_IN = f"document.getElementById('token').value = {READ!r}; document.forms[0]
 def site(tmp_path_factory, chdb_dir):
     from analytics.simulate import simulate_fleet
     from api.report import build_weekly_report
-    from collector.store import open_store
 
-    store = open_store(f"chdb://{chdb_dir}?database=t_{uuid.uuid4().hex[:12]}")
-    store.migrate()
+    store = migrated_store(chdb_dir)
     simulate_fleet(store, weeks=1.2, incidents=[("august", 3)], workers=3, sessions_per_day=6, session_median_s=10,
                    seed=5)
     settings = make_settings(tmp_path_factory.mktemp("auth"), read_tokens=[READ])

@@ -4,7 +4,6 @@ fleet whose sampled sessions include a saturating cohort, and the fleet panel's 
 
 from __future__ import annotations
 
-import uuid
 from datetime import UTC, datetime, timedelta
 
 import httpx
@@ -14,6 +13,7 @@ from analytics.queries import iso_week_of
 from tests.api import browser
 from tests.api.conftest import bare_app, make_settings
 from tests.api.live import serve
+from tests.collector.helpers import migrated_store
 
 pytestmark = [
     pytest.mark.e2e,
@@ -29,10 +29,8 @@ PAGES = ("/dashboard/", "/dashboard/releases", "/dashboard/sessions", "/dashboar
 def site(tmp_path_factory, chdb_dir):
     from analytics.simulate import simulate_fleet
     from api.report import build_weekly_report
-    from collector.store import open_store
 
-    store = open_store(f"chdb://{chdb_dir}?database=t_{uuid.uuid4().hex[:12]}")
-    store.migrate()
+    store = migrated_store(chdb_dir)
     simulate_fleet(store, weeks=2, incidents=[("august", 6)], workers=6, sessions_per_day=12, session_median_s=20,
                    seed=3, fp8_drift=("august", "b200"))
     sid = store.query_rows("SELECT session_id FROM session_stats ORDER BY session_id LIMIT 1")[0][0]

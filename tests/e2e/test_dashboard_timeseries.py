@@ -5,7 +5,6 @@ the session's switch changes and its GPU samples (power, SM clock, throttle reas
 
 from __future__ import annotations
 
-import uuid
 from datetime import UTC, datetime, timedelta
 
 import httpx
@@ -14,6 +13,7 @@ import pytest
 from tests.api import browser
 from tests.api.conftest import bare_app, make_settings
 from tests.api.live import serve
+from tests.collector.helpers import migrated_store
 
 pytestmark = [
     pytest.mark.e2e,
@@ -34,10 +34,8 @@ def site(tmp_path_factory, chdb_dir):
     from analytics.simulate import simulate_fleet
     from api.switchboard import get_switchboard
     from collector import records
-    from collector.store import open_store
 
-    store = open_store(f"chdb://{chdb_dir}?database=t_{uuid.uuid4().hex[:12]}")
-    store.migrate()
+    store = migrated_store(chdb_dir)
     sim = simulate_fleet(store, weeks=1, incidents=[("august", 3)], workers=4, sessions_per_day=8,
                          session_median_s=20, seed=5)
     leaking = sim.releases[-1].name

@@ -3,50 +3,29 @@ HTTP -> collector -> spool -> chDB -> the server's own reads, with exact counts 
 
 from __future__ import annotations
 
-import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-import uvicorn
 
-from api.app import create_app
 from collector.client import TelemetryClient
 from tests.collector.helpers import (
     ARROW,
+    INGEST_TOKEN,
     arrow_body,
-    chdb_dsn,
     drained,
     event_row,
     json_rows,
-    make_settings,
     step_rows,
     wait_for,
 )
 
 pytestmark = pytest.mark.e2e
-TOKEN = "e2e-token"
 
 
-@pytest.fixture
-def server(tmp_path, chdb_dir):
-    settings = make_settings(chdb_dsn(chdb_dir), tmp_path, role="all", ingest_tokens=[TOKEN], port=0)
-    app = create_app(settings)
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on"))
-    th = threading.Thread(target=srv.run, daemon=True)
-    th.start()
-    wait_for(lambda: srv.started or not th.is_alive(), what="uvicorn started")
-    assert srv.started, "uvicorn did not start"
-    port = srv.servers[0].sockets[0].getsockname()[1]
-    yield app, f"http://127.0.0.1:{port}"
-    srv.should_exit = True
-    th.join(30)
-    app.state.store.command(f"DROP DATABASE IF EXISTS {app.state.store.database}")
-
-
-def test_shipping_client_round_trip_exact(server):
-    app, url = server
-    client = TelemetryClient(url, token=TOKEN, batch_rows=64, flush_interval_s=0.05)
+def test_shipping_client_round_trip_exact(app_server):
+    app, url = app_server
+    client = TelemetryClient(url, token=INGEST_TOKEN, batch_rows=64, flush_interval_s=0.05)
     sessions = {"e1": 150, "e2": 90, "e3": 7}
     for sid, n in sessions.items():
         for r in step_rows(n, session_id=sid, worker_id=f"w-{sid}"):
@@ -74,12 +53,12 @@ def test_shipping_client_round_trip_exact(server):
         sorted((sid, n) for sid, n in sessions.items())
 
 
-def test_concurrent_clients_with_retries_store_every_row_once(server):
-    app, url = server
+def test_concurrent_clients_with_retries_store_every_row_once(app_server):
+    app, url = app_server
 
     def sender(k: int) -> int:
         rows = 0
-        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}) as h:
+        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {INGEST_TOKEN}"}) as h:
             for b in range(12):
                 sid = f"c{k}"
                 batch = step_rows(100, session_id=sid, start=100 * b)

@@ -7,7 +7,6 @@ worker's one-session release."""
 
 from __future__ import annotations
 
-import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -16,6 +15,7 @@ from analytics.queries import iso_week_of
 from tests.api import browser
 from tests.api.conftest import make_settings, real_app
 from tests.api.live import serve
+from tests.collector.helpers import migrated_store
 
 pytestmark = [
     pytest.mark.e2e,
@@ -47,10 +47,8 @@ def site(tmp_path_factory, chdb_dir):
     from api.report import build_weekly_report
     from api.switchboard import get_switchboard
     from collector import records
-    from collector.store import open_store
 
-    store = open_store(f"chdb://{chdb_dir}?database=t_{uuid.uuid4().hex[:12]}")
-    store.migrate()
+    store = migrated_store(chdb_dir)
     sim = simulate_fleet(store, weeks=2, incidents=[("august", 3)], workers=4, sessions_per_day=10,
                          session_median_s=20, seed=7)
     board = get_switchboard(store, 0)

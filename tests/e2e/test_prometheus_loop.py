@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import re
 import threading
-import time
 import uuid
 from datetime import UTC, datetime, timedelta
 
@@ -21,8 +20,8 @@ import pytest
 import yaml
 
 from tests.api.live import bound_socket, serve
-from tests.collector.helpers import ARROW, arrow_body, step_rows
-from tests.deploy.peers import DEPLOY, alertmanager, binary, prometheus
+from tests.collector.helpers import ARROW, arrow_body, step_rows, wait_for
+from tests.deploy.peers import DEPLOY, alertmanager, alertmanager_config, binary, prometheus
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -36,16 +35,6 @@ def fast_rules(text: str) -> str:
     labels and routing are the shipped ones)."""
     text = re.sub(r"\[(5m|10m|1h)\]", "[8s]", text)
     return re.sub(r"for: \S+", "for: 0s", text)
-
-
-def wait_for(fn, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        v = fn()
-        if v:
-            return v
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 class Fleet(threading.Thread):
@@ -99,15 +88,11 @@ def test_late_chunk_burst_fires_alertmanager_turns_the_switch_off_for_that_relea
     (tmp_path / "read-token").write_text(READ)
     (tmp_path / "am-token").write_text(AM_TOKEN)
     (tmp_path / "rules.yml").write_text(fast_rules((DEPLOY / "prometheus" / "rules.yml").read_text()))
-    am_cfg = yaml.safe_load((DEPLOY / "alertmanager" / "alertmanager.yml").read_text())
-    am_cfg["route"].update(group_wait="1s", group_interval="1s", repeat_interval="1h")
-    hook = next(r for r in am_cfg["receivers"] if r["name"] == "livestep")["webhook_configs"][0]
-    hook["url"] = f"http://127.0.0.1:{port}/v1/alerts"
-    hook["http_config"]["authorization"]["credentials_file"] = str(tmp_path / "am-token")
+    am_cfg = alertmanager_config(port, tmp_path / "am-token")
     auth = {"Authorization": f"Bearer {READ}"}
 
     with serve(app, sock=sock, lifespan="on") as base, \
-            alertmanager(yaml.safe_dump(am_cfg), tmp_path) as am_url:
+            alertmanager(am_cfg, tmp_path) as am_url:
         prom_cfg = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
             "rule_files": [str(tmp_path / "rules.yml")],
@@ -126,14 +111,14 @@ def test_late_chunk_burst_fires_alertmanager_turns_the_switch_off_for_that_relea
                 def up():
                     r = httpx.get(f"{prom_url}/api/v1/query", params={"query": "livestep_fleet_chunks_total"}).json()
                     return len(r["data"]["result"]) == 2
-                wait_for(up, 20, "Prometheus scraping livestep's fleet counters")
+                wait_for(up, 20, "Prometheus scraping livestep's fleet counters", every_s=0.2)
                 fleet.burst.set()
 
                 def switch(release: str):
                     r = httpx.get(f"{base}/v1/switches", params={"release": release, "gpu_kind": "cpu",
                                                                   "worker_id": "w1"}, headers=auth)
                     return r.json()["switches"].get("fused_allreduce")
-                wait_for(lambda: switch("v2") is False, 40, "the alert to turn fused_allreduce off for v2")
+                wait_for(lambda: switch("v2") is False, 40, "the alert to turn fused_allreduce off for v2", every_s=0.2)
                 assert switch("v1") is None  # no rule for the other release: its workers keep their value
                 fleet.burst.clear()
 
@@ -142,7 +127,7 @@ def test_late_chunk_burst_fires_alertmanager_turns_the_switch_off_for_that_relea
                     assert r.status_code == 200, r.text
                     return r.json()
                 wait_for(lambda: any(d["action"] == "alert_resolved" for d in _rows(decisions())), 40,
-                         "Alertmanager's resolved notification")
+                         "Alertmanager's resolved notification", every_s=0.2)
         finally:
             fleet.stop.set()
             fleet.join(10)

@@ -8,9 +8,6 @@ the session's end, as the sampler did on the H200, where every session's client 
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -18,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from collector.client import TelemetryClient
-from tests.e2e.test_client_e2e import REPO, Serve, free_port
+from tests.serving import Serve, counted, free_port, read_store
 from worker.session import run_session
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -48,18 +45,9 @@ def serve(tmp_path):
 
 def stored(workdir: Path, session_id: str) -> dict:
     """Rows per table and the stored telemetry_dropped details, read after the server exited."""
-    code = (
-        "import json; from collector.store import open_store; "
-        f"s = open_store('chdb://{workdir / 'chdb'}'); q = {{'s': {session_id!r}}}; "
-        "c = {t: s.query_rows(f'SELECT count() FROM {t} WHERE session_id = {{s:String}}', q)[0][0] "
-        "for t in ('steps', 'gpu_samples', 'sessions', 'events')}; "
-        "c['dropped'] = [json.loads(r[0]) for r in s.query_rows(\"SELECT detail FROM events WHERE session_id = "
-        "{s:String} AND kind = 'telemetry_dropped'\", q)]; print(json.dumps(c))"
-    )
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
-                         check=False)
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return read_store(workdir, session_id, **counted("steps", "gpu_samples", "sessions", "events"),
+                      dropped="[json.loads(r[0]) for r in s.query_rows(\"SELECT detail FROM events WHERE session_id = "
+                              "{s:String} AND kind = 'telemetry_dropped'\", q)]")
 
 
 def test_a_session_with_the_sampler_on_delivers_every_record(serve):

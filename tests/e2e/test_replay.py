@@ -16,8 +16,8 @@ from collections import Counter
 import pytest
 
 from collector.telemetry_file import read_file
-from tests.e2e.test_client_e2e import REPO, Serve, free_port
 from tests.e2e.test_records_delivered import stored
+from tests.serving import REPO, Serve, free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

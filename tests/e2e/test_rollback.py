@@ -12,7 +12,6 @@ evidence goes away, the incident resolves (a second notification) -> the week's 
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from datetime import UTC, datetime, timedelta
 
@@ -21,20 +20,11 @@ import pytest
 
 from tests.api.live import bound_socket, serve
 from tests.api.test_incidents import Receiver
+from tests.collector.helpers import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 POLL_S = 0.5
-
-
-def wait_for(fn, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        v = fn()
-        if v:
-            return v
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_incident_notification_flip_worker_applies_fix_re_enable_resolved(tmp_path, chdb_dir):
@@ -79,9 +69,9 @@ def _story(app, sock, receiver, tmp_path):
             "tiny", seconds=8, collector_url=base, switches=Switches.all_on(), switch_source=source,
             release=leaking, worker_id="live-1")), daemon=True)
         worker.start()
-        wait_for(lambda: source.version is not None, 30, "the worker's first switch poll")
+        wait_for(lambda: source.version is not None, 30, "the worker's first switch poll", every_s=0.1)
         wait_for(lambda: store.query_rows("SELECT count() FROM steps WHERE worker_id = 'live-1'")[0][0] > 3, 30,
-                 "the live worker's first steps")
+                 "the live worker's first steps", every_s=0.1)
 
         findings = run_job("memory", store)  # the scheduler's hand-off: the incident logic, in process
         assert any(f["severity"] == "critical" and f["attribution"] == "fused_allreduce" for f in findings)
@@ -99,7 +89,7 @@ def _story(app, sock, receiver, tmp_path):
 
         ev = wait_for(lambda: store.query_rows(
             "SELECT ts, detail FROM events WHERE kind = 'switch_applied' AND worker_id = 'live-1'"), 20,
-            "the switch_applied event in the store")
+            "the switch_applied event in the store", every_s=0.1)
         applied_at, detail = ev[0][0], orjson.loads(ev[0][1])
         assert detail["changed"] == {"fused_allreduce": False}
         # the worker's poller saw the flip's version, and applied it after the decision was recorded
@@ -109,7 +99,7 @@ def _story(app, sock, receiver, tmp_path):
         # ... at a step boundary: every stored step before it ran the switch, every one from it on did not
         n_steps = summary["s"].steps
         wait_for(lambda: store.query_rows("SELECT count() FROM steps WHERE worker_id = 'live-1'")[0][0] >= n_steps,
-                 20, "every step of the live worker in the store")
+                 20, "every step of the live worker in the store", every_s=0.1)
         rows = store.query_rows("SELECT step, switches FROM steps WHERE worker_id = 'live-1' ORDER BY step")
         before = [sw for step, sw in rows if step < detail["step"]]
         after = [sw for step, sw in rows if step >= detail["step"]]

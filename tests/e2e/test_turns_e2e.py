@@ -4,42 +4,22 @@ per-stage bars, the turn marks on the session's step chart)."""
 
 from __future__ import annotations
 
-import threading
-
 import httpx
 import pytest
-import uvicorn
 
-from api.app import create_app
 from tests.api import browser
-from tests.collector.helpers import chdb_dsn, drained, make_settings, wait_for
+from tests.collector.helpers import INGEST_TOKEN, drained, wait_for
 from worker.session import Worker
 from worker.turns import TurnSchedule
 
 pytestmark = pytest.mark.e2e
-TOKEN = "e2e-turns-token"
 
 
-@pytest.fixture
-def server(tmp_path, chdb_dir):
-    settings = make_settings(chdb_dsn(chdb_dir), tmp_path, role="all", ingest_tokens=[TOKEN], port=0)
-    app = create_app(settings)
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on"))
-    th = threading.Thread(target=srv.run, daemon=True)
-    th.start()
-    wait_for(lambda: srv.started or not th.is_alive(), what="uvicorn started")
-    assert srv.started, "uvicorn did not start"
-    yield app, f"http://127.0.0.1:{srv.servers[0].sockets[0].getsockname()[1]}"
-    srv.should_exit = True
-    th.join(30)
-    app.state.store.command(f"DROP DATABASE IF EXISTS {app.state.store.database}")
-
-
-def test_a_live_workers_turns_reach_the_store_and_the_dashboards(server):
-    app, url = server
+def test_a_live_workers_turns_reach_the_store_and_the_dashboards(app_server):
+    app, url = app_server
     sched = TurnSchedule([(0.5, 6, True), (1.3, 14, False), (2.1, 9, True)])
-    s = Worker("tiny", release="v-turns").run_session(seconds=6.0, collector_url=url, token=TOKEN, turns=sched,
-                                                      playout_policy="trim", seed=4)
+    s = Worker("tiny", release="v-turns").run_session(seconds=6.0, collector_url=url, token=INGEST_TOKEN,
+                                                      turns=sched, playout_policy="trim", seed=4)
     assert s.turns == 3 and s.telemetry_dropped == 0
     wait_for(lambda: drained(app), what="spool drained")
     store = app.state.store

@@ -54,7 +54,7 @@ def test_the_wheel_ships_the_schema_and_declares_roles(wheel):
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
         meta = z.read(f"livestep-{__version__}.dist-info/METADATA").decode()
-    for f in schema_files():  # (the cluster form is generated from the same files: collector/cluster_ddl.py)
+    for f in schema_files():  # (the cluster form is generated from the same files: collector/migrations.py)
         assert f"collector/sql/{f.name}" in names
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     requires = re.findall(r"^Requires-Dist: (.+)$", meta, re.MULTILINE)

@@ -54,3 +54,19 @@ def cpu_graphs(monkeypatch):
     monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "current_stream", lambda: Stream(counted=False))
     return _RecordingGraph
+
+
+def spy_on_decoder(monkeypatch, keep=lambda latents: latents.float().cpu()) -> list:
+    """What ``keep`` makes of every chunk's latents as the decoder receives them from now on (default: a host
+    copy; the test may sync)."""
+    from worker.decoder import Decoder
+
+    seen: list = []
+    submit = Decoder.submit
+
+    def spy(self, latents, step, after=None):
+        seen.append(keep(latents))
+        return submit(self, latents, step, after=after)
+
+    monkeypatch.setattr(Decoder, "submit", spy)
+    return seen

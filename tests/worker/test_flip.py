@@ -15,6 +15,7 @@ from worker.flips import FLIP_COST_STEPS, carry_cache
 from worker.model import DiT
 from worker.readiness import RUNTIME_SWITCHES, model_view, neighbour
 from worker.session import Worker
+from worker.switches import ScriptedFlip
 from worker.telemetry import ListSink
 
 PROD = {"ring_cache": True, "rope_at_write": True, "fp8_cache": True, "delta_rotation": True,
@@ -26,29 +27,11 @@ def _worker(**kw) -> Worker:
     return Worker(shape, device="cpu", model=DiT(shape, dtype=torch.bfloat16, fp8=True), **kw)
 
 
-class _Flip:
-    """A control plane that flips ``change`` at ``at``; the session stops ``after`` steps past the swap
-    (seen as the worker's model becoming the target's view)."""
-
-    def __init__(self, w: Worker, change: dict, at: int = 3, after: int = 4):
-        self.w, self.change, self.at, self.after = w, change, at, after
-        self.model0, self.step, self.swapped = w.model, -1, None
-
-    def poll(self, step: int):
-        self.step = step
-        return self.change if step == self.at else None
-
-    def stop(self) -> bool:
-        if self.swapped is None and self.w.model is not self.model0:
-            self.swapped = self.step
-        return self.swapped is not None and self.step >= self.swapped + self.after
-
-
 def test_a_slow_build_keeps_the_session_playing_and_swaps_at_a_step_boundary(cpu_graphs):
     w = _worker()
     w.warm(PROD)
     w.readiness.delay_s = 0.8  # about 5 chunks of 166.7 ms: the session plays on meanwhile
-    flip = _Flip(w, {"delta_rotation": False})
+    flip = ScriptedFlip(w, {"delta_rotation": False})
     sink = ListSink()
     s = w.run_session(steps=400, switches=PROD, cond_tokens=6, sink=sink, switch_source=flip.poll,
                       stop_when=flip.stop)
@@ -77,8 +60,9 @@ def test_a_slow_build_keeps_the_session_playing_and_swaps_at_a_step_boundary(cpu
 
 def test_a_session_on_a_quick_state_attaches_to_the_complete_one(cpu_graphs, monkeypatch):
     """The swap runs on the least it needs (its bucket's first forward and full-window step); the worker keeps
-    that quick state while the complete one builds, and a session that starts on it (another bucket: eager
-    meanwhile, no capture) swaps the complete one in at a step boundary once it is ready."""
+    that quick state while the complete one builds, and a session on another bucket starts on the last
+    complete state (its graphs: nothing eager, no capture) and swaps the complete target in at a step
+    boundary once it is ready."""
     import threading
 
     import worker.readiness
@@ -93,7 +77,7 @@ def test_a_session_on_a_quick_state_attaches_to_the_complete_one(cpu_graphs, mon
     w = _worker()
     w.warm(PROD)
     monkeypatch.setattr(worker.readiness, "build_warm", held)
-    flip = _Flip(w, {"delta_rotation": False}, after=2)
+    flip = ScriptedFlip(w, {"delta_rotation": False}, after=2)
     s = w.run_session(steps=400, switches=PROD, cond_tokens=6, switch_source=flip.poll, stop_when=flip.stop)
     assert len(s.switch_events) == 1 and not w.warmed.complete and w.warmed.buckets == (8,)  # the quick state
 
@@ -104,9 +88,11 @@ def test_a_session_on_a_quick_state_attaches_to_the_complete_one(cpu_graphs, mon
 
     off = {**PROD, "delta_rotation": False}
     s = w.run_session(steps=6, realtime=False, switches=off, cond_tokens=11, switch_source=source)
-    assert s.warm and s.graph_captures == 0 and s.switch_events == []  # no switch changed
+    assert s.warm and s.graph_captures == 0 and s.graph_misses == 0
     (cost,) = s.flips
     assert cost["mode"] == "session_start" and cost["applied_step"] == 2 and w.warmed.complete
+    assert cost["changed"] == {"delta_rotation": False} and s.switches == Switches.from_mapping(off).encode()
+    assert w.previous is None  # the complete target replaced it
 
 
 def test_a_flip_back_before_the_target_is_ready_applies_nothing(cpu_graphs):
@@ -248,8 +234,9 @@ def test_a_flip_while_attached_at_start_is_its_own_flip(cpu_graphs, monkeypatch)
         return None
 
     s = w.run_session(steps=6, realtime=False, switches=off, cond_tokens=6, switch_source=source)
-    costs = [c for c in s.flips if c["step"] >= 0]
-    assert len(costs) == 1 and costs[0]["step"] == 2 and costs[0]["changed"] == {"fp8_cache": False}
+    costs = [c for c in s.flips if c["step"] >= 0]  # it ran PROD (warm) until the swap: both changed then
+    assert len(costs) == 1 and costs[0]["step"] == 2
+    assert costs[0]["changed"] == {"delta_rotation": False, "fp8_cache": False}
     assert costs[0]["applied_step"] == 3 and s.switches == Switches.from_mapping({**off, "fp8_cache": False}).encode()
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.worker.conftest import spy_on_decoder
 from worker.config import ModelShape, Switches
-from worker.decoder import Decoder
 from worker.session import Worker
 from worker.streams import own_stream
 
@@ -26,14 +26,7 @@ def test_a_background_flip_swaps_at_a_boundary_and_replays_the_targets_graphs(mo
         pytest.skip("needs a CUDA GPU (run on the H200: see docs/PERFORMANCE.md)")
     w = Worker(SHAPE, device="cuda")
     w.warm(PROD, neighbours=(switch,))
-    seen: list[torch.Tensor] = []
-    submit = Decoder.submit
-
-    def spy(self, latents, step, after=None):
-        seen.append(latents.float().cpu())
-        return submit(self, latents, step, after=after)
-
-    monkeypatch.setattr(Decoder, "submit", spy)
+    seen = spy_on_decoder(monkeypatch)
 
     def source(step):  # the flip at step 5; at step 6's poll the build has ended: the swap is at step 6
         if step == 6:
@@ -61,19 +54,15 @@ def test_a_build_captures_beside_a_live_session_that_keeps_stepping(monkeypatch)
         pytest.skip("needs a CUDA GPU (run on the H200: see docs/PERFORMANCE.md)")
     w = Worker(SHAPE, device="cuda")
     w.warm(PROD, neighbours=("static_scales",))
-    model0, seen, swapped = w.model, [], []
-    submit = Decoder.submit
-
-    def spy(self, latents, step, after=None):
-        seen.append(bool(torch.isfinite(latents).all()))  # a device sync on the live thread, mid-capture
-        return submit(self, latents, step, after=after)
+    model0, swapped = w.model, []
+    # every chunk finite: a device sync on the live thread, mid-capture
+    seen = spy_on_decoder(monkeypatch, lambda latents: bool(torch.isfinite(latents).all()))
 
     def stop():
         if not swapped and w.model is not model0:
             swapped.append(len(seen))
         return bool(swapped) and len(seen) >= swapped[0] + 20
 
-    monkeypatch.setattr(Decoder, "submit", spy)
     s = w.run_session(steps=100_000, realtime=False, switches=PROD, cond_tokens=300,
                       switch_source=lambda step: {"static_scales": False} if step == 3 else None, stop_when=stop)
     (cost,) = s.flips

@@ -12,8 +12,8 @@ import random
 import pytest
 import torch
 
+from tests.worker.conftest import spy_on_decoder
 from worker.config import ModelShape, Switches
-from worker.decoder import Decoder
 from worker.session import Worker
 
 pytestmark = pytest.mark.gpu
@@ -24,16 +24,9 @@ SHAPE = ModelShape.from_name("small", n_blocks=2, window=2400, cond_tokens=(256,
 
 def _latents(monkeypatch, worker: Worker, **kw) -> list[torch.Tensor]:
     """Every chunk's latents as the decoder receives them (a host copy: this test may sync)."""
-    seen: list[torch.Tensor] = []
-    submit = Decoder.submit
-
-    def spy(self, latents, step, after=None):
-        seen.append(latents.float().cpu())
-        return submit(self, latents, step, after=after)
-
-    monkeypatch.setattr(Decoder, "submit", spy)
-    worker.run_session(realtime=False, **kw)
-    monkeypatch.setattr(Decoder, "submit", submit)
+    with monkeypatch.context() as m:
+        seen = spy_on_decoder(m)
+        worker.run_session(realtime=False, **kw)
     return seen
 
 

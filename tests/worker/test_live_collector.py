@@ -6,71 +6,31 @@ ephemeral loopback port; after it exits, a separate process counts what was stor
 
 from __future__ import annotations
 
-import json
-import os
 import signal
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 
+from tests.serving import Serve, counted, free_port, read_store
 from worker.session import run_session
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @pytest.fixture
 def server(tmp_path):
-    port = _free_port()
-    env = dict(os.environ, LIVESTEP_CLICKHOUSE_DSN=f"chdb://{tmp_path / 'chdb'}",
-               LIVESTEP_SPOOL_DIR=str(tmp_path / "spool"), LIVESTEP_FLUSH_INTERVAL_S="0.1", PYTHONPATH=str(REPO))
-    log = open(tmp_path / "serve.log", "wb")  # noqa: SIM115 - the child owns it
-    proc = subprocess.Popen([sys.executable, "-m", "api.cli", "serve", "--host", "127.0.0.1", "--port", str(port)],
-                            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-    log.close()
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        assert proc.poll() is None, (tmp_path / "serve.log").read_text()[-2000:]
-        try:
-            if httpx.get(url + "/v1/health", timeout=1.0).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        assert time.monotonic() < deadline, "livestep serve not ready"
-        time.sleep(0.1)
-    yield url, proc, tmp_path
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait(30)
+    serve = Serve(tmp_path, free_port()).start()
+    yield serve.url, serve.proc, tmp_path
+    serve.stop()
 
 
 def _stored(tmp_path: Path, session_id: str) -> dict:
-    code = (
-        "import json; from collector.store import open_store; "
-        f"s = open_store('chdb://{tmp_path / 'chdb'}'); q = {{'s': {session_id!r}}}; "
-        "c = {t: s.query_rows(f'SELECT count() FROM {t} WHERE session_id = {{s:String}}', q)[0][0] "
-        "for t in ('steps', 'sessions', 'events')}; "
-        "c['fps'] = s.query_rows(\"SELECT avg_fps FROM sessions WHERE session_id = {s:String} AND phase = 'end'\", q)[0][0]; "
-        "c['kinds'] = sorted(r[0] for r in s.query_rows('SELECT kind FROM events WHERE session_id = {s:String}', q)); "
-        "print(json.dumps(c))"
-    )
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
-                         check=False)
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return read_store(tmp_path, session_id, **counted("steps", "sessions", "events"),
+                      fps="s.query_rows(\"SELECT avg_fps FROM sessions WHERE session_id = {s:String} AND phase = 'end'\", "
+                          "q)[0][0]",
+                      kinds="sorted(r[0] for r in s.query_rows('SELECT kind FROM events WHERE session_id = {s:String}', q))")
 
 
 def test_live_session_records_arrive_in_chdb(server):

@@ -6,52 +6,25 @@ Against a real ``livestep serve`` (subprocess, own chDB and spool, ingest and re
 from __future__ import annotations
 
 import logging
-import os
-import subprocess
 import sys
 import time
-from pathlib import Path
 
-import httpx
 import pytest
 
 from api.cli import main
+from tests.serving import Serve, free_port
 from worker.switches import HttpSource, switches_endpoint
 
 pytestmark = [pytest.mark.e2e]
-
-REPO = Path(__file__).resolve().parents[2]
 INGEST, READ = "ingest-token-for-tests", "read-token-for-tests"
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("preflight")
-    from tests.api.live import bound_socket
-
-    sock = bound_socket()
-    port = sock.getsockname()[1]
-    sock.close()
-    env = dict(os.environ, LIVESTEP_CLICKHOUSE_DSN=f"chdb://{tmp / 'chdb'}", LIVESTEP_SPOOL_DIR=str(tmp / "spool"),
-               LIVESTEP_INGEST_TOKENS=INGEST, LIVESTEP_READ_TOKENS=READ, PYTHONPATH=str(REPO))
-    log = open(tmp / "serve.log", "wb")  # noqa: SIM115 - the child owns it
-    proc = subprocess.Popen([sys.executable, "-m", "api.cli", "serve", "--port", str(port)], cwd=REPO, env=env,
-                            stdout=log, stderr=subprocess.STDOUT)
-    log.close()
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while True:
-        assert proc.poll() is None, (tmp / "serve.log").read_text()[-2000:]
-        try:
-            if httpx.get(url + "/v1/health", timeout=1.0).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        assert time.monotonic() < deadline, "livestep serve not ready"
-        time.sleep(0.2)
-    yield url
-    proc.terminate()
-    proc.wait(30)
+    serve = Serve(tmp_path_factory.mktemp("preflight"), free_port(), LIVESTEP_INGEST_TOKENS=INGEST,
+                  LIVESTEP_READ_TOKENS=READ).start(timeout_s=90)
+    yield serve.url
+    serve.stop()
 
 
 def run_worker(capsys, *args) -> tuple[int, str]:

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from collector import records
+from worker.playout import Playout
 from worker.session import Worker, run_session
-from worker.telemetry import ListSink, Playout
+from worker.telemetry import ListSink
 
 
 def test_records_follow_the_wire_contract():
@@ -123,7 +124,7 @@ def test_upkeep_spans_sampled_every_nth_step():
 
 
 def test_step_energy_from_cumulative_counter_interpolated_and_just_past_the_last_sample():
-    from worker.telemetry import PowerSampler
+    from worker.nvml import PowerSampler
 
     p = PowerSampler([], emit=lambda kind, row: None, interval_s=0.1)  # no NVML here: fill the history
     p.available = True

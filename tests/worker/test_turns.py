@@ -11,8 +11,9 @@ import torch
 
 from worker.cache import make_cache
 from worker.config import Switches
+from worker.playout import Playout
 from worker.session import ChunkRunner, Session, Worker
-from worker.telemetry import ListSink, Playout
+from worker.telemetry import ListSink
 from worker.turns import POLICIES, TurnError, TurnInbox, TurnPlayer, TurnSchedule, check_policy, conversation
 
 P = 1 / 6  # the chunk period

@@ -85,15 +85,18 @@ def test_a_session_starts_from_an_empty_window_and_fresh_calibration(cpu_graphs)
 
 
 def test_other_switches_are_built_in_the_background_and_the_next_session_starts_warm(cpu_graphs):
-    """A session on switches the worker is not warm for (a control-plane change at its start) runs eagerly on
-    its own cache, exact prompt length, while their warm state is built on a thread; the worker never
-    re-warms in between (no blocking warm()), and the next session starts on the built state."""
+    """A session on switches the worker is not warm for (a control-plane change at its start) starts on the
+    worker's warm state (its graphs: nothing eager) while theirs is built on a thread, to be swapped in once
+    built; the worker never re-warms in between (no blocking warm()), and the next session starts on the
+    built state."""
     w = _worker()
     w.warm(PROD)
     w.readiness.delay_s = 0.3  # the build still runs when the session ends
     other = {**PROD, "delta_rotation": False}
     s = w.run_session(steps=8, realtime=False, switches=other, cond_tokens=6)
-    assert not s.warm and s.first_forward_tokens == 6 and s.graph_captures == 0  # eager: no capture in the loop
+    assert s.warm and s.graph_captures == 0 and s.graph_misses == 0  # PROD's graphs meanwhile
+    (cost,) = s.flips
+    assert cost["mode"] == "session_start" and cost["applied_step"] is None  # still building at its end
     assert w.warmed.switches == Switches.from_mapping(PROD)  # nothing re-warmed after the session
     assert w.readiness.wait()
     s = w.run_session(steps=8, realtime=False, switches=other, cond_tokens=6)
