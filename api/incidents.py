@@ -15,8 +15,9 @@ the change's day, is explained by that release gaining share: it is evidence of 
 (two such releases first seen the same day: no explanation, never list order); so is one whose evidence names
 that release as the one gaining share on its kind, though the regression was judged on other kinds only; one
 with no such release joins the open power incident of its kind (the clocks fell, the step time followed), else
-the open drift incident with a drift of the same daily metric (on its kind if one is) that began on or before
-it (a trend that crossed the change-point threshold: the same cause, not a second incident). A drift of a release with an open
+the open drift incident with a drift that began on or before it, of its metric or another on its kind, or of
+its metric on another kind (a trend that crossed the change-point threshold: the same cause, not a second
+incident). A drift of a release with an open
 regression incident joins it; one on a GPU kind with an open power incident joins that (a step in the series
 reads as a trend over the drift's window).
 
@@ -197,23 +198,26 @@ def _explaining_power(cp: dict[str, Any], groups: dict[str, Group]) -> Group | N
 
 
 def _explaining_drift(cp: dict[str, Any], groups: dict[str, Group]) -> Group | None:
-    """The open drift incident with a drift of the change point's metric whose series began on or before the
-    change's day (a trend that crossed Otava's threshold reads as a step: the same cause), on the change
-    point's GPU kind if one is, else on any kind (the drift job runs after the change points: a kind's drift
-    may be found a run later than its step); the latest-begun such incident, None when two tie."""
+    """The open drift incident that explains the change point: a trend that crossed Otava's threshold reads
+    as a step, the same cause. Its drift began on or before the change's day and is, in this order of
+    preference, of the change point's metric on its GPU kind; of another daily metric on its kind (a late-chunk
+    rate steps as the step time drifts); of its metric on another kind (the drift job runs after the change
+    points: a kind's own drift may be found a run later than its step). The latest-begun such incident of the
+    first tier that has one; None when two tie."""
     gpu = parse_scope(cp["scope"] or "").get("gpu_kind")
     day = _utc(cp["window_start"])
-    on_kind: list[tuple[datetime, Group]] = []
-    other: list[tuple[datetime, Group]] = []
+    tiers: list[list[tuple[datetime, Group]]] = [[], [], []]
     for g in groups.values():
         if g.kind != "drift":
             continue
-        mine = [f for f in g.findings if f["kind"] == "drift" and f["metric"] == cp["metric"]
-                and _utc(f["window_start"]) <= day]
-        if mine:
-            here = [f for f in mine if parse_scope(f["scope"] or "").get("gpu_kind", gpu) == gpu]
-            (on_kind if here else other).append((min(_utc(f["window_start"]) for f in here or mine), g))
-    return _latest(on_kind or other)
+        drifts = [f for f in g.findings if f["kind"] == "drift" and _utc(f["window_start"]) <= day]
+        here = [f for f in drifts if parse_scope(f["scope"] or "").get("gpu_kind", gpu) == gpu]
+        for tier, mine in enumerate(([f for f in here if f["metric"] == cp["metric"]], here,
+                                     [f for f in drifts if f["metric"] == cp["metric"]])):
+            if mine:
+                tiers[tier].append((min(_utc(f["window_start"]) for f in mine), g))
+                break
+    return _latest(next((t for t in tiers if t), []))
 
 
 def _latest(best: list[tuple[datetime, Group]]) -> Group | None:
@@ -426,6 +430,9 @@ def sync(store, *, now: datetime | None = None, notifier: Notifier | None = None
             if g is None and (inc is None or inc["state"] == "resolved"):
                 continue
             before = inc["state"] if inc else None
+            # what is stored, before ``inc`` (the same dict) is updated: new evidence must be told apart from it
+            stored = None if inc is None else {"keys": list(inc["evidence_keys"]),
+                                               "at": inc.get("evidence_at") or inc["updated_at"]}
             events: list[str] = []
             if g is None:  # no evidence left: resolved once it has stayed away ``resolve_after``
                 last = inc.get("evidence_at") or inc["updated_at"]
@@ -485,9 +492,8 @@ def sync(store, *, now: datetime | None = None, notifier: Notifier | None = None
             due = (not changed and inc["state"] != "resolved" and inc["notified_at"] is not None
                    and (now - _utc(inc["notified_at"])).total_seconds() >= repeat_s)
             if not changed and not due:
-                stored = known.get(key)
-                if g is not None and (stored is None or inc["evidence_keys"] != stored["evidence_keys"]
-                                      or now - _utc(stored.get("evidence_at") or stored["updated_at"]) >= EVIDENCE_STAMP):
+                if g is not None and (stored is None or inc["evidence_keys"] != stored["keys"]
+                                      or now - _utc(stored["at"]) >= EVIDENCE_STAMP):
                     writes.append(inc)  # new evidence (or its hourly stamp) of an unchanged incident: nobody notified
                 continue
             inc["updated_at"] = now

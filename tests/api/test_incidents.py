@@ -216,9 +216,11 @@ def test_a_drift_and_the_change_point_it_crosses_are_one_incident():
     fs += [_f("changepoint", {"gpu_kind": "h200"}, "diffusion_ms_p50", severity="warning", day=2),
            _f("changepoint", {"gpu_kind": "b200"}, "diffusion_ms_p50", severity="warning", day=2),
            _f("changepoint", {"gpu_kind": "h100"}, "late_chunk_rate", severity="warning", day=2)]
-    # b200's step joins too: the drift job runs after the change points, so its drift may come a run later
-    assert [(g.key, len(g.findings)) for g in incidents.group_findings(fs)] == [
-        ("changepoint|gpu_kind=h100", 1), ("drift|release=v1", 4)]
+    # b200's step joins too (the drift job runs after the change points: its drift may come a run later), and
+    # h100's late-chunk rate (it steps as the step time drifts)
+    assert [(g.key, len(g.findings)) for g in incidents.group_findings(fs)] == [("drift|release=v1", 5)]
+    other = _f("changepoint", {"gpu_kind": "b200"}, "late_chunk_rate", severity="warning", day=2)
+    assert [g.key for g in incidents.group_findings([fs[0], other])] == ["changepoint|gpu_kind=b200", "drift|release=v1"]
 
 
 def test_a_change_point_of_the_release_gaining_share_joins_its_regression_judged_on_other_kinds():
@@ -275,6 +277,20 @@ def test_a_power_cap_keeps_its_incident_when_its_change_is_no_longer_new(store):
     listed = incidents.list_incidents(store)
     assert [(i["key"], i["state"], i["evidence_count"]) for i in listed] == [("power|gpu_kind=h100", "opened", 2)]
     assert [c["events"] for c in reps[0].changed] == [["opened"]] and reps[1].changed == []
+
+
+def test_new_evidence_of_an_unchanged_incident_is_stored(store):
+    """A second kind's finding joins an open incident without changing its state: nobody is notified, but the
+    incident's evidence (and the time it was last seen, which its resolution counts from) is stored."""
+    t = T + timedelta(days=7)
+    one, two = (_f("regression", {"release": "v2", "gpu_kind": k}, "diffusion_ms", severity="warning")
+                for k in ("h100", "h200"))
+    for h, fs in ((0, [one]), (2, [one, two])):
+        write_findings(store, "regressions", T, t + timedelta(hours=h), fs, now=t + timedelta(hours=h), current=True)
+        rep = incidents.sync(store, now=t + timedelta(hours=h, minutes=5))
+    assert rep.changed == [] and rep.notifications == []
+    [inc] = incidents.list_incidents(store)
+    assert inc["evidence_count"] == 2 and incidents._utc(inc["evidence_at"]) == t + timedelta(hours=2, minutes=5)
 
 
 def test_every_finding_kind_that_can_be_critical_can_open_an_incident():
