@@ -46,6 +46,8 @@ external receivers ``LIVESTEP_WEBHOOK_URLS`` (none set: recorded in ``incident_l
 posted to this server's own ``/v1/alerts``: the hand-off is a function call.
 
 Every state change, flip and notification is a row of ``incident_log`` (sql/031_incidents.sql).
+Over 450 lines: the incident lifecycle (grouping, state, action, notification) is one state machine over
+one table under one lock.
 """
 
 from __future__ import annotations

@@ -13,6 +13,8 @@ FP8), and the window advances by copying. ``RingCache``: RoPE (and FP8 with per-
 calibrated once per session) applied once at write, advance by index, one delta rotation of the
 window at each position reset. Bookkeeping lives in ``CacheBook``, apart from the tensors (vLLM's
 KVCacheBlocks habit). Tensors follow contract 6: ``k: [heads, slots, head_dim]`` per block.
+Over 450 lines: one cache interface with both implementations (plain and ring) and their torch ops, so the
+invalid combination (a ring cache with positions by slot order) is visible in one file.
 """
 
 from __future__ import annotations

@@ -40,6 +40,8 @@ static scales also stores its output (self- and cross-attention) as the FP8 inpu
 projection. Same math as the unfused path (``BlockFusion.eager(act_scales)`` is that path with the
 chains grouped; the tests compare both on CPU). ``DiT.fuse_blocks = False`` keeps the unfused path
 under compile (the bench measures both).
+Over 450 lines: the DiT reads like the paper's step (gpt-fast style); the Linear and its FP8 matmul, the
+block fusion, ``Block`` and ``DiT`` are one forward pass.
 """
 
 from __future__ import annotations

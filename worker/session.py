@@ -301,8 +301,9 @@ class Session:
         own = w.warm_for(self.switches)
         if own is not None and (own.complete or w.bucket(self.cond_tokens) in own.buckets):
             return None
-        fallback = w.warmed if own is None else w.previous
-        if fallback is None or not fallback.complete:
+        fallback = next((c for c in ((w.warmed if own is None else None), w.previous)
+                         if c is not None and c.complete), None)
+        if fallback is None:
             return None
         wanted = self.switches
         if fallback is not w.warmed:

@@ -7,7 +7,6 @@ its thread, replays do nothing; the builder is held back by ``readiness.delay_s`
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from worker.config import ModelShape, Switches
