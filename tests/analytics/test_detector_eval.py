@@ -45,7 +45,7 @@ def test_the_table_counts_ambiguous_first_findings_and_the_rung_of_the_judged_on
             Outcome("leak_session", 1, found=True, scope_right=False, hours_to_first=24, ambiguous_first=True),
             Outcome("leak_session", 2, found=True, scope_right=True, hours_to_first=24, ambiguous_first=False,
                     hours_to_scope=24)]
-    line = next(ln for ln in summarize(outs) if ln.startswith("leak_session")).split()
+    line = next(ln for ln in summarize(outs, CATALOG) if ln.startswith("leak_session")).split()
     assert line == ["leak_session", "memory", "100.0%", "(3/3)", "66.7%", "(2/3)", "-", "-", "-", "24", "48", "-",
                     "66.7%", "(2/3)", "-"]  # recall, scope right, (attribution, severity, condition), h to first,
     # h to scope (median), ambiguous 1st

@@ -35,7 +35,7 @@ def test_the_table_prints_incidents_per_cause_and_notifications_per_incident_day
                                                                   "incident_days": 3, "max_notifications_day": 4}),
             Outcome("hold_healthy", 0, incidents={**inc, "flips": 0, "incidents": 0, "notifications": 0,
                                                  "incident_days": 0, "max_notifications_day": 0})]
-    lines = summarize(outs)
+    lines = summarize(outs, CATALOG)
     assert [ln for ln in lines if ln.startswith("hold_switch_cause")][-1].split() == [
         "hold_switch_cause", "50.0%", "(1/2)", "1.5/2", "0", "1", "1.83", "4"]
     assert lines[-1] == ("incidents per cause within the goal (<= 1; benign: 0)  66.7% (2/3); notifications per "
