@@ -46,7 +46,8 @@ CHUNK_S = 4 / 24
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--preset", default="prod57b")
-    ap.add_argument("--tp", type=int, default=3, help="the rank shape of a TP group of this size (rank 0)")
+    ap.add_argument("--tp", type=int, default=None,
+                    help="the rank shape of a TP group of this size (rank 0); default 3 for prod57b, else 1")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--sessions", type=int, default=100)
     ap.add_argument("--min-seconds", type=float, default=10.0, help="shortest session (streamed seconds)")
@@ -59,7 +60,8 @@ def main() -> int:
     args = ap.parse_args()
 
     base = ModelShape.from_name(args.preset)
-    shape = tp_rank_of(base, args.tp) if args.tp > 1 else base
+    tp = args.tp if args.tp is not None else (3 if args.preset == "prod57b" else 1)
+    shape = tp_rank_of(base, tp) if tp > 1 else base
     cuda = args.device.startswith("cuda")
     sw = Switches.all_on(fused_allreduce=False) if cuda else Switches.all_on(
         fused_allreduce=False, cuda_graphs=False, compile=False, triton_kernels=False, decoder_own_gpu=False)
