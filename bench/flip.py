@@ -158,7 +158,7 @@ def main() -> int:
             except Exception as e:  # noqa: BLE001 - an invalid neighbour is reported, not fatal
                 print(f"# {name}: no valid neighbour ({e})", flush=True)
                 continue
-            to_off = {k: v for k, v in off.as_dict().items() if sw.as_dict()[k] != v}
+            to_off = sw.changes_to(off)
             to_on = {k: not v for k, v in to_off.items()}
             done = []  # (session, peak, reserved) of off, on, next: what ran before a failure is still reported
             try:

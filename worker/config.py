@@ -251,6 +251,11 @@ class Switches:
     def with_(self, **changes: bool) -> Switches:
         return Switches.from_mapping({**self.as_dict(), **changes})
 
+    def changes_to(self, new: Switches) -> dict[str, bool]:
+        """The switches ``new`` sets otherwise than these, with ``new``'s values (a flip's ``changed``)."""
+        mine = self.as_dict()
+        return {k: v for k, v in new.as_dict().items() if mine[k] != v}
+
     @classmethod
     def from_mapping(cls, m: dict[str, Any]) -> Switches:
         unknown = sorted(set(m) - set(SWITCH_NAMES))

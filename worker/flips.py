@@ -107,7 +107,7 @@ class Flips:
             self.pending = FlipCost(changed, new.encode(), "background" if step >= 0 else "session_start", step,
                                     time.perf_counter(), pl.late_chunks, pl.stall_s)
         else:  # a newer poll before the last target was ready: one flip, to the newest target
-            self.pending.changed = {k: v for k, v in new.as_dict().items() if s.switches.as_dict()[k] != v}
+            self.pending.changed = s.switches.changes_to(new)
             self.pending.switches = new.encode()
         self.wanted = new
         s.w.readiness.request(new, first=s.w.bucket(s.cond_tokens))

@@ -203,7 +203,7 @@ class Session:
         """A validated change at this step boundary: a playout policy at once; a change of the step's work
         built in the background on a warm worker (swapped in later, ``Flips.boundary``), else in the loop."""
         old = self.switches
-        changed = {k: v for k, v in new.as_dict().items() if old.as_dict()[k] != v}
+        changed = old.changes_to(new)
         wanted = self.flips.wanted
         if (wanted is not None and wanted.model_switches() != old.model_switches()
                 and new.model_switches() == old.model_switches()):
@@ -224,7 +224,7 @@ class Session:
     def _apply_inline(self, new: Switches, step: int, cost: FlipCost | None = None) -> None:
         """The plain path: the cache rebuilt, the model reconfigured and a new runner, in the loop."""
         old = self.switches
-        changed = {k: v for k, v in new.as_dict().items() if old.as_dict()[k] != v}
+        changed = old.changes_to(new)
         t0 = time.perf_counter()
         if any(k in CACHE_SWITCHES for k in changed):
             self.cache = rebuild_cache(self.cache, new)
@@ -260,7 +260,7 @@ class Session:
         """A built target in at this step boundary: the window carried into its cache, the static scales into
         its model view, the conditioning's cross K/V into the windows its graphs read. Returns that cross K/V."""
         old_model, view = self.w.model, warm.model
-        changed = {k: v for k, v in new.as_dict().items() if self.switches.as_dict()[k] != v}
+        changed = self.switches.changes_to(new)
         carry_cache(self.cache, warm.cache)
         carry_scales(old_model, view, self.w.shape.passes)
         old_model.set_timer(_null_timer())
@@ -397,8 +397,7 @@ class Session:
             self.cache.restart()
             self.ff_tokens = w.bucket(self.cond_tokens)
             if wanted is not None:  # on the last complete state: the wanted switches swap in once built
-                self.flips.want(self, wanted, -1, {k: v for k, v in wanted.as_dict().items()
-                                                   if self.switches.as_dict()[k] != v})
+                self.flips.want(self, wanted, -1, self.switches.changes_to(wanted))
             elif self.background and not warm.complete:  # a flip's quick state: attach to its complete one
                 self.flips.want(self, self.switches, -1, {})
         else:
