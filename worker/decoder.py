@@ -19,11 +19,10 @@ import time
 from dataclasses import dataclass, field
 
 import torch
-
-from worker.streams import own_stream
 import torch.nn.functional as F
 
 from worker.config import ModelShape
+from worker.streams import own_stream
 
 
 @dataclass

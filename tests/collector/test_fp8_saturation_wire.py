@@ -13,8 +13,8 @@ import pytest
 from pydantic import ValidationError
 
 from collector import records
-from collector.routes import BadBatchError, check_table
 from collector.migrations import SQL_DIR, statements
+from collector.routes import BadBatchError, check_table
 from tests.collector.helpers import ARROW, arrow_body, drained, json_rows, step_rows, store_before, wait_for
 
 T0 = datetime(2026, 11, 2, 8, tzinfo=UTC)
