@@ -77,36 +77,39 @@ class _Flagged:
 
     def __enter__(self):
         self.inner.__enter__()
-        _stance_enter()
+        _EAGER_ON_RECOMPILE.enter()
         _CAPTURE.on = True
 
     def __exit__(self, *exc):
         _CAPTURE.on = False
-        _stance_exit()
+        _EAGER_ON_RECOMPILE.exit()
         return self.inner.__exit__(*exc)
 
 
-# The stance is process-wide and captures on two threads may overlap (a build beside a session's own
-# capture): the first capture in sets it, the last one out restores what was there before.
-_STANCE_LOCK = threading.Lock()
-_STANCE: list = []  # [the stance context to exit, captures in flight]
+class _SharedStance:
+    """A torch.compile stance held while any capture runs: the stance is process-wide and captures on two
+    threads may overlap (a build beside a session's own capture), so the first one in sets it and the last
+    one out restores what was there before."""
+
+    def __init__(self, stance: str):
+        self.stance, self.lock, self.held, self.ctx = stance, threading.Lock(), 0, None
+
+    def enter(self) -> None:
+        with self.lock:
+            if self.held == 0:
+                self.ctx = torch.compiler.set_stance(self.stance)
+                self.ctx.__enter__()
+            self.held += 1
+
+    def exit(self) -> None:
+        with self.lock:
+            self.held -= 1
+            if self.held == 0:
+                self.ctx.__exit__(None, None, None)
+                self.ctx = None
 
 
-def _stance_enter() -> None:
-    with _STANCE_LOCK:
-        if not _STANCE:
-            ctx = torch.compiler.set_stance("eager_on_recompile")
-            ctx.__enter__()
-            _STANCE.extend([ctx, 0])
-        _STANCE[1] += 1
-
-
-def _stance_exit() -> None:
-    with _STANCE_LOCK:
-        _STANCE[1] -= 1
-        if _STANCE[1] == 0:
-            _STANCE.pop()
-            _STANCE.pop().__exit__(None, None, None)
+_EAGER_ON_RECOMPILE = _SharedStance("eager_on_recompile")
 
 
 @dataclass

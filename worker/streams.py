@@ -25,7 +25,6 @@ import torch
 log = logging.getLogger("livestep.worker.streams")
 
 _NON_BLOCKING = 0x01  # cudaStreamNonBlocking: no implicit sync with the legacy default stream
-_OWN: list[torch.cuda.Stream] = []  # every stream made here lives as long as the process (the runtime's, not ours)
 
 
 def _cudart() -> ctypes.CDLL | None:
@@ -55,9 +54,7 @@ def own_stream(device: torch.device | int | str, priority: int = 0) -> torch.cud
             rc = lib.cudaStreamCreateWithPriority(ctypes.byref(handle), ctypes.c_uint(_NON_BLOCKING),
                                                   ctypes.c_int(priority))
         if rc == 0 and handle.value:
-            s = torch.cuda.ExternalStream(handle.value, device=device)
-            _OWN.append(s)
-            return s
+            return torch.cuda.ExternalStream(handle.value, device=device)  # never destroyed: lives with the process
         log.warning("cudaStreamCreateWithPriority returned %s: a pool stream instead", rc)
     else:
         log.warning("libcudart not found in this process: a pool stream instead (it may be shared)")
