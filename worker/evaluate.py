@@ -177,6 +177,14 @@ def evaluate(preset: str = "tiny", device: str = "cpu", switches: list[str] | No
     out["series"] = series
     dropped: dict[str, str] = {}  # band members that could not run on this device, with why
     out["dropped_implementations"] = dropped
+    def record(judge: str, s: int, run, t0: float) -> None:  # one seed's run of a judge, in the result and saved
+        series.setdefault(judge, {"seeds": [], "runs": []})
+        series[judge]["seeds"].append(s)
+        series[judge]["runs"].append(run.as_dict())
+        out["timings_s"][judge] = out["timings_s"].get(judge, 0) + round(time.perf_counter() - t0, 2)
+        if save is not None:
+            save(out)
+
     for s in range(seed, seed + seeds if {"teacher_forced", "free_running"} & set(judges) else seed):
         shape = tp_rank_of(replace(full, seed=s), tp) if tp > 1 else replace(full, seed=s)
         t0 = time.perf_counter()
@@ -186,24 +194,14 @@ def evaluate(preset: str = "tiny", device: str = "cpu", switches: list[str] | No
             f"configurations: {', '.join(cands)}; implementations: {', '.join(out['implementations'])}")
         if "teacher_forced" in judges:
             t0 = time.perf_counter()
-            tf = teacher_forced(models, cands, steps, metric=metric_fn, seed=s, tamper=tamper, implementations=impls,
-                                probes=probes, log=log, dropped=dropped)
-            series.setdefault("teacher_forced", {"seeds": [], "runs": []})
-            series["teacher_forced"]["seeds"].append(s)
-            series["teacher_forced"]["runs"].append(tf.as_dict())
-            out["timings_s"]["teacher_forced"] = out["timings_s"].get("teacher_forced", 0) + round(time.perf_counter() - t0, 2)
-            if save is not None:
-                save(out)
+            record("teacher_forced", s, teacher_forced(
+                models, cands, steps, metric=metric_fn, seed=s, tamper=tamper, implementations=impls, probes=probes,
+                log=log, dropped=dropped), t0)
         if "free_running" in judges:
             t0 = time.perf_counter()
-            fr = free_running(models, fr_cands, steps, metric=metric_fn, seed=s, implementations=impls, frames=frames,
-                              tamper=tamper, log=log, dropped=dropped)
-            series.setdefault("free_running", {"seeds": [], "runs": []})
-            series["free_running"]["seeds"].append(s)
-            series["free_running"]["runs"].append(fr.as_dict())
-            out["timings_s"]["free_running"] = out["timings_s"].get("free_running", 0) + round(time.perf_counter() - t0, 2)
-            if save is not None:
-                save(out)
+            record("free_running", s, free_running(
+                models, fr_cands, steps, metric=metric_fn, seed=s, implementations=impls, frames=frames,
+                tamper=tamper, log=log, dropped=dropped), t0)
         del models
         out["implementations"] = [i.name for i in impls if i.name not in dropped]
         out["reruns"] = len(out["implementations"])
