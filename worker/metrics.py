@@ -57,6 +57,12 @@ class _Hist:
         return [(repr(float(e)), int(c)) for e, c in zip(self.edges, cum[:-1], strict=True)] + [("+Inf", int(cum[-1]))]
 
 
+def _source_up(s) -> int | None:
+    """1 while a session's HTTP control plane answers its polls, 0 while they fail; None without one."""
+    failing = getattr(s.source, "failing", False)  # only the HTTP source has it (worker/switches.py)
+    return None if failing is False else int(failing is None)
+
+
 class WorkerMetrics(Collector):
     """Scrape-time families of one ``Worker``: registered in ``self.registry``, observer of its sessions."""
 
@@ -73,6 +79,7 @@ class WorkerMetrics(Collector):
         self._flips: dict[str, list[float]] = {}  # mode -> [flips, late chunks, stall s, to new config s]
         self._out_of_service_s = 0.0
         self._started = 0
+        self._source_up: int | None = None  # the last finished session's control-plane state (None: no HTTP source)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
 
@@ -102,6 +109,7 @@ class WorkerMetrics(Collector):
                 acc[2] += f["stall_ms"] / 1e3
                 acc[3] += (f["to_new_config_ms"] or 0.0) / 1e3
             self._out_of_service_s += getattr(summary, "out_of_service_s", 0.0) or 0.0
+            self._source_up = _source_up(session)
             self._session = None
 
     # -- reading ------------------------------------------------------------------------------------
@@ -132,6 +140,7 @@ class WorkerMetrics(Collector):
             period, diffusion = self._period.buckets(), self._diffusion.buckets()
             psum, dsum = self._period.sum, self._diffusion.sum
             started = self._started
+            source_up = _source_up(s) if s is not None else self._source_up
             flips, oos = {m: list(v) for m, v in self._flips.items()}, self._out_of_service_s
         w = self.worker
         yield build_info()
@@ -161,6 +170,10 @@ class WorkerMetrics(Collector):
         yield CounterMetricFamily("livestep_worker_switch_poll_failures",
                                   "Switch polls of the control plane that failed (refused, unreachable)", value=polls)
         yield GaugeMetricFamily("livestep_worker_session_running", "1 while a session streams", value=int(running))
+        if source_up is not None:  # kept between sessions: a gap in the series would read as "no control plane"
+            yield GaugeMetricFamily("livestep_worker_switch_source_up",
+                                    "1 while the control plane's switch polls succeed, 0 while they fail",
+                                    value=source_up)
         yield from _flip_families(flips, oos, w)
         if s is None:
             return
@@ -172,10 +185,6 @@ class WorkerMetrics(Collector):
         depth = pl.delivered - pl.started(now, pl.delivered) if running else 0
         yield GaugeMetricFamily("livestep_worker_playout_depth_chunks", "Chunks buffered ahead of the player",
                                 value=max(0, depth))
-        if getattr(s.source, "failing", False) is not False:  # an HTTP control plane (worker/switches.py)
-            yield GaugeMetricFamily("livestep_worker_switch_source_up",
-                                    "1 while the control plane's switch polls succeed, 0 while they fail",
-                                    value=int(s.source.failing is None))
         streamed_ms = self._session_ms
         frames = pl.delivered * s.w.shape.frames_per_chunk
         if streamed_ms > 0:

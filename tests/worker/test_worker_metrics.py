@@ -89,6 +89,8 @@ def test_failing_switch_polls_are_counted_and_the_source_reads_down():
     assert sample(seen, "livestep_worker_switch_poll_failures", "livestep_worker_switch_poll_failures_total") >= 1
     after = families(m.registry)
     assert sample(after, "livestep_worker_switch_poll_failures", "livestep_worker_switch_poll_failures_total") >= 1
+    # between sessions the gauge keeps the last state: Prometheus scraping then must not lose the series
+    assert sample(after, "livestep_worker_switch_source_up") == 0
 
 
 def test_warm_sessions_are_not_counted():
