@@ -28,13 +28,38 @@ Proxies in front may bound these lower (nginx ``client_header_timeout``, ``clien
 from __future__ import annotations
 
 import logging
-from asyncio import TimerHandle
+import time
+from asyncio import AbstractEventLoop
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 MAX_HEAD_BYTES = 64 * 1024
 log = logging.getLogger("livestep.http")
+
+
+class _Deadline:
+    """A loop timer that never fires before ``seconds`` of real (monotonic) time have passed.
+
+    uvloop's timers count whole milliseconds from libuv's cached loop clock (``uv_now``, as stale as
+    the current iteration's work), so a plain ``call_later`` closed an idle connection at 0.99988 s of
+    a 1-s deadline. Fired early, this one re-arms for what is left. Same ``cancel()`` as a ``TimerHandle``
+    (uvicorn cancels its keep-alive task through it)."""
+
+    def __init__(self, loop: AbstractEventLoop, seconds: float, fn, *args):
+        self._loop, self._fn, self._args = loop, fn, args
+        self._due = time.monotonic() + seconds
+        self._handle = loop.call_later(seconds, self._fire)
+
+    def _fire(self) -> None:
+        left = self._due - time.monotonic()
+        if left > 0:
+            self._handle = self._loop.call_later(left + 1e-3, self._fire)
+            return
+        self._fn(*self._args)
+
+    def cancel(self) -> None:
+        self._handle.cancel()
 
 
 def _seconds(default: float, description: str):
@@ -111,18 +136,18 @@ def _bounded_httptools(limits: HttpLimits):
         _in_head = True
         _refused = False
         _phase = "idle"
-        _deadline: TimerHandle | None = None
+        _deadline: _Deadline | None = None
 
         # -- time -------------------------------------------------------------------------------
         def _arm_idle(self) -> None:
             if self.timeout_keep_alive_task is None and not self.transport.is_closing():
-                self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive,
-                                                                     self.timeout_keep_alive_handler)
+                self.timeout_keep_alive_task = _Deadline(self.loop, self.timeout_keep_alive,
+                                                         self.timeout_keep_alive_handler)
 
         def _arm(self, seconds: float | None, answer: bytes = b"") -> None:
             if self._deadline is not None:
                 self._deadline.cancel()
-            self._deadline = None if seconds is None else self.loop.call_later(seconds, self._too_slow, answer)
+            self._deadline = None if seconds is None else _Deadline(self.loop, seconds, self._too_slow, answer)
 
         def _too_slow(self, answer: bytes) -> None:
             self._deadline = None
@@ -154,7 +179,11 @@ def _bounded_httptools(limits: HttpLimits):
                 self._phase = "app"
 
         def on_response_complete(self) -> None:
-            super().on_response_complete()  # arms uvicorn's keep-alive timer
+            super().on_response_complete()  # arms uvicorn's keep-alive timer with a plain call_later
+            if self.timeout_keep_alive_task is not None and not isinstance(self.timeout_keep_alive_task, _Deadline):
+                self.timeout_keep_alive_task.cancel()
+                self.timeout_keep_alive_task = None
+                self._arm_idle()  # the same timer, never early
             if self._phase == "app":
                 self._phase = "idle"
 
