@@ -12,7 +12,10 @@ Judges (one comparison = one set of judgements, Holm-corrected):
   streamed >= 1 s): a two-proportion z-test (statsmodels) with an absolute floor.
 Each needs ``MIN_SAMPLES`` sessions per side, and an effect beyond max(floor, 3 x the metric's
 measured noise: the day-to-day spread of the control's daily medians or rates).
-The baseline of a release is the release first seen just before it.
+The baseline of a release is the release first seen just before it. A release is compared with its
+baseline within strata of session length and prompt per GPU kind (analytics/stratified.py: van Elteren,
+Cochran-Mantel-Haenszel), so a release whose sessions are longer, per-step behaviour unchanged, is no
+regression; ``compare`` (the canary) too.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import Any
 
 import polars as pl
 
-from analytics import conditions, queries
+from analytics import conditions, queries, strata, stratified
 from analytics.blame import across_kinds, regression_blame
 from analytics.findings import finding
 from analytics.stats import (
@@ -67,38 +70,70 @@ def _daily(df: pl.DataFrame) -> pl.DataFrame:
 
 
 def judge(treatment: pl.DataFrame, control: pl.DataFrame) -> list[Judgement]:
-    """Every judge on two cohorts' per-session frames (streamed >= 1 s), Holm-corrected."""
-    t = treatment.filter(pl.col("streamed_s") >= queries.MIN_STREAMED_S)
-    c = control.filter(pl.col("streamed_s") >= queries.MIN_STREAMED_S)
+    """Every judge on two cohorts' per-session frames (streamed >= 1 s), Holm-corrected. With a ``stratum``
+    column on both (``stratify``) each judge compares within strata (analytics/stratified.py), so a
+    changed mix of session lengths or prompts is no regression; without, the cohorts are pooled."""
+    t, c = _streamed(treatment), _streamed(control)
+    within = "stratum" in t.columns and "stratum" in c.columns
+    _, tg, cg, _, _ = stratified.pairs(t, c) if within else (None, [t], [c], 0, 0)
     cd = _daily(c)
     out = []
     for metric, (col, floor) in CONTINUOUS.items():
         daily = cd.group_by("day").agg(pl.col(col).median(), pl.len().alias("n")).filter(pl.col("n") >= 10)
         noise = relative_noise(daily[col].to_list())
-        out.append(
-            judge_continuous(
-                metric, t[col].cast(pl.Float64).to_numpy(), c[col].cast(pl.Float64).to_numpy(), floor=floor,
-                noise=noise, noise_k=NOISE_K,
-                min_samples=MIN_SAMPLES, alpha=ALPHA,
-            )
-        )
+        args = dict(floor=floor, noise=noise, noise_k=NOISE_K, min_samples=MIN_SAMPLES, alpha=ALPHA)
+        if within:
+            shown = (_median(t[col]), _median(c[col]))
+            out.append(stratified.judge_continuous_within(
+                metric, [g[col].cast(pl.Float64).to_numpy() for g in tg],
+                [g[col].cast(pl.Float64).to_numpy() for g in cg], pooled=shown, **args))
+        else:
+            out.append(judge_continuous(metric, t[col].cast(pl.Float64).to_numpy(),
+                                        c[col].cast(pl.Float64).to_numpy(), **args))
+    sessions = (sum(len(g) for g in tg), sum(len(g) for g in cg))
     for metric, floor in PROPORTIONS.items():
         rates = []
         for _, g in cd.group_by("day"):
             if len(g) >= 10:
                 k, n = _proportion_counts(g, metric)
                 rates.append(k / n if n else 0.0)
-        kt, nt = _proportion_counts(t, metric)
-        kc, nc = _proportion_counts(c, metric)
-        n_sessions = (len(t), len(c))
-        j = judge_proportion(
-            metric, kt, nt, kc, nc, floor=floor, noise=absolute_noise(rates), noise_k=NOISE_K, min_samples=0,
-            alpha=ALPHA,
-        )
-        enough = min(n_sessions) >= MIN_SAMPLES
-        d = j.as_dict() | {"enough_samples": enough, "regressed": j.regressed and enough}
-        out.append(Judgement(**d))
+        args = dict(floor=floor, noise=absolute_noise(rates), noise_k=NOISE_K, alpha=ALPHA)
+        if within:
+            j = stratified.judge_proportion_within(
+                metric, [_proportion_counts(g, metric) for g in tg], [_proportion_counts(g, metric) for g in cg],
+                min_samples=MIN_SAMPLES, sessions=sessions, **args)
+        else:
+            (kt, nt), (kc, nc) = _proportion_counts(t, metric), _proportion_counts(c, metric)
+            j = judge_proportion(metric, kt, nt, kc, nc, min_samples=0, **args)
+            enough = min(sessions) >= MIN_SAMPLES  # sessions, not chunks, per side
+            j = Judgement(**(j.as_dict() | {"enough_samples": enough, "regressed": j.regressed and enough}))
+        out.append(j)
     return holm(out, alpha=ALPHA)
+
+
+def _streamed(df: pl.DataFrame) -> pl.DataFrame:
+    """The sessions a judge counts: those that streamed at least ``queries.MIN_STREAMED_S``."""
+    return df.filter(pl.col("streamed_s") >= queries.MIN_STREAMED_S)
+
+
+def _median(s: pl.Series) -> float:
+    m = s.cast(pl.Float64).median()
+    return float("nan") if m is None else float(m)
+
+
+def _mix(t: pl.DataFrame, c: pl.DataFrame) -> dict[str, Any]:
+    """What a finding's evidence says of the comparison: within strata (how many, and the sessions of
+    strata only one side had), or pooled."""
+    if "stratum" not in t.columns or "stratum" not in c.columns:
+        return {"comparison": "pooled (no strata: sessions without lengths or shapes)"}
+    both, _, _, t_out, c_out = stratified.pairs(_streamed(t), _streamed(c))
+    return {"comparison": stratified.NOTE, "strata_compared": len(both),
+            "sessions_not_comparable": {"release": t_out, "baseline": c_out}}
+
+
+def stratify(df: pl.DataFrame, shapes: pl.DataFrame) -> pl.DataFrame:
+    """A per-session frame with its shape columns (``queries.session_shapes``) and its ``stratum``."""
+    return strata.with_strata(_with_shapes(df, shapes)) if not df.is_empty() else df
 
 
 def compare(
@@ -112,8 +147,9 @@ def compare(
     """
     if not treatment or not control:
         raise RegressionError(f"both cohorts need a filter; valid filter keys: {', '.join(queries.FILTER_KEYS)}")
-    t = queries.session_frame(store, start, end, treatment)
-    c = queries.session_frame(store, start, end, control)
+    shapes = queries.session_shapes(store, start, end)
+    t = stratify(queries.session_frame(store, start, end, treatment), shapes)
+    c = stratify(queries.session_frame(store, start, end, control), shapes)
     scope = canonical_scope(treatment)
     return [
         j.as_dict() | {"scope": scope, "severity": _severity(j) if j.regressed else "info"}
@@ -167,7 +203,7 @@ def run(store, start: datetime, end: datetime, releases: list[str] | None = None
             continue
         c_all = queries.session_frame(store, first_seen - BASELINE_LOOKBACK, end, {"release": base})
         shapes = queries.session_shapes(store, first_seen - BASELINE_LOOKBACK, end)
-        t_all, c_all = _with_shapes(t_all, shapes), _with_shapes(c_all, shapes)
+        t_all, c_all = stratify(t_all, shapes), stratify(c_all, shapes)
         regressed, segmented = {}, {}
         for gpu_kind in sorted(set(t_all["gpu_kind"].to_list())):
             t = t_all.filter(pl.col("gpu_kind") == gpu_kind)
@@ -185,6 +221,7 @@ def run(store, start: datetime, end: datetime, releases: list[str] | None = None
             b = across_kinds(b, fleet, t)
             blamed, shift = b["attribution"], {"why": b["why"], **b["switches"]}
             seg = _segment(t, c)
+            mix = _mix(t, c)
             named = {"segment": seg, "condition": seg["condition"]} if seg else {}
             for j in judged:
                 if not j.regressed:
@@ -203,7 +240,7 @@ def run(store, start: datetime, end: datetime, releases: list[str] | None = None
                         severity=_severity(j),
                         attribution=blamed,
                         evidence=j.as_dict() | {"baseline_release": base, "switch_share_change": shift,
-                                                "attribution_state": b["state"]} | named,
+                                                "attribution_state": b["state"]} | named | mix,
                     )
                 )
     return rows
@@ -221,8 +258,7 @@ def _with_shapes(df: pl.DataFrame, shapes: pl.DataFrame) -> pl.DataFrame:
 
 def _segment(t: pl.DataFrame, c: pl.DataFrame) -> dict | None:
     """The first segment (``conditions.segment``) of ``SEGMENT_METRICS`` that explains a regression."""
-    t = t.filter(pl.col("streamed_s") >= queries.MIN_STREAMED_S)
-    c = c.filter(pl.col("streamed_s") >= queries.MIN_STREAMED_S)
+    t, c = _streamed(t), _streamed(c)
     for metric in SEGMENT_METRICS:
         col, floor = CONTINUOUS[metric]
         if (seg := conditions.segment(t, c, col, floor)) is not None:

@@ -46,12 +46,13 @@ class Judgement:
     test: str
     enough_samples: bool
     regressed: bool = False
+    strata: int = 0  # strata compared (analytics/stratified.py); 0: the cohorts pooled
 
     def as_dict(self) -> dict:
         return self.__dict__.copy()
 
 
-def _finite(values) -> np.ndarray:
+def finite_values(values) -> np.ndarray:
     """Values as float64 with None / NaN / inf dropped (vectorized: cohorts have 1e5+ sessions)."""
     a = np.asarray(values, dtype=float)  # None -> nan
     return a[np.isfinite(a)]
@@ -59,7 +60,7 @@ def _finite(values) -> np.ndarray:
 
 def relative_noise(values: Sequence[float]) -> float:
     """Spread of repeated measurements of one metric (e.g. daily medians): std / |mean|; 0 if < 3 values."""
-    v = _finite(values)
+    v = finite_values(values)
     if len(v) < 3 or not np.mean(v):
         return 0.0
     return float(np.std(v, ddof=1) / abs(np.mean(v)))
@@ -67,7 +68,7 @@ def relative_noise(values: Sequence[float]) -> float:
 
 def absolute_noise(values: Sequence[float]) -> float:
     """Standard deviation of repeated measurements (for proportions); 0 if < 3 values."""
-    v = _finite(values)
+    v = finite_values(values)
     return float(np.std(v, ddof=1)) if len(v) >= 3 else 0.0
 
 
@@ -85,7 +86,7 @@ def judge_continuous(
 ) -> Judgement:
     """Kayenta's Mann-Whitney judge: one-sided U test in the worse direction, effect = ratio of
     medians - 1 (signed worse-positive), which must exceed max(floor, noise_k * noise)."""
-    t, c = _finite(treatment), _finite(control)
+    t, c = finite_values(treatment), finite_values(control)
     threshold = max(floor, noise_k * noise)
     enough = len(t) >= min_samples and len(c) >= min_samples
     if len(t) == 0 or len(c) == 0:

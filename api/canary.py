@@ -155,7 +155,7 @@ def _finite(v: Any) -> Any:
 def evaluate(store, canary_id: str, now: datetime | None = None) -> dict[str, Any]:
     """Judge a running canary: pending (too few sessions), promoted, rolled back or cancelled."""
     from analytics.findings import finding, write_findings
-    from analytics.regressions import compare
+    from analytics.regressions import CONTINUOUS, compare
 
     c = get_canary(store, canary_id)
     if c["status"] != "running":
@@ -180,7 +180,7 @@ def evaluate(store, canary_id: str, now: datetime | None = None) -> dict[str, An
     verdicts: list[dict[str, Any]] = []
     if cohort and rest:
         verdicts = compare(store, treatment, control, start, now)
-        per_session = [v for v in verdicts if v.get("test") == "mannwhitneyu"]  # n = sessions, not chunks
+        per_session = [v for v in verdicts if v["metric"] in CONTINUOUS]  # n = sessions, not chunks
         n_t = max((v["n_treatment"] for v in per_session), default=0)
         n_c = max((v["n_control"] for v in per_session), default=0)
     else:
