@@ -27,10 +27,11 @@ FLIP_COST_STEPS = 24  # the chunks after a flip's swap (4 s) over which its stal
 
 def carry_cache(old: KVCache, new: KVCache) -> None:
     """``new`` (a target's warm cache, whose tensors its graphs read) takes ``old``'s window in place:
-    ``rebuild_cache``'s carry-over without allocating a cache."""
-    k, v, next_pos = old.export_tokens()
+    ``rebuild_cache``'s carry-over without allocating a cache, a block at a time (the live swap's transient
+    memory is one block's, not the window's)."""
+    window = old.export_blocks()  # read before the restart: ``old`` may be ``new`` (a build compiling this path)
     new.restart()
-    new.load_tokens(k, v, next_pos)
+    new.load_blocks(*window)
     new.book.wraps, new.book.resets = old.book.wraps, old.book.resets
 
 

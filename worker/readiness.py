@@ -188,9 +188,13 @@ def build_quick(worker, sw: Switches, bucket: int, *, model: DiT, probe: Saturat
     gen = torch.Generator(device=dev).manual_seed(bucket)
     worker.register_forward(bucket, sw)
     cond_kv = runner.first_forward(torch.randn(bucket, shape.d_model, generator=gen, device=dev), cache)
-    k = torch.randn(shape.n_blocks, shape.heads, shape.window, shape.head_dim, generator=gen, device=dev).to(model.dtype)
-    cache.load_tokens(k, torch.randn_like(k), cache.book.next_pos + shape.window)  # also compiles the swap's write
-    del k
+
+    def stand_in(b: int) -> tuple[torch.Tensor, torch.Tensor]:  # a block at a time (bench/carry_memory.py)
+        size = (shape.heads, shape.window, shape.head_dim)
+        k = torch.randn(size, generator=gen, device=dev, dtype=model.dtype)
+        return k, torch.randn(size, generator=gen, device=dev, dtype=model.dtype)
+
+    cache.load_blocks(stand_in, shape.window, cache.book.next_pos + shape.window)  # also compiles the swap's write
     T, C = shape.new_tokens, shape.latent_channels
     for i in range(3):  # calibrating (static scales), then calibrated plain + probed, then one replay
         if pace is not None:

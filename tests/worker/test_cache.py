@@ -228,3 +228,45 @@ def test_attention_fp8_dots_picks_the_kernels_precision_pair(fast):
     assert rel(model[fa.FAST], truth) > 4 * rel(model[fa.DEFAULT], truth)  # the price of the fast pair
     plain = attention_torch(q, win).double()  # the torch path reads the same FP8 window
     assert rel(plain, truth) < 0.02
+
+
+def _whole_window_carry(src, dst) -> None:
+    """The carry as it was: the whole window exported at once, then loaded (the reference of the block-wise one)."""
+    block, n, next_pos = src.export_blocks()
+    k, v = (torch.stack(x) for x in zip(*(block(b) for b in range(src.shape.n_blocks)), strict=True))
+    dst.restart()
+    dst.book = dst.book.__class__(dst.shape.window, next_pos=next_pos - n)
+    dst.begin_step(n)
+    for b in range(dst.shape.n_blocks):
+        dst.update(b, k[b], v[b])
+    dst.end_step()
+
+
+@pytest.mark.parametrize("src_sw,dst_sw", [(PLAIN, RING_FP8), (RING_FP8, PLAIN), (RING_FP8, RING_FP8), (RING, RING_FP8),
+                                           (RING_FP8, RING)], ids=["plain-fp8", "fp8-plain", "fp8-fp8", "ring-fp8", "fp8-ring"])
+def test_a_carry_a_block_at_a_time_equals_the_whole_window_carry_bit_for_bit(src_sw, dst_sw):
+    from worker.flips import carry_cache
+
+    model = DiT(ModelShape.from_name("tiny", fp8_attention=True))
+    _, src = stream(model, src_sw, 23)  # wrapped and reset once
+    shape = model.shape
+    dst, ref = (make_cache(shape, dst_sw, "cpu", torch.float32) for _ in range(2))
+    carry_cache(src, dst)
+    _whole_window_carry(src, ref)
+    assert (dst.book.n_valid, dst.book.next_pos) == (ref.book.n_valid, ref.book.next_pos)
+    for a, b in zip((*dst.k, *dst.v, dst.k_scale, dst.v_scale), (*ref.k, *ref.v, ref.k_scale, ref.v_scale), strict=True):
+        assert torch.equal(a.float(), b.float())
+
+
+def test_a_cache_carried_into_itself_equals_a_copy_carried_into_another():
+    from worker.flips import carry_cache
+
+    model = DiT(ModelShape.from_name("tiny", fp8_attention=True))
+    _, c = stream(model, RING_FP8, 23)
+    _, twin = stream(model, RING_FP8, 23)
+    ref = make_cache(model.shape, RING_FP8, "cpu", torch.float32)
+    carry_cache(c, c)  # a build compiling the swap's write path on its own cache: each block read before written
+    _whole_window_carry(twin, ref)
+    assert c.book.next_pos == ref.book.next_pos
+    for a, b in zip((*c.k, *c.v, c.k_scale), (*ref.k, *ref.v, ref.k_scale), strict=True):
+        assert torch.equal(a.float(), b.float())
