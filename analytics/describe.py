@@ -93,7 +93,9 @@ def _regression(row, ev) -> str:
     base = f" on {ev['baseline_release']}" if ev.get("baseline_release") else ""
     eff = row.get("effect")
     worse = "" if eff is None else (f", {eff * 100:+.3g} points worse" if _is_share(m) else f", {eff:+.1%} worse")
-    return f"{m} {_measure(m, row['value'])} against {_measure(m, row['baseline'])}{base}{worse}"
+    # the medians are the cohorts'; the effect was judged within strata (analytics/stratified.py)
+    within = " within session-length x prompt strata" if str(ev.get("comparison", "")).startswith("compared within") else ""
+    return f"{m} {_measure(m, row['value'])} against {_measure(m, row['baseline'])}{base}{worse}{within}"
 
 
 def _changepoint(row, ev) -> str:

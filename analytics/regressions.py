@@ -122,13 +122,12 @@ def _median(s: pl.Series) -> float:
 
 
 def _mix(t: pl.DataFrame, c: pl.DataFrame) -> dict[str, Any]:
-    """What a finding's evidence says of the comparison: within strata (how many, and the sessions of
-    strata only one side had), or pooled."""
+    """What a finding's evidence says of the comparison: within strata (and the sessions of strata only one
+    side had), or pooled."""
     if "stratum" not in t.columns or "stratum" not in c.columns:
         return {"comparison": "pooled (no strata: sessions without lengths or shapes)"}
-    both, _, _, t_out, c_out = stratified.pairs(_streamed(t), _streamed(c))
-    return {"comparison": stratified.NOTE, "strata_compared": len(both),
-            "sessions_not_comparable": {"release": t_out, "baseline": c_out}}
+    _, _, _, t_out, c_out = stratified.pairs(_streamed(t), _streamed(c))  # (``strata``: each judgement's count)
+    return {"comparison": stratified.NOTE, "sessions_not_comparable": {"release": t_out, "baseline": c_out}}
 
 
 def stratify(df: pl.DataFrame, shapes: pl.DataFrame) -> pl.DataFrame:

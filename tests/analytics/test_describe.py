@@ -46,6 +46,12 @@ def test_regression_of_a_time_metric_and_of_a_proportion():
     row = finding("regression", {"release": "v1.1"}, "frac_le_24fps", T0, T1, value=0.31, baseline=0.04,
                   effect=0.27, evidence={"baseline_release": "v1.0"})
     assert describe(row) == "frac_le_24fps 31% against 4% on v1.0, +27 points worse"
+    from analytics.stratified import NOTE
+
+    row = finding("regression", {"release": "v1.1", "gpu_kind": "h100"}, "step_period_ms", T0, T1,
+                  value=150.0, baseline=140.0, effect=0.02, evidence={"baseline_release": "v1.0", "comparison": NOTE})
+    assert describe(row) == ("step_period_ms 150 ms against 140 ms on v1.0, +2.0% worse within session-length x "
+                             "prompt strata")  # the medians moved with the mix; the effect is within strata
 
 
 def test_fps_fraction_changepoint_canary_and_saturation():

@@ -112,5 +112,5 @@ def test_the_holdout_release_slower_in_a_changed_mix_is_found_within_strata(stor
     assert rows
     for r in rows:
         ev = json.loads(r["evidence"])
-        assert ev["comparison"] == stratified.NOTE and ev["strata_compared"] >= 2 and ev["test"] == "van_elteren"
+        assert ev["comparison"] == stratified.NOTE and ev["strata"] >= 2 and ev["test"] == "van_elteren"
         assert 0.025 < r["effect"] < 0.055  # holdout.SLOWER per step, not the mix
