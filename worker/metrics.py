@@ -80,6 +80,9 @@ class WorkerMetrics(Collector):
         self._out_of_service_s = 0.0
         self._started = 0
         self._source_up: int | None = None  # the last finished session's control-plane state (None: no HTTP source)
+        # the last finished session's own families (fps, switches, memory, GPU), as numbers: scraped between
+        # sessions they stay, so a series has no gap at every session end (the session itself is not kept)
+        self._last: list = []
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
 
@@ -110,6 +113,7 @@ class WorkerMetrics(Collector):
                 acc[3] += (f["to_new_config_ms"] or 0.0) / 1e3
             self._out_of_service_s += getattr(summary, "out_of_service_s", 0.0) or 0.0
             self._source_up = _source_up(session)
+            self._last = list(self._session_families(session, running=False))
             self._session = None
 
     # -- reading ------------------------------------------------------------------------------------
@@ -141,6 +145,7 @@ class WorkerMetrics(Collector):
             psum, dsum = self._period.sum, self._diffusion.sum
             started = self._started
             source_up = _source_up(s) if s is not None else self._source_up
+            last = self._last
             flips, oos = {m: list(v) for m, v in self._flips.items()}, self._out_of_service_s
         w = self.worker
         yield build_info()
@@ -176,6 +181,7 @@ class WorkerMetrics(Collector):
                                     value=source_up)
         yield from _flip_families(flips, oos, w)
         if s is None:
+            yield from last
             return
         yield from self._session_families(s, running)
 

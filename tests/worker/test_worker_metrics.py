@@ -135,6 +135,15 @@ def test_a_running_session_is_read_live_over_http():
         assert sample(f, "livestep_build", "livestep_build_info", version=__version__) == 1
         assert sample(f, "livestep_worker_memory_allocated_bytes") > 0
         assert httpx.get(url.replace("/metrics", "/nope")).status_code == 404
+        t.join(60)
+        # between sessions the last session's families stay (a gap at every session end would flap the series)
+        r = httpx.get(url, headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+        after = {x.name: x for x in text_string_to_metric_families(r.text)}
+        assert sample(after, "livestep_worker_session_running") == 0
+        for name in ("livestep_worker_session_sustainable_fps", "livestep_worker_session_delivered_fps",
+                     "livestep_worker_memory_reserved_bytes"):
+            assert sample(after, name) > 0, name
+        assert sample(after, "livestep_worker_switches", "livestep_worker_switches_info", ring_cache="on") == 1
     finally:
         t.join(60)
         server.shutdown()
