@@ -62,6 +62,20 @@ class _Deadline:
         self._handle.cancel()
 
 
+class _NeverEarly:
+    """A connection's view of the event loop whose ``call_later`` is a ``_Deadline``: every timer the protocol
+    arms (ours and uvicorn's own keep-alive timer) waits its full time; the rest is the loop's."""
+
+    def __init__(self, loop: AbstractEventLoop):
+        self._loop = loop
+
+    def call_later(self, seconds: float, fn, *args) -> _Deadline:
+        return _Deadline(self._loop, seconds, fn, *args)
+
+    def __getattr__(self, name: str):
+        return getattr(self._loop, name)
+
+
 def _seconds(default: float, description: str):
     """A per-connection timeout: seconds, above 0 and at most an hour."""
     return Field(default=default, gt=0, le=3600, description=description)
@@ -139,15 +153,19 @@ def _bounded_httptools(limits: HttpLimits):
         _deadline: _Deadline | None = None
 
         # -- time -------------------------------------------------------------------------------
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.loop = _NeverEarly(self.loop)
+
         def _arm_idle(self) -> None:
             if self.timeout_keep_alive_task is None and not self.transport.is_closing():
-                self.timeout_keep_alive_task = _Deadline(self.loop, self.timeout_keep_alive,
-                                                         self.timeout_keep_alive_handler)
+                self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive,
+                                                                     self.timeout_keep_alive_handler)
 
         def _arm(self, seconds: float | None, answer: bytes = b"") -> None:
             if self._deadline is not None:
                 self._deadline.cancel()
-            self._deadline = None if seconds is None else _Deadline(self.loop, seconds, self._too_slow, answer)
+            self._deadline = None if seconds is None else self.loop.call_later(seconds, self._too_slow, answer)
 
         def _too_slow(self, answer: bytes) -> None:
             self._deadline = None
@@ -179,11 +197,7 @@ def _bounded_httptools(limits: HttpLimits):
                 self._phase = "app"
 
         def on_response_complete(self) -> None:
-            super().on_response_complete()  # arms uvicorn's keep-alive timer with a plain call_later
-            if self.timeout_keep_alive_task is not None and not isinstance(self.timeout_keep_alive_task, _Deadline):
-                self.timeout_keep_alive_task.cancel()
-                self.timeout_keep_alive_task = None
-                self._arm_idle()  # the same timer, never early
+            super().on_response_complete()  # arms uvicorn's keep-alive timer (never early: ``_NeverEarly``)
             if self._phase == "app":
                 self._phase = "idle"
 
