@@ -79,9 +79,8 @@ class WorkerMetrics(Collector):
         self._flips: dict[str, list[float]] = {}  # mode -> [flips, late chunks, stall s, to new config s]
         self._out_of_service_s = 0.0
         self._started = 0
-        self._source_up: int | None = None  # the last finished session's control-plane state (None: no HTTP source)
-        # the last finished session's own families (fps, switches, memory, GPU), as numbers: scraped between
-        # sessions they stay, so a series has no gap at every session end (the session itself is not kept)
+        # the last finished session's own families (fps, switches, memory, GPU, control plane), as numbers:
+        # scraped between sessions they stay, so no series has a gap at each session end (the session is not kept)
         self._last: list = []
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
@@ -112,7 +111,6 @@ class WorkerMetrics(Collector):
                 acc[2] += f["stall_ms"] / 1e3
                 acc[3] += (f["to_new_config_ms"] or 0.0) / 1e3
             self._out_of_service_s += getattr(summary, "out_of_service_s", 0.0) or 0.0
-            self._source_up = _source_up(session)
             self._last = list(self._session_families(session, running=False))
             self._session = None
 
@@ -144,7 +142,6 @@ class WorkerMetrics(Collector):
             period, diffusion = self._period.buckets(), self._diffusion.buckets()
             psum, dsum = self._period.sum, self._diffusion.sum
             started = self._started
-            source_up = _source_up(s) if s is not None else self._source_up
             last = self._last
             flips, oos = {m: list(v) for m, v in self._flips.items()}, self._out_of_service_s
         w = self.worker
@@ -175,10 +172,6 @@ class WorkerMetrics(Collector):
         yield CounterMetricFamily("livestep_worker_switch_poll_failures",
                                   "Switch polls of the control plane that failed (refused, unreachable)", value=polls)
         yield GaugeMetricFamily("livestep_worker_session_running", "1 while a session streams", value=int(running))
-        if source_up is not None:  # kept between sessions: a gap in the series would read as "no control plane"
-            yield GaugeMetricFamily("livestep_worker_switch_source_up",
-                                    "1 while the control plane's switch polls succeed, 0 while they fail",
-                                    value=source_up)
         yield from _flip_families(flips, oos, w)
         if s is None:
             yield from last
@@ -191,6 +184,9 @@ class WorkerMetrics(Collector):
         depth = pl.delivered - pl.started(now, pl.delivered) if running else 0
         yield GaugeMetricFamily("livestep_worker_playout_depth_chunks", "Chunks buffered ahead of the player",
                                 value=max(0, depth))
+        if (up := _source_up(s)) is not None:
+            yield GaugeMetricFamily("livestep_worker_switch_source_up",
+                                    "1 while the control plane's switch polls succeed, 0 while they fail", value=up)
         streamed_ms = self._session_ms
         frames = pl.delivered * s.w.shape.frames_per_chunk
         if streamed_ms > 0:
