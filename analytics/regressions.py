@@ -81,7 +81,7 @@ def judge(treatment: pl.DataFrame, control: pl.DataFrame) -> list[Judgement]:
     for metric, (col, floor) in CONTINUOUS.items():
         daily = cd.group_by("day").agg(pl.col(col).median(), pl.len().alias("n")).filter(pl.col("n") >= 10)
         noise = relative_noise(daily[col].to_list())
-        args = dict(floor=floor, noise=noise, noise_k=NOISE_K, min_samples=MIN_SAMPLES, alpha=ALPHA)
+        args = {"floor": floor, "noise": noise, "noise_k": NOISE_K, "min_samples": MIN_SAMPLES, "alpha": ALPHA}
         if within:
             shown = (_median(t[col]), _median(c[col]))
             out.append(stratified.judge_continuous_within(
@@ -97,7 +97,7 @@ def judge(treatment: pl.DataFrame, control: pl.DataFrame) -> list[Judgement]:
             if len(g) >= 10:
                 k, n = _proportion_counts(g, metric)
                 rates.append(k / n if n else 0.0)
-        args = dict(floor=floor, noise=absolute_noise(rates), noise_k=NOISE_K, alpha=ALPHA)
+        args = {"floor": floor, "noise": absolute_noise(rates), "noise_k": NOISE_K, "alpha": ALPHA}
         if within:
             j = stratified.judge_proportion_within(
                 metric, [_proportion_counts(g, metric) for g in tg], [_proportion_counts(g, metric) for g in cg],
@@ -122,10 +122,8 @@ def _median(s: pl.Series) -> float:
 
 
 def _mix(t: pl.DataFrame, c: pl.DataFrame) -> dict[str, Any]:
-    """What a finding's evidence says of the comparison: within strata (and the sessions of strata only one
-    side had), or pooled."""
-    if "stratum" not in t.columns or "stratum" not in c.columns:
-        return {"comparison": "pooled (no strata: sessions without lengths or shapes)"}
+    """What a regression finding's evidence says of its comparison (``run`` stratifies both sides): within
+    strata, and the sessions of strata only one side had."""
     _, _, _, t_out, c_out = stratified.pairs(_streamed(t), _streamed(c))  # (``strata``: each judgement's count)
     return {"comparison": stratified.NOTE, "sessions_not_comparable": {"release": t_out, "baseline": c_out}}
 
