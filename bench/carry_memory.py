@@ -28,18 +28,12 @@ REPO = Path(__file__).resolve().parents[1]
 VARIANTS = ("carry_whole", "carry_blocks", "fill_whole", "fill_blocks")
 
 
-def _rss_hwm() -> int:
+def _status_bytes(field: str) -> int:
+    """A memory figure of this process from ``/proc/self/status`` (``VmRSS``, ``VmHWM``), in bytes."""
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmHWM in /proc/self/status")
-
-
-def _rss() -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS in /proc/self/status")
+    raise RuntimeError(f"no {field} in /proc/self/status")
 
 
 def child(variant: str, preset: str, tp: int, device: str) -> dict:
@@ -69,7 +63,7 @@ def child(variant: str, preset: str, tp: int, device: str) -> dict:
         base = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
     else:
-        base = _rss()
+        base = _status_bytes("VmRSS")
         Path("/proc/self/clear_refs").write_text("5")  # the high-water mark restarts at the current RSS
     t0 = time.perf_counter()
     if variant == "carry_whole":
@@ -88,7 +82,7 @@ def child(variant: str, preset: str, tp: int, device: str) -> dict:
     if cuda:
         torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
-    peak = (torch.cuda.max_memory_allocated() if cuda else _rss_hwm()) - base
+    peak = (torch.cuda.max_memory_allocated() if cuda else _status_bytes("VmHWM")) - base
     return {"variant": variant, "peak_above_caches": peak, "cache_bytes": src.nbytes, "seconds": seconds,
             "tokens": shape.window, "blocks": shape.n_blocks}
 
