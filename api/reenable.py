@@ -28,7 +28,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from analytics import queries
-from api.switchboard import canonical_scope, check_name, covers, get_switchboard, parse_scope
+from api.switchboard import aware, canonical_scope, check_name, covers, get_switchboard, parse_scope
 from collector.records import decode_switches
 
 LOOKBACK = timedelta(days=7)  # a worker's latest session before the flip, this far back at most
@@ -36,10 +36,6 @@ LOOKBACK = timedelta(days=7)  # a worker's latest session before the flip, this 
 
 class ReenableError(Exception):
     """Nothing to re-enable in the scope (no flip turned the switch off there)."""
-
-
-def _aware(t: datetime) -> datetime:
-    return t if t.tzinfo is not None else t.replace(tzinfo=UTC)
 
 
 def flips(board, name: str, scope: dict[str, str]) -> list:
@@ -55,14 +51,14 @@ def flips(board, name: str, scope: dict[str, str]) -> list:
 
 def changed_workers(store, name: str, scope: dict[str, str], off: list, now: datetime) -> dict[str, str]:
     """worker_id -> how we know the flips ``off`` turned ``name`` off for it (module docstring, step 2)."""
-    since = min(_aware(r.updated_at) for r in off)
+    since = min(aware(r.updated_at) for r in off)
     out: dict[str, str] = {}
     s = queries.session_frame(store, since - LOOKBACK, now + timedelta(minutes=1), filters=scope or None)
     latest: dict[str, dict] = {}
     for row in s.sort("start_ts").iter_rows(named=True):
         labels = {k: row[k] for k in ("worker_id", "release", "gpu_kind")}
         mine = [r for r in off if covers(r.scope_dict, labels)]
-        if mine and _aware(row["start_ts"]) < min(_aware(r.updated_at) for r in mine):
+        if mine and aware(row["start_ts"]) < min(aware(r.updated_at) for r in mine):
             latest[row["worker_id"]] = row
     for w, row in latest.items():
         if name in decode_switches(row["switch_state"] or ""):

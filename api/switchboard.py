@@ -77,7 +77,8 @@ from collector.switch_names import NUMERIC_SWITCHES, PRODUCTION_OFF
 DEFAULTS: dict[str, bool] = {n: n not in PRODUCTION_OFF for n in SWITCH_NAMES}
 
 
-def _aware(t: datetime) -> datetime:
+def aware(t: datetime) -> datetime:
+    """``t`` as an aware time: a naive one is taken as UTC."""
     return t if t.tzinfo is not None else t.replace(tzinfo=UTC)
 
 
@@ -133,7 +134,7 @@ class Switchboard:
         if waves > 1 and wave_s > 0 and worker_id is not None:
             t = now or datetime.now(UTC)
             rules = [r for r in rules
-                     if _aware(r.updated_at) + timedelta(seconds=rollout_wave(worker_id, r.name, waves) * wave_s) <= t]
+                     if aware(r.updated_at) + timedelta(seconds=rollout_wave(worker_id, r.name, waves) * wave_s) <= t]
         best: dict[str, Rule] = {}
         for r in rules:
             if r.matches(labels) and (r.name not in best or r.version > best[r.name].version) and not self._withheld(
