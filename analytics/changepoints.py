@@ -144,8 +144,8 @@ def change_points(
 
 def daily_series(store, start: datetime, end: datetime) -> pl.DataFrame:
     """Per day and GPU kind: session count, the DAILY_METRICS aggregates and the release mix. Each metric is
-    compared within strata of session length and prompt (``analytics.strata``: the day's aggregate in each
-    stratum, weighted by the strata's share of the window), so a changed mix of sessions does not move it;
+    compared within strata of session length and prompt (``analytics.strata``: the day's marginal mean under
+    the window's mix of strata, from the day x stratum aggregates), so a changed mix of sessions does not move it;
     ``<metric>_unstratified`` is the plain aggregate over the day's sessions, for the evidence."""
     s = queries.session_frame(store, start, end).filter(pl.col("streamed_s") >= queries.MIN_STREAMED_S)
     if s.is_empty():

@@ -81,8 +81,8 @@ def daily_by_release(store, start: datetime, end: datetime) -> pl.DataFrame:
     sessions' means weighted by their steps). Not the daily median of session means the change-point
     pass uses: a short session's mean swings with its one or two reset steps, and those swings (~1.5%
     day to day) would hide a 0.5%/day drift for weeks; a day's mean over all its steps does not swing.
-    Compared within strata of session length and prompt (``analytics.strata``: each stratum's per-step mean
-    that day, weighted by the stratum's share of the release's steps in the window): sessions of a release
+    Compared within strata of session length and prompt (``analytics.strata``: the day's marginal mean under
+    the window's mix, from each stratum's per-step mean that day, weighted by steps): sessions of a release
     growing longer over the weeks hold more reset steps, which is not a drift of any step."""
     s = queries.session_frame(store, start, end).filter(pl.col("streamed_s") >= queries.MIN_STREAMED_S)
     if s.is_empty():
